@@ -1,0 +1,34 @@
+//! The rate-limiting algorithms as pure Rust: one module per script in
+//! `lua/`, each the exact twin of its Lua (same validation, same integer
+//! math, same reads and writes on a [`Keyspace`]). `eval` runs a
+//! [`ScriptCall`] at a given store time; the reply ends with that `now_ms`.
+
+pub mod bucket;
+pub mod concurrency;
+pub mod fixed_window;
+pub mod gcra;
+pub mod give_back;
+pub mod lease_block;
+pub mod multi_rule;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod token_bucket;
+
+use crate::keyspace::Keyspace;
+use crate::script::{ScriptCall, ScriptError, ScriptKind};
+
+/// Runs `call` on `space` at store time `now_ms`, exactly as its Lua would.
+pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<i64>, ScriptError> {
+    let (keys, argv) = (&call.keys[..], &call.args[..]);
+    match call.kind {
+        ScriptKind::TokenBucket => token_bucket::eval(space, keys, argv, now_ms),
+        ScriptKind::MultiRule => multi_rule::eval(space, keys, argv, now_ms),
+        ScriptKind::LeaseBlock => lease_block::eval(space, keys, argv, now_ms),
+        ScriptKind::GiveBack => give_back::eval(space, keys, argv, now_ms),
+        ScriptKind::Concurrency => concurrency::eval(space, keys, argv, now_ms),
+        ScriptKind::FixedWindow => fixed_window::eval(space, keys, argv, now_ms),
+        ScriptKind::SlidingLog => sliding_log::eval(space, keys, argv, now_ms),
+        ScriptKind::SlidingCounter => sliding_counter::eval(space, keys, argv, now_ms),
+        ScriptKind::Gcra => gcra::eval(space, keys, argv, now_ms),
+    }
+}

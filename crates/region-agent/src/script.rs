@@ -1,0 +1,195 @@
+//! The Lua scripts of the regional data plane and the shape of one call.
+//!
+//! Every script's source is `lua/prelude.lua` followed by its own file, so
+//! argument validation and the clock read are written once. A [`ScriptCall`]
+//! is exactly what goes to Redis (KEYS and ARGV as text); the reply is the
+//! script's integer array whose **last** element is the `now_ms` it used.
+
+use std::sync::LazyLock;
+
+const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
+
+/// Which script a call runs. One variant per file in `lua/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScriptKind {
+    TokenBucket,
+    MultiRule,
+    LeaseBlock,
+    GiveBack,
+    Concurrency,
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter,
+    Gcra,
+}
+
+impl ScriptKind {
+    pub const ALL: [ScriptKind; 9] = [
+        ScriptKind::TokenBucket,
+        ScriptKind::MultiRule,
+        ScriptKind::LeaseBlock,
+        ScriptKind::GiveBack,
+        ScriptKind::Concurrency,
+        ScriptKind::FixedWindow,
+        ScriptKind::SlidingLog,
+        ScriptKind::SlidingCounter,
+        ScriptKind::Gcra,
+    ];
+
+    /// File stem in `lua/`, also used in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScriptKind::TokenBucket => "token_bucket",
+            ScriptKind::MultiRule => "multi_rule",
+            ScriptKind::LeaseBlock => "lease_block",
+            ScriptKind::GiveBack => "give_back",
+            ScriptKind::Concurrency => "concurrency",
+            ScriptKind::FixedWindow => "fixed_window",
+            ScriptKind::SlidingLog => "sliding_log",
+            ScriptKind::SlidingCounter => "sliding_counter",
+            ScriptKind::Gcra => "gcra",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            ScriptKind::TokenBucket => include_str!("../../../lua/token_bucket.lua"),
+            ScriptKind::MultiRule => include_str!("../../../lua/multi_rule.lua"),
+            ScriptKind::LeaseBlock => include_str!("../../../lua/lease_block.lua"),
+            ScriptKind::GiveBack => include_str!("../../../lua/give_back.lua"),
+            ScriptKind::Concurrency => include_str!("../../../lua/concurrency.lua"),
+            ScriptKind::FixedWindow => include_str!("../../../lua/fixed_window.lua"),
+            ScriptKind::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
+            ScriptKind::SlidingCounter => include_str!("../../../lua/sliding_counter.lua"),
+            ScriptKind::Gcra => include_str!("../../../lua/gcra.lua"),
+        }
+    }
+
+    /// Full source as loaded into Redis: prelude + script body.
+    pub fn source(self) -> &'static str {
+        static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
+            ScriptKind::ALL
+                .iter()
+                .map(|kind| format!("{PRELUDE}\n{}", kind.body()))
+                .collect()
+        });
+        &SOURCES[self as usize]
+    }
+
+    /// The redis-rs script object (holds the SHA1 used by EVALSHA).
+    pub fn script(self) -> &'static redis::Script {
+        static SCRIPTS: LazyLock<Vec<redis::Script>> = LazyLock::new(|| {
+            ScriptKind::ALL
+                .iter()
+                .map(|kind| redis::Script::new(kind.source()))
+                .collect()
+        });
+        &SCRIPTS[self as usize]
+    }
+}
+
+/// One script invocation: keys and arguments exactly as Redis receives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptCall {
+    pub kind: ScriptKind,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+impl ScriptCall {
+    pub fn new(kind: ScriptKind) -> Self {
+        ScriptCall {
+            kind,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    pub fn arg(mut self, arg: impl ToString) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+}
+
+/// A script's integer reply. By contract the last element is the `now_ms`
+/// the script read from the store's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptReply {
+    pub values: Vec<i64>,
+}
+
+impl ScriptReply {
+    /// The store time the script decided at (its last element).
+    pub fn now_ms(&self) -> Option<i64> {
+        self.values.last().copied()
+    }
+
+    /// The reply without its trailing `now_ms`.
+    pub fn decision(&self) -> &[i64] {
+        match self.values.split_last() {
+            Some((_, rest)) => rest,
+            None => &[],
+        }
+    }
+}
+
+/// A script refused its input. Never retried: it is a policy fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScriptError {
+    /// `ERR leasehold: <argument> invalid`; nothing was written.
+    #[error("leasehold: {0} invalid")]
+    InvalidArgument(String),
+    /// Any other error reply (for example a wrong key type).
+    #[error("script error: {0}")]
+    Other(String),
+}
+
+impl ScriptError {
+    /// Classifies a Redis error reply's text.
+    pub fn from_reply_text(text: &str) -> Self {
+        if let Some(rest) = text.split("leasehold: ").nth(1) {
+            if let Some(name) = rest.strip_suffix(" invalid").or_else(|| {
+                rest.split(" invalid")
+                    .next()
+                    .filter(|_| rest.contains(" invalid"))
+            }) {
+                return ScriptError::InvalidArgument(name.trim().to_string());
+            }
+        }
+        ScriptError::Other(text.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_starts_with_the_prelude() {
+        for kind in ScriptKind::ALL {
+            assert!(kind.source().starts_with(PRELUDE), "{}", kind.name());
+            assert!(kind.source().len() > PRELUDE.len() + 10, "{}", kind.name());
+        }
+    }
+
+    #[test]
+    fn invalid_argument_reply_names_the_argument() {
+        assert_eq!(
+            ScriptError::from_reply_text("leasehold: capacity invalid"),
+            ScriptError::InvalidArgument("capacity".into())
+        );
+        assert_eq!(
+            ScriptError::from_reply_text("ERR leasehold: slack_ms invalid script: abc"),
+            ScriptError::InvalidArgument("slack_ms".into())
+        );
+        assert!(matches!(
+            ScriptError::from_reply_text("WRONGTYPE Operation"),
+            ScriptError::Other(_)
+        ));
+    }
+}

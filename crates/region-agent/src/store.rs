@@ -1,0 +1,60 @@
+//! The `BucketStore` trait: batch-first access to the scripts, and the typed
+//! outcomes of ARCHITECTURE §3.3.
+//!
+//! A batch never merges decisions: each call is still one atomic script run,
+//! answered in order. A single decision is a batch of one.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::script::{ScriptCall, ScriptError, ScriptReply};
+
+/// Why a call was never sent: degrading or retrying is safe.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotSent {
+    #[error("circuit breaker open")]
+    BreakerOpen,
+    #[error("in-flight call limit reached")]
+    InFlightLimit,
+    #[error("store unreachable: {0}")]
+    Unreachable(String),
+}
+
+/// The outcome of one call that did not produce a reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Not sent (breaker open, in-flight limit, connection refused): degrade;
+    /// a retry is safe.
+    #[error("not sent: {0}")]
+    NotSent(#[from] NotSent),
+    /// The script refused its input: a policy fault, never retried.
+    #[error("policy fault: {0}")]
+    Script(#[from] ScriptError),
+    /// Sent, but no reply within the deadline (or the connection broke): the
+    /// script may have run. Retry only an idempotent call (same decision id);
+    /// otherwise degrade. Never compensate.
+    #[error("ambiguous: {0}")]
+    Ambiguous(String),
+}
+
+/// Result of one call in a batch.
+pub type CallResult = Result<ScriptReply, StoreError>;
+
+/// Boxed future, so the trait stays object-safe (`Arc<dyn BucketStore>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Somewhere the scripts run: Redis, or the in-memory twin.
+pub trait BucketStore: Send + Sync {
+    /// Runs every call, each atomically, and answers in the same order.
+    fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>>;
+
+    /// One call: a batch of one.
+    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, CallResult> {
+        Box::pin(async move {
+            self.run_batch(std::slice::from_ref(call))
+                .await
+                .pop()
+                .unwrap_or_else(|| Err(StoreError::Ambiguous("empty batch reply".into())))
+        })
+    }
+}

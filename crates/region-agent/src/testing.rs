@@ -1,0 +1,154 @@
+//! Test harness: a private `redis-server` on a free loopback port.
+//!
+//! Every test binary that needs Redis starts its own with
+//! [`RedisServer::start`]: no persistence, its own temp dir, stopped (and its
+//! dir removed) on drop. Used by this crate's tests, the end-to-end tests and
+//! `leasehold bench`. Bounded: start waits at most [`START_TIMEOUT`].
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest wait for a started server to answer PING.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts at finding a port nobody grabbed in between.
+const START_ATTEMPTS: usize = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error(
+        "redis-server not found on PATH ({0}); install it with `apt-get install redis-server`"
+    )]
+    Missing(std::io::Error),
+    #[error("redis-server did not start: {0}")]
+    Start(String),
+    #[error("harness I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running redis-server owned by this process.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a fresh server on a free loopback port.
+    pub fn start() -> Result<Self, HarnessError> {
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: tempfile::Builder::new()
+                .prefix("leasehold-redis-")
+                .tempdir()?,
+        };
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            server.port = free_port()?;
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(HarnessError::Missing(e)) => return Err(HarnessError::Missing(e)),
+                Err(e) => last_error = e.to_string(),
+            }
+        }
+        Err(HarnessError::Start(last_error))
+    }
+
+    /// `redis://127.0.0.1:<port>/`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (state is gone: no persistence).
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn spawn(&mut self) -> Result<(), HarnessError> {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                &self.dir.path().display().to_string(),
+                "--maxmemory-policy",
+                "noeviction",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    HarnessError::Missing(e)
+                } else {
+                    HarnessError::Io(e)
+                }
+            })?;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if ping(self.port) {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(HarnessError::Start(format!(
+                        "exited with {status} on port {}",
+                        self.port
+                    )));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        Err(HarnessError::Start(format!(
+            "no PING reply on port {} within {:?}",
+            self.port, START_TIMEOUT
+        )))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> Result<u16, HarnessError> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    matches!(stream.read(&mut buf), Ok(n) if n >= 5 && &buf[..5] == b"+PONG")
+}
