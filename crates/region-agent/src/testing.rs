@@ -94,6 +94,9 @@ impl RedisServer {
                 &self.dir.path().display().to_string(),
                 "--maxmemory-policy",
                 "noeviction",
+                // Tests use DEBUG SLEEP to make a reply late.
+                "--enable-debug-command",
+                "local",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,0 +1,211 @@
+//! Redis key model (ARCHITECTURE §3.2).
+//!
+//! `lh:v1:{<tag>}:<rule>:<principal>`: the hash tag holds the tenant (or
+//! pool) so one request's rules share a cluster slot; principals are
+//! HMAC-SHA256(pepper, id) truncated to 16 hex characters, so raw API keys,
+//! user ids and IPs never reach a key, a log line or a metric label. A key
+//! names the rule, never the rule's version: a new policy version keeps the
+//! bucket's state.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Longest rule id and decision/lease id accepted in a key.
+pub const MAX_ID_LEN: usize = 64;
+/// Longest raw principal id hashed (anything longer is refused, not truncated).
+pub const MAX_PRINCIPAL_LEN: usize = 256;
+/// Shortest pepper accepted: 16 bytes.
+pub const MIN_PEPPER_LEN: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("tenant must match [a-z0-9-]{{1,32}}")]
+    Tenant,
+    #[error("rule id must match [a-z0-9_-]{{1,64}}")]
+    Rule,
+    #[error("id must be 1-64 characters of [A-Za-z0-9._:-]")]
+    Id,
+    #[error("principal id must be 1-256 bytes")]
+    Principal,
+    #[error("pepper must be at least 16 bytes")]
+    Pepper,
+}
+
+/// A validated tenant (or pool) id: the hash tag.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(String);
+
+impl Tenant {
+    pub fn parse(raw: &str) -> Result<Self, KeyError> {
+        let ok = (1..=32).contains(&raw.len())
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        ok.then(|| Tenant(raw.to_string())).ok_or(KeyError::Tenant)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A validated rule id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(String);
+
+impl RuleId {
+    pub fn parse(raw: &str) -> Result<Self, KeyError> {
+        let ok = (1..=MAX_ID_LEN).contains(&raw.len())
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        ok.then(|| RuleId(raw.to_string())).ok_or(KeyError::Rule)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Checks a decision or lease id (also used as a sorted-set member).
+pub fn check_id(raw: &str) -> Result<&str, KeyError> {
+    let ok = (1..=MAX_ID_LEN).contains(&raw.len())
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    ok.then_some(raw).ok_or(KeyError::Id)
+}
+
+/// A principal's keyed hash: 16 hex characters. Its Debug/Display show only
+/// the hash, never the raw id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PrincipalHash(String);
+
+impl PrincipalHash {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PrincipalHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Builds keys; holds the pepper (a secret from config, never logged).
+#[derive(Clone)]
+pub struct KeyBuilder {
+    mac: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for KeyBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyBuilder { pepper: <redacted> }")
+    }
+}
+
+impl KeyBuilder {
+    pub fn new(pepper: &[u8]) -> Result<Self, KeyError> {
+        if pepper.len() < MIN_PEPPER_LEN {
+            return Err(KeyError::Pepper);
+        }
+        let mac = Hmac::<Sha256>::new_from_slice(pepper).map_err(|_| KeyError::Pepper)?;
+        Ok(KeyBuilder { mac })
+    }
+
+    /// HMAC-SHA256(pepper, id), first 8 bytes as 16 lowercase hex characters.
+    pub fn principal(&self, raw_id: &str) -> Result<PrincipalHash, KeyError> {
+        if raw_id.is_empty() || raw_id.len() > MAX_PRINCIPAL_LEN {
+            return Err(KeyError::Principal);
+        }
+        let mut mac = self.mac.clone();
+        mac.update(raw_id.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        Ok(PrincipalHash(hex::encode(&digest[..8])))
+    }
+
+    /// `lh:v1:{tenant}:<rule>:<principal>`
+    pub fn bucket(&self, tenant: &Tenant, rule: &RuleId, principal: &PrincipalHash) -> String {
+        format!("lh:v1:{{{}}}:{}:{}", tenant.0, rule.0, principal.0)
+    }
+
+    /// A bucket shared by the whole tag (tenant-, route- or pool-wide rule).
+    pub fn shared_bucket(&self, tenant: &Tenant, rule: &RuleId) -> String {
+        format!("lh:v1:{{{}}}:{}:_", tenant.0, rule.0)
+    }
+
+    /// The idempotency record of one decision, under the same hash tag.
+    pub fn decision(&self, tenant: &Tenant, decision_id: &str) -> Result<String, KeyError> {
+        Ok(format!(
+            "lh:v1:{{{}}}:_decision:{}",
+            tenant.0,
+            check_id(decision_id)?
+        ))
+    }
+
+    /// The give-back record of one block lease, under the same hash tag.
+    pub fn give_back(&self, tenant: &Tenant, lease_id: &str) -> Result<String, KeyError> {
+        Ok(format!(
+            "lh:v1:{{{}}}:_giveback:{}",
+            tenant.0,
+            check_id(lease_id)?
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder() -> KeyBuilder {
+        KeyBuilder::new(b"0123456789abcdef-test-pepper").unwrap()
+    }
+
+    #[test]
+    fn tenant_charset_is_enforced() {
+        assert!(Tenant::parse("atlas-2").is_ok());
+        for bad in ["", "Atlas", "a b", "a_b", "a{b", &"a".repeat(33)] {
+            assert_eq!(Tenant::parse(bad), Err(KeyError::Tenant), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn principal_is_sixteen_hex_and_never_the_raw_id() {
+        let p = builder().principal("user-17@example.com").unwrap();
+        assert_eq!(p.as_str().len(), 16);
+        assert!(p.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!format!("{p:?}{p}").contains("user-17"));
+    }
+
+    #[test]
+    fn principal_depends_on_the_pepper() {
+        let other = KeyBuilder::new(b"another-pepper-0123456789").unwrap();
+        assert_ne!(builder().principal("u1"), other.principal("u1"));
+        assert_eq!(builder().principal("u1"), builder().principal("u1"));
+    }
+
+    #[test]
+    fn keys_of_one_tenant_share_a_hash_tag() {
+        let b = builder();
+        let t = Tenant::parse("atlas").unwrap();
+        let user = b.bucket(
+            &t,
+            &RuleId::parse("p-read").unwrap(),
+            &b.principal("u").unwrap(),
+        );
+        let tenant = b.shared_bucket(&t, &RuleId::parse("p-tenant").unwrap());
+        let decision = b.decision(&t, "d-1").unwrap();
+        for key in [&user, &tenant, &decision] {
+            assert!(key.starts_with("lh:v1:{atlas}:"), "{key}");
+        }
+    }
+
+    #[test]
+    fn short_pepper_and_bad_ids_are_refused() {
+        assert_eq!(KeyBuilder::new(b"short").err(), Some(KeyError::Pepper));
+        let t = Tenant::parse("atlas").unwrap();
+        assert_eq!(builder().decision(&t, "bad id"), Err(KeyError::Id));
+        assert_eq!(builder().principal(""), Err(KeyError::Principal));
+    }
+}

@@ -1,0 +1,291 @@
+//! `RedisStore`: the scripts on a real Redis.
+//!
+//! One multiplexed connection, pipelined EVALSHA per batch (scripts loaded
+//! up front; NOSCRIPT → load and retry those calls once), a deadline per
+//! batch, a bounded number of calls in flight, and a circuit breaker with
+//! half-open probes. Outcomes are typed as ARCHITECTURE §3.3: not sent,
+//! script error, ambiguous. Never a compensating refund.
+//!
+//! Limits and what happens at them:
+//! - `max_in_flight` calls: a batch that would exceed it is refused at once
+//!   (`NotSent::InFlightLimit`), never queued.
+//! - `call_deadline`: no reply in time → every call of the batch is
+//!   `Ambiguous` (the scripts may have run) and counts as a store failure.
+//! - connect: `connect_timeout`; a failed connect is `NotSent::Unreachable`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ServerErrorKind, Value};
+use tokio::sync::{Mutex as AsyncMutex, Semaphore};
+
+use crate::breaker::{Admission, Breaker, BreakerConfig};
+use crate::script::{ScriptCall, ScriptError, ScriptKind, ScriptReply};
+use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
+
+/// RedisStore tuning; every field bounds something.
+#[derive(Debug, Clone)]
+pub struct RedisStoreConfig {
+    pub url: String,
+    /// Longest wait for one batch's replies (a limiter's budget, not Redis's).
+    pub call_deadline: Duration,
+    /// Longest wait to (re)connect.
+    pub connect_timeout: Duration,
+    /// Most calls in flight at once; beyond it calls are refused, not queued.
+    pub max_in_flight: usize,
+    pub breaker: BreakerConfig,
+}
+
+impl RedisStoreConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisStoreConfig {
+            url: url.into(),
+            call_deadline: Duration::from_millis(50),
+            connect_timeout: Duration::from_millis(200),
+            max_in_flight: 4_096,
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedisStoreError {
+    #[error("invalid Redis URL: {0}")]
+    Url(#[from] redis::RedisError),
+}
+
+/// The Redis-backed [`BucketStore`].
+pub struct RedisStore {
+    client: redis::Client,
+    config: RedisStoreConfig,
+    connection: AsyncMutex<Option<MultiplexedConnection>>,
+    in_flight: Arc<Semaphore>,
+    breaker: Mutex<Breaker>,
+    started: Instant,
+}
+
+enum Failure {
+    NotSent(NotSent),
+    Ambiguous(String),
+}
+
+impl RedisStore {
+    /// Validates the URL; connects lazily on the first call, so an agent can
+    /// start (and degrade) while Redis is down.
+    pub fn new(config: RedisStoreConfig) -> Result<Self, RedisStoreError> {
+        let client = redis::Client::open(config.url.as_str())?;
+        Ok(RedisStore {
+            client,
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+            breaker: Mutex::new(Breaker::new(config.breaker)),
+            connection: AsyncMutex::new(None),
+            started: Instant::now(),
+            config,
+        })
+    }
+
+    /// "closed" | "open" | "half_open".
+    pub fn breaker_state(&self) -> &'static str {
+        self.lock_breaker().state_name()
+    }
+
+    fn lock_breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        // The breaker's methods cannot panic midway; recover a poisoned lock.
+        self.breaker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn monotonic_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, Failure> {
+        let mut slot = self.connection.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_response_timeout(Some(self.config.call_deadline));
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| Failure::NotSent(NotSent::Unreachable(e.to_string())))?;
+        // Load every script once so pipelined EVALSHA finds them.
+        load_scripts(&mut conn)
+            .await
+            .map_err(|e| Failure::NotSent(NotSent::Unreachable(e.to_string())))?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn forget_connection(&self) {
+        *self.connection.lock().await = None;
+    }
+
+    /// Sends the batch as one pipeline; on NOSCRIPT reloads and resends just
+    /// those calls once (they did not run, so resending is safe).
+    async fn send(
+        &self,
+        mut conn: MultiplexedConnection,
+        calls: &[ScriptCall],
+    ) -> Result<Vec<CallResult>, Failure> {
+        let mut results = pipeline(&mut conn, calls).await?;
+        let missing: Vec<usize> = (0..calls.len())
+            .filter(|&i| matches!(results[i], Reply::NoScript))
+            .collect();
+        if !missing.is_empty() {
+            tracing::info!(calls = missing.len(), "NOSCRIPT: reloading scripts");
+            load_scripts(&mut conn)
+                .await
+                .map_err(|e| Failure::Ambiguous(e.to_string()))?;
+            let retry: Vec<ScriptCall> = missing.iter().map(|&i| calls[i].clone()).collect();
+            let again = pipeline(&mut conn, &retry).await?;
+            for (slot, reply) in missing.into_iter().zip(again) {
+                results[slot] = reply;
+            }
+        }
+        Ok(results.into_iter().map(Reply::into_result).collect())
+    }
+}
+
+impl BucketStore for RedisStore {
+    fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
+        Box::pin(async move {
+            if calls.is_empty() {
+                return Vec::new();
+            }
+            let fail_all = |e: StoreError| calls.iter().map(|_| Err(e.clone())).collect();
+            let admission = self.lock_breaker().admit(self.monotonic_ms());
+            if admission == Admission::Refused {
+                return fail_all(NotSent::BreakerOpen.into());
+            }
+            let permits = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+            let Ok(_permit) = self.in_flight.clone().try_acquire_many_owned(permits) else {
+                return fail_all(NotSent::InFlightLimit.into());
+            };
+            // One deadline covers connecting and the reply: no call waits past it.
+            let deadline = tokio::time::Instant::now() + self.config.call_deadline;
+            let connected = tokio::time::timeout_at(deadline, self.connection()).await;
+            let outcome = match connected {
+                Ok(Ok(conn)) => tokio::time::timeout_at(deadline, self.send(conn, calls)).await,
+                Ok(Err(failure)) => Ok(Err(failure)),
+                Err(_elapsed) => Ok(Err(Failure::NotSent(NotSent::Unreachable(
+                    "connect timed out".into(),
+                )))),
+            };
+            match outcome {
+                Ok(Ok(results)) => {
+                    self.lock_breaker().on_success();
+                    results
+                }
+                Ok(Err(Failure::NotSent(reason))) => {
+                    self.lock_breaker().on_failure(self.monotonic_ms());
+                    fail_all(reason.into())
+                }
+                Ok(Err(Failure::Ambiguous(reason))) => {
+                    self.lock_breaker().on_failure(self.monotonic_ms());
+                    self.forget_connection().await;
+                    fail_all(StoreError::Ambiguous(reason))
+                }
+                Err(_elapsed) => {
+                    self.lock_breaker().on_failure(self.monotonic_ms());
+                    fail_all(StoreError::Ambiguous(format!(
+                        "no reply within {:?}",
+                        self.config.call_deadline
+                    )))
+                }
+            }
+        })
+    }
+}
+
+/// One call's raw reply.
+enum Reply {
+    Values(Vec<i64>),
+    Script(ScriptError),
+    NoScript,
+}
+
+impl Reply {
+    fn into_result(self) -> CallResult {
+        match self {
+            Reply::Values(values) => Ok(ScriptReply { values }),
+            Reply::Script(e) => Err(StoreError::Script(e)),
+            // Still missing after a reload: the server refuses the script.
+            Reply::NoScript => Err(StoreError::Script(ScriptError::Other(
+                "NOSCRIPT after reload".into(),
+            ))),
+        }
+    }
+
+    fn from_value(value: Value) -> Reply {
+        match value {
+            Value::Array(items) => {
+                let ints: Option<Vec<i64>> = items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::Int(i) => Some(i),
+                        _ => None,
+                    })
+                    .collect();
+                match ints {
+                    Some(values) => Reply::Values(values),
+                    None => Reply::Script(ScriptError::Other("non-integer reply".into())),
+                }
+            }
+            Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript) => {
+                Reply::NoScript
+            }
+            Value::ServerError(err) => {
+                let text = format!("{} {}", err.code(), err.details().unwrap_or_default());
+                Reply::Script(ScriptError::from_reply_text(&text))
+            }
+            other => Reply::Script(ScriptError::Other(format!("unexpected reply {other:?}"))),
+        }
+    }
+}
+
+async fn pipeline(
+    conn: &mut MultiplexedConnection,
+    calls: &[ScriptCall],
+) -> Result<Vec<Reply>, Failure> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for call in calls {
+        pipe.cmd("EVALSHA")
+            .arg(call.kind.script().get_hash())
+            .arg(call.keys.len())
+            .arg(&call.keys)
+            .arg(&call.args);
+    }
+    let values: Vec<Value> = pipe.query_async(conn).await.map_err(classify)?;
+    if values.len() != calls.len() {
+        return Err(Failure::Ambiguous(format!(
+            "{} replies for {} calls",
+            values.len(),
+            calls.len()
+        )));
+    }
+    Ok(values.into_iter().map(Reply::from_value).collect())
+}
+
+async fn load_scripts(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    for kind in ScriptKind::ALL {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(kind.source());
+    }
+    pipe.query_async::<Vec<String>>(conn).await.map(|_| ())
+}
+
+/// A refused connection never carried the request; anything else may have.
+fn classify(e: redis::RedisError) -> Failure {
+    if e.is_connection_refusal() {
+        Failure::NotSent(NotSent::Unreachable(e.to_string()))
+    } else {
+        Failure::Ambiguous(e.to_string())
+    }
+}
