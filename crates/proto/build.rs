@@ -2,7 +2,10 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let files = ["proto/leasehold/agent/v1/agent.proto"];
+    let files = [
+        "proto/leasehold/agent/v1/agent.proto",
+        "proto/envoy/service/ratelimit/v3/rls.proto",
+    ];
     let descriptors = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())

@@ -63,6 +63,21 @@ impl SortedSet {
     pub fn first(&self) -> Option<(i64, &str)> {
         self.order.iter().next().map(|(s, m)| (*s, m.as_str()))
     }
+
+    /// ZRANGE key -1 -1 WITHSCORES: the highest (score, member).
+    pub fn last(&self) -> Option<(i64, &str)> {
+        self.order.iter().next_back().map(|(s, m)| (*s, m.as_str()))
+    }
+
+    /// ZRANGE key rank rank WITHSCORES (rank 0 = lowest).
+    pub fn nth(&self, rank: usize) -> Option<(i64, &str)> {
+        self.order.iter().nth(rank).map(|(s, m)| (*s, m.as_str()))
+    }
+
+    /// ZRANGE key 0 -1 WITHSCORES: every (score, member), lowest first.
+    pub fn iter(&self) -> impl Iterator<Item = (i64, &str)> {
+        self.order.iter().map(|(s, m)| (*s, m.as_str()))
+    }
 }
 
 /// The value a key holds.

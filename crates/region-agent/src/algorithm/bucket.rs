@@ -22,7 +22,11 @@ impl BucketParams {
         let capacity = args::positive("capacity", args.get(at))?;
         let refill = args::positive("refill", args.get(at + 1))?;
         let period = args::positive("period_ms", args.get(at + 2))?;
-        if capacity * period > args::MAX_PRODUCT {
+        // Both ≤ 2^40, so the product may need 80 bits: no overflow on any input.
+        if capacity
+            .checked_mul(period)
+            .is_none_or(|p| p > args::MAX_PRODUCT)
+        {
             return Err(ScriptError::InvalidArgument("capacity".into()));
         }
         Ok(BucketParams {

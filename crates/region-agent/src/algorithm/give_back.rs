@@ -1,15 +1,217 @@
-//! Twin of `lua/give_back.lua` (not yet written).
+//! Twin of `lua/give_back.lua`: return a lease's unused millitokens to its
+//! token bucket, never above capacity, once per lease id.
+//!
+//! KEYS = bucket hash {tokens, ts}, give-back record key (same hash tag).
+//! ARGV = capacity, refill, period_ms, tokens ([0, 2^40]), slack_ms,
+//! record_ttl_ms ([1, 2^40]). Reply `{added, tokens_after, replayed,
+//! now_ms}`. A first give-back refills, adds min(tokens, capacity − current),
+//! writes the bucket (TTL = full refill + slack) and SETs the record to the
+//! added amount (PX record_ttl_ms); when the record exists it is a replay:
+//! added 0, replayed 1, nothing written, tokens_after = the refilled tokens.
 
+use super::bucket::{self, BucketParams, BucketState};
+use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
 
+/// The decision of one give_back call (before `now_ms` is appended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GiveBackDecision {
+    pub added_millitokens: u64,
+    pub tokens_after_millitokens: u64,
+    /// The lease id's record already existed: nothing was added.
+    pub replayed: bool,
+}
+
+/// Pure decision. Keeps "never above capacity" and "once per lease id":
+/// returns the state to store (None on a replay: write nothing).
+pub fn decide(
+    stored: Option<BucketState>,
+    params: &BucketParams,
+    give_millitokens: u64,
+    already_given: bool,
+    now_ms: i64,
+) -> (GiveBackDecision, Option<BucketState>) {
+    let state = BucketState::refilled(stored, params, now_ms);
+    if already_given {
+        let replay = GiveBackDecision {
+            added_millitokens: 0,
+            tokens_after_millitokens: state.tokens_millitokens,
+            replayed: true,
+        };
+        return (replay, None);
+    }
+    // refilled() clamps to the capacity, so the room is never negative.
+    let room = params.capacity_millitokens - state.tokens_millitokens;
+    let added = give_millitokens.min(room);
+    let after = BucketState {
+        tokens_millitokens: state.tokens_millitokens + added,
+        ..state
+    };
+    let decision = GiveBackDecision {
+        added_millitokens: added,
+        tokens_after_millitokens: after.tokens_millitokens,
+        replayed: false,
+    };
+    (decision, Some(after))
+}
+
+/// Runs the script's logic on the keyspace, exactly as the Lua does on Redis.
 pub fn eval(
-    _space: &mut Keyspace,
-    _keys: &[String],
-    _argv: &[String],
-    _now_ms: i64,
+    space: &mut Keyspace,
+    keys: &[String],
+    argv: &[String],
+    now_ms: i64,
 ) -> Result<Vec<i64>, ScriptError> {
-    Err(ScriptError::Other(
-        "leasehold: script not yet written".into(),
-    ))
+    let params = BucketParams::parse(argv, 0)?;
+    let give = args::non_negative("tokens", argv.get(3))?;
+    let slack = args::non_negative("slack_ms", argv.get(4))?;
+    let record_ttl = args::positive("record_ttl_ms", argv.get(5))?;
+    let [bucket_key, record_key] = keys else {
+        return Err(ScriptError::InvalidArgument("keys".into()));
+    };
+    if bucket_key == record_key {
+        return Err(ScriptError::InvalidArgument("keys".into()));
+    }
+    let already_given = space.exists(record_key, now_ms);
+    let stored = bucket::load(space, bucket_key, now_ms)?;
+    let (decision, write) = decide(stored, &params, give, already_given, now_ms);
+    if let Some(state) = write {
+        bucket::store(
+            space,
+            bucket_key,
+            state,
+            params.full_refill_ms() + slack,
+            now_ms,
+        )?;
+        space.set(
+            record_key,
+            decision.added_millitokens.to_string(),
+            Some(record_ttl as i64),
+            now_ms,
+        );
+    }
+    Ok(vec![
+        decision.added_millitokens as i64,
+        decision.tokens_after_millitokens as i64,
+        i64::from(decision.replayed),
+        now_ms,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::script::{ScriptCall, ScriptKind};
+
+    const P: BucketParams = BucketParams {
+        capacity_millitokens: 20_000,
+        refill_millitokens: 2_000,
+        period_ms: 1_000,
+    };
+
+    fn holding(tokens: u64) -> Option<BucketState> {
+        Some(BucketState {
+            tokens_millitokens: tokens,
+            ts_ms: 0,
+        })
+    }
+
+    #[test]
+    fn give_back_is_capped_at_capacity() {
+        let (d, write) = decide(holding(17_000), &P, 5_000, false, 0);
+        assert_eq!(
+            (d.added_millitokens, d.tokens_after_millitokens),
+            (3_000, 20_000)
+        );
+        assert_eq!(write.unwrap().tokens_millitokens, 20_000);
+        let (d, _) = decide(holding(1_000), &P, 5_000, false, 0);
+        assert_eq!(
+            (d.added_millitokens, d.tokens_after_millitokens),
+            (5_000, 6_000)
+        );
+    }
+
+    #[test]
+    fn replayed_give_back_adds_nothing_and_writes_nothing() {
+        let (d, write) = decide(holding(1_000), &P, 5_000, true, 250);
+        assert_eq!(
+            d,
+            GiveBackDecision {
+                added_millitokens: 0,
+                tokens_after_millitokens: 1_500,
+                replayed: true
+            }
+        );
+        assert!(write.is_none());
+    }
+
+    fn call(capacity: u64, tokens: u64, slack: u64) -> ScriptCall {
+        ScriptCall::new(ScriptKind::GiveBack)
+            .key("k")
+            .key("rec")
+            .arg(capacity)
+            .arg(2_000)
+            .arg(1_000)
+            .arg(tokens)
+            .arg(slack)
+            .arg(1u64 << 40)
+    }
+
+    fn seed(store: &MemoryStore, tokens: u64, ts: i64) {
+        store.with_keyspace(|s| {
+            s.hset(
+                "k",
+                &[("tokens", tokens.to_string()), ("ts", ts.to_string())],
+                ts,
+            )
+            .unwrap()
+        });
+    }
+
+    fn stored(store: &MemoryStore, now: i64) -> Vec<Option<String>> {
+        store.with_keyspace(|s| s.hmget("k", &["tokens", "ts"], now).unwrap())
+    }
+
+    #[test]
+    fn clock_back_gives_no_refill_and_ts_never_moves_back() {
+        let store = MemoryStore::default();
+        seed(&store, 1_000, 10_000);
+        assert_eq!(
+            store.eval_at(&call(20_000, 500, 0), 4_000).unwrap().values,
+            vec![500, 1_500, 0, 4_000]
+        );
+        assert_eq!(
+            stored(&store, 4_000),
+            vec![Some("1500".into()), Some("10000".into())]
+        );
+    }
+
+    #[test]
+    fn far_forward_refills_at_most_a_full_bucket() {
+        let store = MemoryStore::default();
+        seed(&store, 0, 0);
+        let far = 1 << 45;
+        assert_eq!(
+            store.eval_at(&call(20_000, 7, 0), far).unwrap().values,
+            vec![0, 20_000, 0, far]
+        );
+    }
+
+    #[test]
+    fn lowered_capacity_is_clamped_on_the_next_call() {
+        let store = MemoryStore::default();
+        seed(&store, 19_000, 0);
+        assert_eq!(
+            store.eval_at(&call(5_000, 1_000, 0), 0).unwrap().values,
+            vec![0, 5_000, 0, 0]
+        );
+        assert_eq!(stored(&store, 0)[0].as_deref(), Some("5000"));
+        // The same record key again: a replay, nothing added.
+        assert_eq!(
+            store.eval_at(&call(20_000, 1_000, 0), 0).unwrap().values,
+            vec![0, 5_000, 1, 0]
+        );
+    }
 }

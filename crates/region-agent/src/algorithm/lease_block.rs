@@ -1,15 +1,254 @@
-//! Twin of `lua/lease_block.lua` (not yet written).
+//! Twin of `lua/lease_block.lua`: grant a gateway a whole block of B
+//! millitokens from one token bucket, or nothing — never a partial block.
+//!
+//! KEYS = bucket hash {tokens, ts}. ARGV = capacity, refill, period_ms,
+//! block (B), gateways (N, [1, 1024]), slack_ms. Reply `{granted, remaining,
+//! denied_until_ms, now_ms}`: granted = B or 0; denied_until_ms = 0 when
+//! granted, now + min(N × ceil(B × period / refill), 2^40) when not, and -1
+//! when B > capacity (never; nothing read or written).
 
+use super::bucket::{self, BucketParams, BucketState};
+use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
 
+/// Most gateways a block may be shared among.
+pub const MAX_GATEWAYS: u64 = 1024;
+
+/// The decision of one lease_block call (before `now_ms` is appended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseDecision {
+    /// B when granted, 0 otherwise: never a partial block.
+    pub granted_millitokens: u64,
+    pub remaining_millitokens: u64,
+    /// 0 when granted; -1 when the block exceeds the capacity.
+    pub denied_until_ms: i64,
+}
+
+/// How long the fleet should wait before asking again: N gateways each
+/// waiting for a whole block to refill, capped at 2^40 ms. Exact: the
+/// product of ≤ 2^10 and ≤ 2^52 fits in a u64.
+pub fn denied_for_ms(params: &BucketParams, block_millitokens: u64, gateways: u64) -> u64 {
+    gateways
+        .saturating_mul(params.retry_after_ms(block_millitokens))
+        .min(args::MAX_ARG)
+}
+
+/// Pure decision: the whole block or nothing. Returns the state to store
+/// (None: write nothing — a denial and a "never" leave the bucket as is).
+pub fn decide(
+    stored: Option<BucketState>,
+    params: &BucketParams,
+    block_millitokens: u64,
+    gateways: u64,
+    now_ms: i64,
+) -> (LeaseDecision, Option<BucketState>) {
+    if block_millitokens > params.capacity_millitokens {
+        let never = LeaseDecision {
+            granted_millitokens: 0,
+            remaining_millitokens: 0,
+            denied_until_ms: -1,
+        };
+        return (never, None);
+    }
+    let state = BucketState::refilled(stored, params, now_ms);
+    if state.tokens_millitokens >= block_millitokens {
+        let after = BucketState {
+            tokens_millitokens: state.tokens_millitokens - block_millitokens,
+            ..state
+        };
+        let decision = LeaseDecision {
+            granted_millitokens: block_millitokens,
+            remaining_millitokens: after.tokens_millitokens,
+            denied_until_ms: 0,
+        };
+        return (decision, Some(after));
+    }
+    let decision = LeaseDecision {
+        granted_millitokens: 0,
+        remaining_millitokens: state.tokens_millitokens,
+        denied_until_ms: now_ms + denied_for_ms(params, block_millitokens, gateways) as i64,
+    };
+    (decision, None)
+}
+
+/// Runs the script's logic on the keyspace, exactly as the Lua does on Redis.
 pub fn eval(
-    _space: &mut Keyspace,
-    _keys: &[String],
-    _argv: &[String],
-    _now_ms: i64,
+    space: &mut Keyspace,
+    keys: &[String],
+    argv: &[String],
+    now_ms: i64,
 ) -> Result<Vec<i64>, ScriptError> {
-    Err(ScriptError::Other(
-        "leasehold: script not yet written".into(),
-    ))
+    let params = BucketParams::parse(argv, 0)?;
+    let block = args::positive("block", argv.get(3))?;
+    let gateways = args::int("gateways", argv.get(4), 1, MAX_GATEWAYS)?;
+    let slack = args::non_negative("slack_ms", argv.get(5))?;
+    let [key] = keys else {
+        return Err(ScriptError::InvalidArgument("key".into()));
+    };
+    let stored = if block > params.capacity_millitokens {
+        None
+    } else {
+        bucket::load(space, key, now_ms)?
+    };
+    let (decision, write) = decide(stored, &params, block, gateways, now_ms);
+    if let Some(state) = write {
+        bucket::store(space, key, state, params.full_refill_ms() + slack, now_ms)?;
+    }
+    Ok(vec![
+        decision.granted_millitokens as i64,
+        decision.remaining_millitokens as i64,
+        decision.denied_until_ms,
+        now_ms,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::script::{ScriptCall, ScriptKind};
+
+    const P: BucketParams = BucketParams {
+        capacity_millitokens: 20_000,
+        refill_millitokens: 2_000,
+        period_ms: 1_000,
+    };
+
+    fn holding(tokens: u64) -> Option<BucketState> {
+        Some(BucketState {
+            tokens_millitokens: tokens,
+            ts_ms: 0,
+        })
+    }
+
+    #[test]
+    fn grants_the_whole_block_and_debits_it() {
+        let (d, write) = decide(holding(12_000), &P, 5_000, 4, 0);
+        assert_eq!(
+            (
+                d.granted_millitokens,
+                d.remaining_millitokens,
+                d.denied_until_ms
+            ),
+            (5_000, 7_000, 0)
+        );
+        assert_eq!(write.unwrap().tokens_millitokens, 7_000);
+    }
+
+    #[test]
+    fn short_bucket_grants_nothing_and_writes_nothing() {
+        // 4,999 of 5,000: no partial block.
+        let stored = Some(BucketState {
+            tokens_millitokens: 4_999,
+            ts_ms: 100,
+        });
+        let (d, write) = decide(stored, &P, 5_000, 4, 100);
+        assert_eq!(d.granted_millitokens, 0);
+        assert_eq!(d.remaining_millitokens, 4_999);
+        // now + N × ceil(5,000 × 1,000 / 2,000) = 100 + 4 × 2,500.
+        assert_eq!(d.denied_until_ms, 10_100);
+        assert!(write.is_none());
+    }
+
+    #[test]
+    fn denied_until_is_capped_at_2_pow_40() {
+        let slow = BucketParams {
+            capacity_millitokens: 1 << 30,
+            refill_millitokens: 1,
+            period_ms: 1 << 22,
+        };
+        assert_eq!(denied_for_ms(&slow, 1 << 30, 1024), 1 << 40);
+        let (d, _) = decide(holding(0), &slow, 1 << 30, 1024, 7);
+        assert_eq!(d.denied_until_ms, 7 + (1 << 40));
+    }
+
+    #[test]
+    fn block_above_capacity_is_never_granted() {
+        let (d, write) = decide(None, &P, 20_001, 1, 5);
+        assert_eq!(
+            (
+                d.granted_millitokens,
+                d.remaining_millitokens,
+                d.denied_until_ms
+            ),
+            (0, 0, -1)
+        );
+        assert!(write.is_none());
+    }
+
+    fn call(capacity: u64, block: u64, slack: u64) -> ScriptCall {
+        ScriptCall::new(ScriptKind::LeaseBlock)
+            .key("k")
+            .arg(capacity)
+            .arg(2_000)
+            .arg(1_000)
+            .arg(block)
+            .arg(2)
+            .arg(slack)
+    }
+
+    fn stored(store: &MemoryStore, now: i64) -> Vec<Option<String>> {
+        store.with_keyspace(|s| s.hmget("k", &["tokens", "ts"], now).unwrap())
+    }
+
+    #[test]
+    fn clock_back_gives_no_refill_and_ts_never_moves_back() {
+        let store = MemoryStore::default();
+        assert_eq!(
+            store
+                .eval_at(&call(20_000, 8_000, 0), 10_000)
+                .unwrap()
+                .values,
+            vec![8_000, 12_000, 0, 10_000]
+        );
+        assert_eq!(
+            store
+                .eval_at(&call(20_000, 8_000, 0), 4_000)
+                .unwrap()
+                .values,
+            vec![8_000, 4_000, 0, 4_000]
+        );
+        // Still short at the earlier time: no refill was credited.
+        let denied = store
+            .eval_at(&call(20_000, 8_000, 0), 5_000)
+            .unwrap()
+            .values;
+        assert_eq!(denied, vec![0, 4_000, 5_000 + 2 * 4_000, 5_000]);
+        assert_eq!(
+            stored(&store, 5_000),
+            vec![Some("4000".into()), Some("10000".into())]
+        );
+    }
+
+    #[test]
+    fn far_forward_refills_at_most_a_full_bucket() {
+        let store = MemoryStore::default();
+        let c = call(20_000, 20_000, 1 << 40);
+        assert_eq!(store.eval_at(&c, 0).unwrap().values, vec![20_000, 0, 0, 0]);
+        let far = 1 << 45;
+        assert_eq!(
+            store.eval_at(&c, far).unwrap().values,
+            vec![20_000, 0, 0, far]
+        );
+        let again = store
+            .eval_at(&call(20_000, 1, 1 << 40), far)
+            .unwrap()
+            .values;
+        assert_eq!(again, vec![0, 0, far + 2, far]);
+    }
+
+    #[test]
+    fn lowered_capacity_is_clamped_on_the_next_call() {
+        let store = MemoryStore::default();
+        assert_eq!(
+            store.eval_at(&call(20_000, 1_000, 0), 0).unwrap().values,
+            vec![1_000, 19_000, 0, 0]
+        );
+        assert_eq!(
+            store.eval_at(&call(5_000, 1_000, 0), 0).unwrap().values,
+            vec![1_000, 4_000, 0, 0]
+        );
+        assert_eq!(stored(&store, 0)[0].as_deref(), Some("4000"));
+    }
 }

@@ -1,0 +1,497 @@
+//! multi_rule.lua on a real redis-server, and its twin.
+
+mod common;
+
+use common::{differential, Harness};
+use leasehold_region_agent::memory::MemoryStore;
+use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use proptest::prelude::*;
+
+/// (capacity, refill, period_ms) of a bucket.
+type Rate = (u64, u64, u64);
+const USER: Rate = (20_000, 2_000, 1_000);
+const TENANT: Rate = (1_000_000, 1_000_000, 60_000);
+/// 1 millitoken per 1,000 s: nothing refills while a test runs.
+const FROZEN: Rate = (20_000, 1, 1_000_000);
+
+const USER_KEY: &str = "lh:v1:{atlas}:user-read:u17";
+const TENANT_KEY: &str = "lh:v1:{atlas}:tenant-all:atlas";
+const DECISION_KEY: &str = "lh:v1:{atlas}:decision:r1";
+
+fn call(keys: &[&str], slack: u64, decision_ttl: u64, rules: &[(Rate, u64)]) -> ScriptCall {
+    let mut c = ScriptCall::new(ScriptKind::MultiRule);
+    for k in keys {
+        c = c.key(*k);
+    }
+    c = c.arg(slack).arg(decision_ttl);
+    for ((capacity, refill, period), cost) in rules {
+        c = c.arg(capacity).arg(refill).arg(period).arg(cost);
+    }
+    c
+}
+
+fn redis_time_ms(h: &mut Harness) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut h.conn).unwrap();
+    s * 1_000 + us / 1_000
+}
+
+/// HSET tokens/ts with ts = Redis's TIME; returns that ts.
+fn seed(h: &mut Harness, key: &str, tokens: i64) -> i64 {
+    let ts = redis_time_ms(h);
+    redis::cmd("HSET")
+        .arg(key)
+        .arg("tokens")
+        .arg(tokens)
+        .arg("ts")
+        .arg(ts)
+        .exec(&mut h.conn)
+        .unwrap();
+    ts
+}
+
+fn get(h: &mut Harness, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(&mut h.conn).unwrap()
+}
+
+fn tokens(h: &mut Harness, key: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg("tokens")
+        .query(&mut h.conn)
+        .unwrap()
+}
+
+/// The walk-through's two rules restated independently: each bucket refills
+/// `elapsed` ms from its seeded tokens (floor), the request passes only if
+/// both hold their cost, and then both are debited.
+fn expected(user: i64, tenant: i64, cost: i64, elapsed: i64) -> Vec<i64> {
+    let refill = |t: i64, (cap, r, p): Rate| (t + elapsed * r as i64 / p as i64).min(cap as i64);
+    let have = [refill(user, USER), refill(tenant, TENANT)];
+    let rates = [USER, TENANT];
+    let waits: Vec<Option<i64>> = (0..2)
+        .map(|i| {
+            (have[i] < cost).then(|| {
+                let (_, r, p) = rates[i];
+                ((cost - have[i]) * p as i64 + r as i64 - 1) / r as i64
+            })
+        })
+        .collect();
+    match waits.iter().position(Option::is_some) {
+        None => vec![1, 0, 0, have[0] - cost, have[1] - cost],
+        Some(first) => vec![
+            0,
+            first as i64 + 1,
+            waits.iter().flatten().copied().max().unwrap_or(0),
+            have[0],
+            have[1],
+        ],
+    }
+}
+
+#[test]
+fn the_expected_model_reproduces_the_reference_numbers() {
+    assert_eq!(
+        expected(1_000, 639_000, 1_000, 0),
+        vec![1, 0, 0, 0, 638_000]
+    );
+    assert_eq!(expected(0, 639_000, 1_000, 0), vec![0, 1, 500, 0, 639_000]);
+    assert_eq!(
+        expected(20_000, 3_000, 10_000, 0),
+        vec![0, 2, 420, 20_000, 3_000]
+    );
+}
+
+#[test]
+fn walk_through_user_and_tenant_rules_charge_all_or_none() {
+    let mut h = Harness::start();
+    let keys = [DECISION_KEY, USER_KEY, TENANT_KEY];
+
+    // U-17 holds 1,000 and the tenant 639,000: {1, 0, 0, 0, 638000, now}.
+    seed(&mut h, USER_KEY, 1_000);
+    let ts = seed(&mut h, TENANT_KEY, 639_000);
+    let reply = h
+        .redis(&call(&keys, 5_000, 0, &[(USER, 1_000), (TENANT, 1_000)]))
+        .unwrap();
+    assert_eq!(reply.len(), 6);
+    assert_eq!(
+        reply[..5],
+        expected(1_000, 639_000, 1_000, reply[5] - ts)[..]
+    );
+    assert!(
+        !h.exists(DECISION_KEY),
+        "decision_ttl_ms 0 writes no record"
+    );
+    let pttl = h.pttl(USER_KEY);
+    assert!(pttl > 10_000 && pttl <= 15_000, "user TTL {pttl}");
+    let pttl = h.pttl(TENANT_KEY);
+    assert!(pttl > 60_000 && pttl <= 65_000, "tenant TTL {pttl}");
+
+    // The user bucket is empty: {0, 1, 500, 0, 639000, now}, tenant untouched.
+    h.flushall();
+    seed(&mut h, USER_KEY, 0);
+    let ts = seed(&mut h, TENANT_KEY, 639_000);
+    let before = (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY));
+    let reply = h
+        .redis(&call(&keys, 5_000, 0, &[(USER, 1_000), (TENANT, 1_000)]))
+        .unwrap();
+    assert_eq!(reply[..5], expected(0, 639_000, 1_000, reply[5] - ts)[..]);
+    if reply[0] == 0 {
+        assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
+    }
+
+    // The tenant holds 3,000 and the export costs 10,000: {0, 2, 420, …}.
+    h.flushall();
+    seed(&mut h, USER_KEY, 20_000);
+    let ts = seed(&mut h, TENANT_KEY, 3_000);
+    let before = (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY));
+    let reply = h
+        .redis(&call(&keys, 5_000, 0, &[(USER, 10_000), (TENANT, 10_000)]))
+        .unwrap();
+    assert_eq!(
+        reply[..5],
+        expected(20_000, 3_000, 10_000, reply[5] - ts)[..]
+    );
+    assert_eq!(reply[..2], [0, 2]);
+    assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
+}
+
+#[test]
+fn replayed_decision_id_returns_the_same_reply_and_debits_once() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let keys = [DECISION_KEY, USER_KEY, TENANT_KEY];
+    let c = call(&keys, 0, 600_000, &[(FROZEN, 1_000), (FROZEN, 3_000)]);
+    let first = differential(&mut h, &twin, &c, &mut last).unwrap();
+    assert_eq!(first[..5], [1, 0, 0, 19_000, 17_000]);
+    for _ in 0..3 {
+        let again = differential(&mut h, &twin, &c, &mut last).unwrap();
+        assert_eq!(again[..5], first[..5]);
+        assert!(again[5] >= first[5], "replay carries the current now_ms");
+    }
+    assert_eq!(tokens(&mut h, USER_KEY).as_deref(), Some("19000"));
+    assert_eq!(tokens(&mut h, TENANT_KEY).as_deref(), Some("17000"));
+    assert_eq!(
+        get(&mut h, DECISION_KEY).as_deref(),
+        Some("1,0,0,19000,17000")
+    );
+    let pttl = h.pttl(DECISION_KEY);
+    assert!(pttl > 590_000 && pttl <= 600_000, "record TTL {pttl}");
+
+    // A new decision id debits again.
+    let other = call(
+        &["lh:v1:{atlas}:decision:r2", USER_KEY, TENANT_KEY],
+        0,
+        600_000,
+        &[(FROZEN, 1_000), (FROZEN, 3_000)],
+    );
+    let second = differential(&mut h, &twin, &other, &mut last).unwrap();
+    assert_eq!(second[..5], [1, 0, 0, 18_000, 14_000]);
+}
+
+#[test]
+fn replayed_denial_stays_denied_and_touches_nothing() {
+    let mut h = Harness::start();
+    let keys = [DECISION_KEY, USER_KEY];
+    seed(&mut h, USER_KEY, 0);
+    let c = call(&keys, 0, 600_000, &[(FROZEN, 1_000)]);
+    let denied = h.redis(&c).unwrap();
+    assert_eq!(denied[..4], [0, 1, 1_000_000_000, 0]);
+    assert_eq!(
+        get(&mut h, DECISION_KEY).as_deref(),
+        Some("0,1,1000000000,0")
+    );
+    // The bucket is refilled behind the record's back: the replay still denies.
+    seed(&mut h, USER_KEY, 20_000);
+    let before = h.hgetall(USER_KEY);
+    let replay = h.redis(&c).unwrap();
+    assert_eq!(replay[..4], denied[..4]);
+    assert_eq!(h.hgetall(USER_KEY), before);
+}
+
+#[test]
+fn without_a_decision_ttl_the_record_key_is_neither_read_nor_written() {
+    let mut h = Harness::start();
+    redis::cmd("SET")
+        .arg(DECISION_KEY)
+        .arg("not a record")
+        .exec(&mut h.conn)
+        .unwrap();
+    let reply = h
+        .redis(&call(&[DECISION_KEY, USER_KEY], 0, 0, &[(FROZEN, 1_000)]))
+        .unwrap();
+    assert_eq!(reply[..4], [1, 0, 0, 19_000]);
+    assert_eq!(get(&mut h, DECISION_KEY).as_deref(), Some("not a record"));
+}
+
+#[test]
+fn malformed_or_mismatched_record_is_refused_by_both() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    // A record for one rule, replayed with two rules under the same id.
+    let one = call(&[DECISION_KEY, USER_KEY], 0, 600_000, &[(FROZEN, 1_000)]);
+    differential(&mut h, &twin, &one, &mut last).unwrap();
+    let two = call(
+        &[DECISION_KEY, USER_KEY, TENANT_KEY],
+        0,
+        600_000,
+        &[(FROZEN, 1_000), (FROZEN, 1_000)],
+    );
+    let before = h.hgetall(USER_KEY);
+    assert_eq!(
+        differential(&mut h, &twin, &two, &mut last),
+        Err(ScriptError::InvalidArgument("decision_record".into()))
+    );
+    assert_eq!(h.hgetall(USER_KEY), before);
+    assert!(!h.exists(TENANT_KEY));
+    for garbage in [
+        "",
+        "1,0,0,x",
+        "1,0,0,1e3",
+        "1,,0,5",
+        "1,0,0,99999999999999999",
+    ] {
+        redis::cmd("SET")
+            .arg(DECISION_KEY)
+            .arg(garbage)
+            .exec(&mut h.conn)
+            .unwrap();
+        twin.with_keyspace(|s| s.set(DECISION_KEY, garbage.to_string(), None, 0));
+        assert_eq!(
+            differential(&mut h, &twin, &one, &mut last),
+            Err(ScriptError::InvalidArgument("decision_record".into())),
+            "{garbage:?}"
+        );
+    }
+    assert_eq!(h.hgetall(USER_KEY), before);
+}
+
+const BAD_ANY: [&str; 7] = ["x", "nan", "inf", "-1", "1099511627777", "1.5", ""];
+
+fn bads(min_one: bool) -> Vec<&'static str> {
+    let mut v = BAD_ANY.to_vec();
+    if min_one {
+        v.push("0");
+    }
+    v
+}
+
+#[test]
+fn invalid_arguments_are_named_and_change_nothing() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let keys = [DECISION_KEY, USER_KEY, TENANT_KEY];
+    let base = [
+        "5000", "600000", "20000", "2000", "1000", "1000", "1000000", "1000000", "60000", "1000",
+    ];
+    let names = [
+        "slack_ms",
+        "decision_ttl_ms",
+        "capacity",
+        "refill",
+        "period_ms",
+        "cost",
+        "capacity",
+        "refill",
+        "period_ms",
+        "cost",
+    ];
+    let build = |keys: &[&str], args: &[&str]| {
+        let mut c = ScriptCall::new(ScriptKind::MultiRule);
+        for k in keys {
+            c = c.key(*k);
+        }
+        for a in args {
+            c = c.arg(a);
+        }
+        c
+    };
+    // A valid call writes both buckets and a record under this decision id:
+    // validation must still come first (no replay of an invalid call).
+    let ok = h.redis(&build(&keys, &base)).unwrap();
+    assert_eq!(ok[0], 1);
+    let snapshot = |h: &mut Harness| {
+        (
+            h.hgetall(USER_KEY),
+            h.hgetall(TENANT_KEY),
+            get(h, DECISION_KEY),
+            h.dbsize(),
+        )
+    };
+    let before = snapshot(&mut h);
+    let check = |h: &mut Harness, c: &ScriptCall, name: &str| {
+        let want = Err(ScriptError::InvalidArgument(name.to_string()));
+        assert_eq!(h.redis(c), want, "redis {c:?}");
+        assert_eq!(twin.eval_at(c, 0).map(|r| r.values), want, "twin {c:?}");
+    };
+    for (i, name) in names.iter().enumerate() {
+        for bad in bads(i >= 2) {
+            let mut args = base;
+            args[i] = bad;
+            check(&mut h, &build(&keys, &args), name);
+            assert_eq!(snapshot(&mut h), before, "{name}={bad:?}");
+        }
+    }
+    // capacity × period > 2^52, in either rule (2^40 × 2^40 must not overflow).
+    let mut args = base;
+    (args[2], args[4]) = ("1099511627776", "8192");
+    check(&mut h, &build(&keys, &args), "capacity");
+    let mut args = base;
+    (args[6], args[8]) = ("1099511627776", "1099511627776");
+    check(&mut h, &build(&keys, &args), "capacity");
+    // Rule count: none, nine, ARGV one short or one long.
+    check(&mut h, &build(&[DECISION_KEY], &base[..2]), "rules");
+    let nine: Vec<String> = (0..10).map(|i| format!("lh:v1:{{atlas}}:k{i}")).collect();
+    let nine: Vec<&str> = nine.iter().map(String::as_str).collect();
+    let mut nine_args = vec!["0", "0"];
+    for _ in 0..9 {
+        nine_args.extend(["10", "1", "1", "1"]);
+    }
+    check(&mut h, &build(&nine, &nine_args), "rules");
+    check(&mut h, &build(&keys, &base[..9]), "rules");
+    let mut long = base.to_vec();
+    long.push("1");
+    check(&mut h, &build(&keys, &long), "rules");
+    // A key listed twice, also the record on a bucket.
+    check(
+        &mut h,
+        &build(&[DECISION_KEY, USER_KEY, USER_KEY], &base),
+        "keys",
+    );
+    check(
+        &mut h,
+        &build(&[USER_KEY, USER_KEY, TENANT_KEY], &base),
+        "keys",
+    );
+    assert_eq!(snapshot(&mut h), before);
+
+    // cost > capacity in rule 2 → denied by 2 with retry -1, no bucket written;
+    // the denial is recorded under its own decision id.
+    let never_key = "lh:v1:{atlas}:decision:never";
+    let mut args = base;
+    args[9] = "1000001";
+    let never = h
+        .redis(&build(&[never_key, USER_KEY, TENANT_KEY], &args))
+        .unwrap();
+    assert_eq!(never[..3], [0, 2, -1]);
+    assert_eq!(
+        (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)),
+        (before.0, before.1)
+    );
+    assert!(h.exists(never_key));
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    bucket: usize,
+    rate: Rate,
+    cost: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Call {
+        rules: Vec<Rule>,
+        slack: u64,
+        /// None: decision_ttl_ms 0.
+        decision: Option<u8>,
+    },
+    Repeat,
+    Idle {
+        ms: u64,
+    },
+}
+
+fn rule(bucket: usize) -> impl Strategy<Value = Rule> {
+    prop::sample::select(vec![1_000u64, 5_000, 20_000])
+        .prop_flat_map(|capacity| {
+            (
+                Just(capacity),
+                1u64..5_000,
+                prop::sample::select(vec![1u64, 10, 100, 1_000]),
+                // Mostly a fraction of the capacity; now and then more (never).
+                prop_oneof![12 => 1..=capacity / 3, 1 => capacity + 1..capacity + 5_000],
+            )
+        })
+        .prop_map(move |(capacity, refill, period, cost)| Rule {
+            bucket,
+            rate: (capacity, refill, period),
+            cost,
+        })
+}
+
+fn rules() -> impl Strategy<Value = Vec<Rule>> {
+    prop::sample::subsequence(vec![0usize, 1, 2, 3], 1..=4)
+        .prop_shuffle()
+        .prop_flat_map(|buckets| buckets.into_iter().map(rule).collect::<Vec<_>>())
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (rules(), 0u64..2_000, prop::option::of(0u8..4))
+            .prop_map(|(rules, slack, decision)| Step::Call { rules, slack, decision }),
+        1 => Just(Step::Repeat),
+        1 => (0u64..15).prop_map(|ms| Step::Idle { ms }),
+    ]
+}
+
+fn to_call(rules: &[Rule], slack: u64, decision: Option<u8>) -> ScriptCall {
+    let record = match decision {
+        // The rule count in the id: a replay always finds a record of its
+        // shape (the mismatch has its own test).
+        Some(id) => format!("lh:v1:{{t}}:decision:{}:{id}", rules.len()),
+        None => "lh:v1:{t}:decision:none".to_string(),
+    };
+    let buckets: Vec<String> = rules
+        .iter()
+        .map(|r| format!("lh:v1:{{t}}:rule{}:p", r.bucket))
+        .collect();
+    let mut keys = vec![record.as_str()];
+    keys.extend(buckets.iter().map(String::as_str));
+    // Records live 10 minutes: no replay straddles an expiry.
+    let ttl = if decision.is_some() { 600_000 } else { 0 };
+    let specs: Vec<(Rate, u64)> = rules.iter().map(|r| (r.rate, r.cost)).collect();
+    call(&keys, slack, ttl, &specs)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn twin_decides_exactly_as_redis(steps in prop::collection::vec(step(), 1..30)) {
+        thread_local!(static H: std::cell::RefCell<Option<Harness>> = const { std::cell::RefCell::new(None) });
+        H.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let h = slot.get_or_insert_with(Harness::start);
+            h.flushall();
+            let twin = MemoryStore::default();
+            let mut last_now = 0;
+            let mut previous: Option<ScriptCall> = None;
+            for step in &steps {
+                let c = match step {
+                    Step::Idle { ms } => {
+                        std::thread::sleep(std::time::Duration::from_millis(*ms));
+                        continue;
+                    }
+                    Step::Repeat => match &previous {
+                        Some(c) => c.clone(),
+                        None => continue,
+                    },
+                    Step::Call { rules, slack, decision } => to_call(rules, *slack, *decision),
+                };
+                let buckets: Vec<_> = c.keys[1..].iter().map(|k| h.hgetall(k)).collect();
+                let reply = differential(h, &twin, &c, &mut last_now);
+                if let Ok(values) = &reply {
+                    assert_eq!(values.len(), c.keys.len() + 3);
+                    if values[0] == 0 {
+                        // All or none: a denial (or a replay) writes no bucket.
+                        let after: Vec<_> = c.keys[1..].iter().map(|k| h.hgetall(k)).collect();
+                        assert_eq!(after, buckets);
+                    }
+                }
+                previous = Some(c);
+            }
+        });
+    }
+}
