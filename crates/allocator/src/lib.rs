@@ -1,8 +1,71 @@
 //! The global plane: a consensus-backed allocator that owns each global pool.
 //!
-//! Owns (as later work lands): the pure pool state machine (`pool`, `grant`,
-//! `share`, `region`, `fence`, `command`), its openraft glue on sled storage,
-//! the `leasehold.allocator.v1` gRPC service and the Region health prober.
-//! Does not own Region-local buckets: those belong to `leasehold-region-agent`.
+//! **Owns now:** the pure pool state machine of ARCHITECTURE §4.1–§4.4 —
+//! window pools and chunk grants, rate pools with shares moved by named
+//! handoffs, the three reclaim policies and incarnation fencing — behind one
+//! entry point, [`Machine::apply`], plus its versioned snapshot. It is pure:
+//! no I/O, no clock (time is the leader's stamp on each command, §2), no
+//! randomness, `BTreeMap` wherever order reaches output, so every replica,
+//! the simulation and the tests run the same code to the same bytes.
 //!
-//! Nothing is implemented here yet; see the open allocator issues.
+//! **Will own (later issues, not here yet):** the openraft glue and sled
+//! storage that feed committed entries to [`Machine::apply`], the
+//! `leasehold.allocator.v1` gRPC service and the Region health prober (whose
+//! verdicts arrive here as `HealthVerdict` commands).
+//!
+//! **Does not own:** Region-local buckets, block leasing and fallback
+//! enforcement (`leasehold-region-agent`); the wire types (`leasehold-proto`).
+//!
+//! # Units
+//! - Time: integer milliseconds (`*_ms`), allocator time only.
+//! - Window pools: millitokens (`capacity_millitokens_per_window`,
+//!   `want_millitokens`, `granted_millitokens`).
+//! - Rate pools: **millitokens per second** (`*_millitokens_per_s`), so a
+//!   Region's bucket refills `share` millitokens per 1,000 ms exactly
+//!   (L = 10,000 tokens/s is `10_000_000`). Burst in millitokens.
+//! - Demand: requests per interval (only ratios matter).
+//! - Fractions: basis points (`floor_basis_points: 500` = 5%).
+//!
+//! # Map
+//! - [`machine`]: [`Machine`], `apply`, the time rule, epochs, invariants.
+//! - [`command`]: the commands, replies and typed errors.
+//! - [`config`]: pool configs and their validation.
+//! - [`id`]: pool, Region and lease ids, charsets and length cap.
+//! - [`pool`]: a pool (window or rate), creation, update, registration.
+//! - [`grant`]: §4.2 window pools and idempotent, window-clamped chunk grants.
+//! - [`share`]: §4.3 rate pools: targets, the six rebalance steps, named
+//!   grants, the applied-share handshake, the convergence bound.
+//! - [`reclaim`]: §4.4 freeze / two_signal / lease and the reclaim split.
+//! - [`fence`]: §4.1 incarnation fencing.
+//! - [`region`]: pool membership and health records.
+//! - [`apportion`]: the exact integer split every rounding goes through.
+//! - [`snapshot`]: the versioned, byte-deterministic snapshot format.
+//!
+//! # Caps
+//! | cap | value | at the cap |
+//! |---|---|---|
+//! | [`pool::MAX_POOLS`] | 1,024 | `CreatePool` refused `TooManyPools` |
+//! | [`region::MAX_REGIONS_PER_POOL`] | 16 members (live or reclaimed) | `RegisterRegion` refused `TooManyRegionsInPool` |
+//! | [`region::MAX_REGIONS`] | 256 known Regions | `RegisterRegion` of a new Region refused `TooManyRegions` |
+//! | [`id::MAX_ID_BYTES`] | 64 bytes | `InvalidId { field }` |
+//! | [`grant::MAX_GRANT_RECORDS_PER_WINDOW`] | 4,096 new lease ids per pool per window | `GrantRecordsFull`; replays still answered |
+//! | grant records kept | current + previous window | older ones dropped (on Grant and Tick) |
+//! | numbers | [1, 2^40] (demand, applied share: [0, 2^40]); time ≤ 2^53 ms | `InvalidValue { field }` |
+
+pub mod apportion;
+pub mod command;
+pub mod config;
+pub mod fence;
+pub mod grant;
+pub mod id;
+pub mod machine;
+pub mod pool;
+pub mod reclaim;
+pub mod region;
+pub mod share;
+pub mod snapshot;
+
+pub use command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
+pub use config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
+pub use machine::Machine;
+pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT_VERSION};

@@ -1,0 +1,179 @@
+//! What the log carries and what `apply` answers.
+//!
+//! A [`StampedCommand`] is one log entry's payload: the [`Command`], the time
+//! the leader stamped on it and the epoch (leader term) that committed it.
+//! `apply` answers a [`Reply`] or a [`Rejection`]; both carry that epoch so
+//! agents can drop answers of a deposed leader (§4.1). Ids travel as plain
+//! strings and are parsed by `apply` (see [`crate::id`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, PoolConfig};
+use crate::grant::GrantAnswer;
+use crate::id::IdError;
+use crate::pool::PoolKind;
+use crate::reclaim::ReclaimReport;
+use crate::share::ShareReply;
+
+/// One log entry for the state machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StampedCommand {
+    /// The term of the leader that committed the entry. Never below the
+    /// epoch of an entry applied before (else `StaleEpoch`).
+    pub epoch: u64,
+    /// The leader's clock when it proposed the entry, in ms, at most
+    /// [`crate::machine::MAX_TIME_MS`]. Apply uses
+    /// `max(last_applied_time_ms, stamped_time_ms)`.
+    pub stamped_time_ms: u64,
+    pub command: Command,
+}
+
+/// The state machine's commands (§4.2–§4.4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    /// Creates a pool; its L (or G) is then unassigned room of the allocator.
+    CreatePool { pool: String, config: PoolConfig },
+    /// Replaces a pool's config. The kind and `window_ms` cannot change.
+    UpdatePool { pool: String, config: PoolConfig },
+    /// Makes a Region a live member of a pool. A new or returning
+    /// (reclaimed) member starts at share 0; a live member gets its state back.
+    RegisterRegion { pool: String, region: String },
+    /// §4.2: a chunk of a window pool, idempotent per `lease_id`.
+    Grant {
+        pool: String,
+        region: String,
+        incarnation: u64,
+        lease_id: String,
+        /// In [1, 2^40].
+        want_millitokens: u64,
+    },
+    /// §4.3: the six rebalance steps for one Region of a rate pool.
+    Rebalance {
+        pool: String,
+        region: String,
+        incarnation: u64,
+        /// Requests received in the last interval, allowed or refused; in [0, 2^40].
+        demand_requests: u64,
+        /// The share the Region's bucket enforces now; in [0, 2^40].
+        applied_share_millitokens_per_s: u64,
+        /// The `share_version` of the reply the Region last applied (0 before
+        /// any). Releases are confirmed only by a report of a version at or
+        /// after the lowering, so a stale or duplicated report cannot free room.
+        applied_share_version: u64,
+    },
+    /// §4.3: sent right after applying a lower share; runs steps 2 and 6.
+    AckShare {
+        pool: String,
+        region: String,
+        incarnation: u64,
+        applied_share_millitokens_per_s: u64,
+        applied_share_version: u64,
+    },
+    /// §4.5: the health prober's verdict on a Region, for every pool.
+    HealthVerdict { region: String, healthy: bool },
+    /// Advances allocator time; runs automatic reclaim and drops grant
+    /// records older than the previous window.
+    Tick,
+    /// Sets or clears a member's freeze: while frozen, automatic reclaim
+    /// skips it (its room stays taken), whatever the pool's policy.
+    AdminFreeze {
+        pool: String,
+        region: String,
+        frozen: bool,
+    },
+    /// Reclaims a member's room now, whatever the policy, and fences it.
+    AdminReclaim { pool: String, region: String },
+}
+
+/// A command's effect, with the epoch of the entry that committed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    pub epoch: u64,
+    /// The allocator time the command was applied at.
+    pub applied_time_ms: u64,
+    pub outcome: Outcome,
+}
+
+/// What a command did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Outcome {
+    PoolCreated,
+    PoolUpdated,
+    /// The member's incarnation and, for a rate pool, its share.
+    Registered {
+        incarnation: u64,
+        share: Option<ShareReply>,
+    },
+    Granted(GrantAnswer),
+    /// Reply to Rebalance and AckShare: the share to apply.
+    Share(ShareReply),
+    HealthRecorded,
+    /// Members reclaimed automatically by this tick, in (pool, region) order.
+    Ticked {
+        reclaimed: Vec<ReclaimReport>,
+    },
+    FreezeSet {
+        frozen: bool,
+    },
+    Reclaimed(ReclaimReport),
+}
+
+/// A refused command, with the epoch of the entry that carried it. State is
+/// exactly as before the command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("epoch {epoch}: {error}")]
+pub struct Rejection {
+    pub epoch: u64,
+    pub error: CommandError,
+}
+
+/// Why a command was refused. Every variant names the field or entity at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum CommandError {
+    #[error("epoch {command_epoch} is below the applied epoch {current_epoch}")]
+    StaleEpoch {
+        command_epoch: u64,
+        current_epoch: u64,
+    },
+    #[error("{field}: invalid id: {error}")]
+    InvalidId { field: String, error: IdError },
+    #[error("{field}: {value} is outside [{min}, {max}]")]
+    InvalidValue {
+        field: String,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error("config: {error}")]
+    InvalidConfig { error: ConfigError },
+    #[error("pool {pool}: unknown")]
+    UnknownPool { pool: String },
+    #[error("pool {pool}: already exists")]
+    PoolExists { pool: String },
+    #[error("pool: the cap of {cap} pools is reached")]
+    TooManyPools { cap: usize },
+    /// `expected` is the kind the command needs.
+    #[error("pool {pool}: not a {expected:?} pool")]
+    WrongPoolKind { pool: String, expected: PoolKind },
+    #[error("pool {pool}: {field} cannot change")]
+    ImmutableField { pool: String, field: String },
+    #[error("region {region}: unknown (never registered)")]
+    UnknownRegion { region: String },
+    #[error("region {region}: not a member of pool {pool}")]
+    RegionNotInPool { pool: String, region: String },
+    #[error("pool {pool}: the cap of {cap} member Regions is reached")]
+    TooManyRegionsInPool { pool: String, cap: usize },
+    #[error("region: the cap of {cap} known Regions is reached")]
+    TooManyRegions { cap: usize },
+    #[error("incarnation: fenced, current incarnation is {current_incarnation}")]
+    Fenced { current_incarnation: u64 },
+    #[error("lease_id {lease_id}: already granted to region {owner_region}")]
+    LeaseIdTaken {
+        lease_id: String,
+        owner_region: String,
+    },
+    #[error("pool {pool}: the cap of {cap} grant records this window is reached")]
+    GrantRecordsFull { pool: String, cap: usize },
+}

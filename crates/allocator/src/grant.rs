@@ -1,0 +1,253 @@
+//! Window pools and chunk grants (§4.2).
+//!
+//! A window pool has G millitokens per aligned window of W ms (window start =
+//! t − t mod W). `Grant` gives `min(want, G − granted this window)`, expiring
+//! at `min(t + lease_ttl, window end)`: tokens of one window are never
+//! spendable in the next. A known `lease_id` returns its stored answer and
+//! grants nothing.
+//!
+//! Keeps, at every applied entry:
+//! - Σ granted in the window = Σ of the window's records ≤ G (G in force at
+//!   each grant; lowering G mid-window stops further grants);
+//! - every `expires_at_ms` ≤ its window's end;
+//! - records exist for the current and the previous window only.
+//!
+//! | cap | value | at the cap |
+//! |---|---|---|
+//! | [`MAX_GRANT_RECORDS_PER_WINDOW`] | 4,096 new lease ids per pool per window | a new lease id is refused `GrantRecordsFull` (replays still answered); ask for bigger chunks |
+//!
+//! A lease id older than the previous window is forgotten: a replay of it is
+//! a new grant in the current window. Agents use fresh lease ids per request.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::CommandError;
+use crate::config::WindowPoolConfig;
+use crate::fence;
+use crate::id::{LeaseId, PoolId, RegionId};
+use crate::region::Member;
+
+/// Cap on distinct lease ids recorded in one pool's current window.
+pub const MAX_GRANT_RECORDS_PER_WINDOW: usize = 4_096;
+
+/// The answer to a `Grant`, stored and returned unchanged on replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantAnswer {
+    pub lease_id: String,
+    /// 0 when the window is spent (then retry at `window_end_ms`).
+    pub granted_millitokens: u64,
+    /// `min(grant time + lease_ttl_ms, window_end_ms)`.
+    pub expires_at_ms: u64,
+    pub window_start_ms: u64,
+    pub window_end_ms: u64,
+}
+
+/// One remembered grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    pub region: RegionId,
+    pub answer: GrantAnswer,
+}
+
+/// A window pool's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowPool {
+    pub config: WindowPoolConfig,
+    pub members: BTreeMap<RegionId, Member>,
+    /// Start of the window the counters below belong to.
+    pub window_start_ms: u64,
+    pub granted_in_window_millitokens: u64,
+    pub current_records: BTreeMap<LeaseId, GrantRecord>,
+    pub previous_records: BTreeMap<LeaseId, GrantRecord>,
+}
+
+/// A grant request whose ids are already parsed.
+pub struct GrantRequest<'a> {
+    pub pool: &'a PoolId,
+    pub region: &'a RegionId,
+    pub incarnation: u64,
+    pub lease_id: LeaseId,
+    pub want_millitokens: u64,
+}
+
+impl WindowPool {
+    pub fn new(config: WindowPoolConfig, now_ms: u64) -> Self {
+        let window_start_ms = now_ms - now_ms % config.window_ms;
+        WindowPool {
+            config,
+            members: BTreeMap::new(),
+            window_start_ms,
+            granted_in_window_millitokens: 0,
+            current_records: BTreeMap::new(),
+            previous_records: BTreeMap::new(),
+        }
+    }
+
+    /// Start of the aligned window holding `now_ms`.
+    pub fn window_start_of(&self, now_ms: u64) -> u64 {
+        now_ms - now_ms % self.config.window_ms
+    }
+
+    /// Σ granted in the window holding `now_ms`.
+    pub fn granted_at(&self, now_ms: u64) -> u64 {
+        if self.window_start_of(now_ms) == self.window_start_ms {
+            self.granted_in_window_millitokens
+        } else {
+            0
+        }
+    }
+
+    /// The record of `lease_id` if it is from the current or previous window
+    /// relative to `now_ms`. Reads only: rolling happens on success.
+    fn lookup(&self, lease_id: &LeaseId, now_ms: u64) -> Option<&GrantRecord> {
+        let start = self.window_start_of(now_ms);
+        if start == self.window_start_ms {
+            self.current_records
+                .get(lease_id)
+                .or_else(|| self.previous_records.get(lease_id))
+        } else if start == self.window_start_ms.saturating_add(self.config.window_ms) {
+            self.current_records.get(lease_id)
+        } else {
+            None
+        }
+    }
+
+    fn records_at(&self, now_ms: u64) -> usize {
+        if self.window_start_of(now_ms) == self.window_start_ms {
+            self.current_records.len()
+        } else {
+            0
+        }
+    }
+
+    /// Moves the counters to the window holding `now_ms`, keeping the records
+    /// of the previous window only.
+    pub(crate) fn roll(&mut self, now_ms: u64) {
+        let start = self.window_start_of(now_ms);
+        if start <= self.window_start_ms {
+            return;
+        }
+        if start == self.window_start_ms.saturating_add(self.config.window_ms) {
+            self.previous_records = std::mem::take(&mut self.current_records);
+        } else {
+            self.previous_records.clear();
+            self.current_records.clear();
+        }
+        self.window_start_ms = start;
+        self.granted_in_window_millitokens = 0;
+    }
+
+    /// §4.2 `Grant`. Refuses (state unchanged) an unknown or fenced member, a
+    /// lease id held by another Region, or a new lease id at the record cap.
+    pub(crate) fn grant(
+        &mut self,
+        request: GrantRequest<'_>,
+        now_ms: u64,
+    ) -> Result<GrantAnswer, CommandError> {
+        let member =
+            self.members
+                .get(request.region)
+                .ok_or_else(|| CommandError::RegionNotInPool {
+                    pool: request.pool.to_string(),
+                    region: request.region.to_string(),
+                })?;
+        fence::admit(member, request.incarnation)?;
+        if let Some(record) = self.lookup(&request.lease_id, now_ms) {
+            if record.region != *request.region {
+                return Err(CommandError::LeaseIdTaken {
+                    lease_id: request.lease_id.to_string(),
+                    owner_region: record.region.to_string(),
+                });
+            }
+            let answer = record.answer.clone();
+            self.heard(request.region, now_ms);
+            self.roll(now_ms);
+            return Ok(answer);
+        }
+        if self.records_at(now_ms) >= MAX_GRANT_RECORDS_PER_WINDOW {
+            return Err(CommandError::GrantRecordsFull {
+                pool: request.pool.to_string(),
+                cap: MAX_GRANT_RECORDS_PER_WINDOW,
+            });
+        }
+        self.heard(request.region, now_ms);
+        self.roll(now_ms);
+        Ok(self.give(request, now_ms))
+    }
+
+    fn give(&mut self, request: GrantRequest<'_>, now_ms: u64) -> GrantAnswer {
+        let capacity = self.config.capacity_millitokens_per_window;
+        let remaining = capacity.saturating_sub(self.granted_in_window_millitokens);
+        let granted = request.want_millitokens.min(remaining);
+        let window_end_ms = self.window_start_ms + self.config.window_ms;
+        let answer = GrantAnswer {
+            lease_id: request.lease_id.to_string(),
+            granted_millitokens: granted,
+            expires_at_ms: now_ms
+                .saturating_add(self.config.lease_ttl_ms)
+                .min(window_end_ms),
+            window_start_ms: self.window_start_ms,
+            window_end_ms,
+        };
+        self.granted_in_window_millitokens += granted;
+        debug_assert!(granted == 0 || self.granted_in_window_millitokens <= capacity);
+        debug_assert!(answer.expires_at_ms <= window_end_ms);
+        let record = GrantRecord {
+            region: request.region.clone(),
+            answer: answer.clone(),
+        };
+        self.current_records.insert(request.lease_id, record);
+        debug_assert!(self.check().is_ok());
+        answer
+    }
+
+    fn heard(&mut self, region: &RegionId, now_ms: u64) {
+        if let Some(member) = self.members.get_mut(region) {
+            member.last_heard_ms = now_ms;
+        }
+    }
+
+    /// The window pool's invariants, with the terms compared on failure.
+    pub fn check(&self) -> Result<(), String> {
+        let window_ms = self.config.window_ms;
+        if self.window_start_of(self.window_start_ms) != self.window_start_ms {
+            return Err(format!(
+                "window_start_ms {} is not aligned to {window_ms}",
+                self.window_start_ms
+            ));
+        }
+        let recorded: u64 = self
+            .current_records
+            .values()
+            .map(|record| record.answer.granted_millitokens)
+            .sum();
+        if recorded != self.granted_in_window_millitokens {
+            return Err(format!(
+                "Σ current records {recorded} ≠ granted_in_window {}",
+                self.granted_in_window_millitokens
+            ));
+        }
+        if self.current_records.len() > MAX_GRANT_RECORDS_PER_WINDOW {
+            return Err(format!("{} current records", self.current_records.len()));
+        }
+        let previous_start = self.window_start_ms.checked_sub(window_ms);
+        for (records, start) in [
+            (&self.current_records, Some(self.window_start_ms)),
+            (&self.previous_records, previous_start),
+        ] {
+            for (lease_id, record) in records {
+                let answer = &record.answer;
+                if Some(answer.window_start_ms) != start
+                    || answer.window_end_ms != answer.window_start_ms + window_ms
+                    || answer.expires_at_ms > answer.window_end_ms
+                    || answer.lease_id != lease_id.as_str()
+                {
+                    return Err(format!("record {lease_id} outside its window: {answer:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,460 @@
+//! The state machine: `apply(StampedCommand) -> Result<Reply, Rejection>`.
+//!
+//! Time rule (§2): the machine never reads a clock; each command is applied
+//! at `now = max(last_applied_time_ms, stamped_time_ms)`, so replicas agree
+//! and a skewed leader cannot move time backwards. Epochs (§4.1) never go
+//! down: a command with a lower epoch than one already applied is refused.
+//!
+//! A refused command leaves the machine exactly as it was (time and epoch
+//! included): every handler checks everything before it writes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
+use crate::config::{PoolConfig, MAX_VALUE};
+use crate::grant::GrantRequest;
+use crate::id::{IdError, LeaseId, PoolId, RegionId};
+use crate::pool::{Pool, PoolKind, MAX_POOLS};
+use crate::reclaim::{fence_window_member, ReclaimReport};
+use crate::region::{RegionRecord, MAX_REGIONS};
+use crate::share::ShareReport;
+
+/// 2^53: the latest stamped time accepted, in ms (far beyond any real clock,
+/// and exact in every JSON reader).
+pub const MAX_TIME_MS: u64 = 1 << 53;
+
+/// An invariant that does not hold (found by [`Machine::check_invariants`],
+/// e.g. in a restored snapshot), with the terms compared.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("{scope}: {detail}")]
+pub struct InvariantViolation {
+    /// `pool <id>` or `machine`.
+    pub scope: String,
+    pub detail: String,
+}
+
+/// Which rate-pool handler a share report goes to.
+#[derive(Clone, Copy)]
+enum ShareStep {
+    /// The six steps.
+    Rebalance,
+    /// Steps 2 and 6.
+    Ack,
+}
+
+/// The allocator's pure, deterministic pool state machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    pub(crate) epoch: u64,
+    pub(crate) last_applied_time_ms: u64,
+    pub(crate) pools: BTreeMap<PoolId, Pool>,
+    pub(crate) regions: BTreeMap<RegionId, RegionRecord>,
+}
+
+fn parse<T>(
+    field: &str,
+    text: &str,
+    parse: fn(&str) -> Result<T, IdError>,
+) -> Result<T, CommandError> {
+    parse(text).map_err(|error| CommandError::InvalidId {
+        field: field.to_string(),
+        error,
+    })
+}
+
+fn in_range(field: &str, value: u64, min: u64, max: u64) -> Result<u64, CommandError> {
+    if value < min || value > max {
+        return Err(CommandError::InvalidValue {
+            field: field.to_string(),
+            value,
+            min,
+            max,
+        });
+    }
+    Ok(value)
+}
+
+impl Machine {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The highest epoch applied.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Allocator time: the `now` of the last applied command.
+    pub fn last_applied_time_ms(&self) -> u64 {
+        self.last_applied_time_ms
+    }
+
+    pub fn pools(&self) -> &BTreeMap<PoolId, Pool> {
+        &self.pools
+    }
+
+    pub fn pool(&self, pool: &str) -> Option<&Pool> {
+        self.pools.get(pool)
+    }
+
+    pub fn regions(&self) -> &BTreeMap<RegionId, RegionRecord> {
+        &self.regions
+    }
+
+    /// Applies one committed log entry. On `Err`, state is unchanged.
+    /// Keeps: every invariant of [`Machine::check_invariants`] (asserted in
+    /// debug builds after every applied command).
+    pub fn apply(&mut self, entry: &StampedCommand) -> Result<Reply, Rejection> {
+        let epoch = entry.epoch;
+        let reject = |error| Rejection { epoch, error };
+        if epoch < self.epoch {
+            return Err(reject(CommandError::StaleEpoch {
+                command_epoch: epoch,
+                current_epoch: self.epoch,
+            }));
+        }
+        in_range("stamped_time_ms", entry.stamped_time_ms, 0, MAX_TIME_MS).map_err(reject)?;
+        let now_ms = self.last_applied_time_ms.max(entry.stamped_time_ms);
+        let outcome = self.execute(&entry.command, now_ms).map_err(reject)?;
+        self.epoch = epoch;
+        self.last_applied_time_ms = now_ms;
+        debug_assert_eq!(self.check_invariants(), Ok(()));
+        Ok(Reply {
+            epoch,
+            applied_time_ms: now_ms,
+            outcome,
+        })
+    }
+
+    fn execute(&mut self, command: &Command, now_ms: u64) -> Result<Outcome, CommandError> {
+        match command {
+            Command::CreatePool { pool, config } => self.create_pool(pool, config, now_ms),
+            Command::UpdatePool { pool, config } => self.update_pool(pool, config),
+            Command::RegisterRegion { pool, region } => self.register_region(pool, region, now_ms),
+            Command::Grant {
+                pool,
+                region,
+                incarnation,
+                lease_id,
+                want_millitokens,
+            } => self.grant(
+                pool,
+                region,
+                *incarnation,
+                lease_id,
+                *want_millitokens,
+                now_ms,
+            ),
+            Command::Rebalance {
+                pool,
+                region,
+                incarnation,
+                demand_requests,
+                applied_share_millitokens_per_s,
+                applied_share_version,
+            } => {
+                let demand = in_range("demand_requests", *demand_requests, 0, MAX_VALUE)?;
+                let report = ShareReport {
+                    incarnation: *incarnation,
+                    demand_requests: Some(demand),
+                    applied_share_millitokens_per_s: *applied_share_millitokens_per_s,
+                    applied_share_version: *applied_share_version,
+                };
+                self.share_command(pool, region, report, now_ms, ShareStep::Rebalance)
+            }
+            Command::AckShare {
+                pool,
+                region,
+                incarnation,
+                applied_share_millitokens_per_s,
+                applied_share_version,
+            } => {
+                let report = ShareReport {
+                    incarnation: *incarnation,
+                    demand_requests: None,
+                    applied_share_millitokens_per_s: *applied_share_millitokens_per_s,
+                    applied_share_version: *applied_share_version,
+                };
+                self.share_command(pool, region, report, now_ms, ShareStep::Ack)
+            }
+            Command::HealthVerdict { region, healthy } => {
+                self.health_verdict(region, *healthy, now_ms)
+            }
+            Command::Tick => Ok(self.tick(now_ms)),
+            Command::AdminFreeze {
+                pool,
+                region,
+                frozen,
+            } => self.admin_freeze(pool, region, *frozen),
+            Command::AdminReclaim { pool, region } => self.admin_reclaim(pool, region),
+        }
+    }
+
+    fn grant(
+        &mut self,
+        pool: &str,
+        region: &str,
+        incarnation: u64,
+        lease_id: &str,
+        want_millitokens: u64,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
+        let lease_id = parse("lease_id", lease_id, LeaseId::parse)?;
+        let want = in_range("want_millitokens", want_millitokens, 1, MAX_VALUE)?;
+        let (pool, region) = self.locate(pool, region)?;
+        let Some(Pool::Window(state)) = self.pools.get_mut(&pool) else {
+            return Err(self.wrong_kind(&pool, PoolKind::Window));
+        };
+        let request = GrantRequest {
+            pool: &pool,
+            region: &region,
+            incarnation,
+            lease_id,
+            want_millitokens: want,
+        };
+        state.grant(request, now_ms).map(Outcome::Granted)
+    }
+
+    fn health_verdict(
+        &mut self,
+        region: &str,
+        healthy: bool,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
+        let region = parse("region", region, RegionId::parse)?;
+        let Some(record) = self.regions.get_mut(&region) else {
+            return Err(CommandError::UnknownRegion {
+                region: region.to_string(),
+            });
+        };
+        record.healthy = Some(healthy);
+        record.verdict_at_ms = Some(now_ms);
+        Ok(Outcome::HealthRecorded)
+    }
+
+    fn admin_freeze(
+        &mut self,
+        pool: &str,
+        region: &str,
+        frozen: bool,
+    ) -> Result<Outcome, CommandError> {
+        let (pool, region) = self.locate(pool, region)?;
+        let Some(Pool::Rate(state)) = self.pools.get_mut(&pool) else {
+            return Err(self.wrong_kind(&pool, PoolKind::Rate));
+        };
+        if let Some(member) = state.members.get_mut(&region) {
+            member.member.admin_frozen = frozen;
+        }
+        Ok(Outcome::FreezeSet { frozen })
+    }
+
+    fn create_pool(
+        &mut self,
+        pool: &str,
+        config: &PoolConfig,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        config
+            .validate()
+            .map_err(|error| CommandError::InvalidConfig { error })?;
+        if self.pools.contains_key(&pool) {
+            return Err(CommandError::PoolExists {
+                pool: pool.to_string(),
+            });
+        }
+        if self.pools.len() >= MAX_POOLS {
+            return Err(CommandError::TooManyPools { cap: MAX_POOLS });
+        }
+        self.pools.insert(pool, Pool::new(config.clone(), now_ms));
+        Ok(Outcome::PoolCreated)
+    }
+
+    fn update_pool(&mut self, pool: &str, config: &PoolConfig) -> Result<Outcome, CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        config
+            .validate()
+            .map_err(|error| CommandError::InvalidConfig { error })?;
+        let state = self
+            .pools
+            .get_mut(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        state.update(&pool, config.clone())?;
+        Ok(Outcome::PoolUpdated)
+    }
+
+    fn register_region(
+        &mut self,
+        pool: &str,
+        region: &str,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        let region = parse("region", region, RegionId::parse)?;
+        let known = self.regions.contains_key(&region);
+        if !known && self.regions.len() >= MAX_REGIONS {
+            return Err(CommandError::TooManyRegions { cap: MAX_REGIONS });
+        }
+        let state = self
+            .pools
+            .get_mut(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        let outcome = state.register(&pool, &region, now_ms)?;
+        self.regions.entry(region).or_default();
+        Ok(outcome)
+    }
+
+    fn share_command(
+        &mut self,
+        pool: &str,
+        region: &str,
+        report: ShareReport,
+        now_ms: u64,
+        step: ShareStep,
+    ) -> Result<Outcome, CommandError> {
+        in_range(
+            "applied_share_millitokens_per_s",
+            report.applied_share_millitokens_per_s,
+            0,
+            MAX_VALUE,
+        )?;
+        let (pool, region) = self.locate(pool, region)?;
+        let Some(Pool::Rate(state)) = self.pools.get_mut(&pool) else {
+            return Err(self.wrong_kind(&pool, PoolKind::Rate));
+        };
+        let reply = match step {
+            ShareStep::Rebalance => state.rebalance(&pool, &region, report, now_ms)?,
+            ShareStep::Ack => state.ack_share(&pool, &region, report, now_ms)?,
+        };
+        Ok(Outcome::Share(reply))
+    }
+
+    fn admin_reclaim(&mut self, pool: &str, region: &str) -> Result<Outcome, CommandError> {
+        let (pool, region) = self.locate(pool, region)?;
+        let state = self
+            .pools
+            .get_mut(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        let freed = match state {
+            Pool::Rate(rate) => rate.reclaim(&region),
+            Pool::Window(window) => {
+                if let Some(member) = window.members.get_mut(&region) {
+                    fence_window_member(member);
+                }
+                0
+            }
+        };
+        let incarnation = state.member(&region).map_or(0, |m| m.incarnation);
+        Ok(Outcome::Reclaimed(ReclaimReport {
+            pool: pool.to_string(),
+            region: region.to_string(),
+            incarnation,
+            freed_millitokens_per_s: freed,
+        }))
+    }
+
+    /// Automatic reclaim in every rate pool; window pools drop old records.
+    fn tick(&mut self, now_ms: u64) -> Outcome {
+        let mut reclaimed = Vec::new();
+        for (pool, state) in self.pools.iter_mut() {
+            match state {
+                Pool::Window(window) => window.roll(now_ms),
+                Pool::Rate(rate) => {
+                    for region in rate.due_for_reclaim(now_ms, &self.regions) {
+                        let freed = rate.reclaim(&region);
+                        let incarnation = rate
+                            .members
+                            .get(&region)
+                            .map_or(0, |m| m.member.incarnation);
+                        reclaimed.push(ReclaimReport {
+                            pool: pool.to_string(),
+                            region: region.to_string(),
+                            incarnation,
+                            freed_millitokens_per_s: freed,
+                        });
+                    }
+                }
+            }
+        }
+        Outcome::Ticked { reclaimed }
+    }
+
+    /// Parses and resolves a (pool, Region) pair: the pool exists, the Region
+    /// is known, and it is a member of the pool.
+    fn locate(&self, pool: &str, region: &str) -> Result<(PoolId, RegionId), CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        let region = parse("region", region, RegionId::parse)?;
+        let state = self
+            .pools
+            .get(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        if !self.regions.contains_key(&region) {
+            return Err(CommandError::UnknownRegion {
+                region: region.to_string(),
+            });
+        }
+        if state.member(&region).is_none() {
+            return Err(CommandError::RegionNotInPool {
+                pool: pool.to_string(),
+                region: region.to_string(),
+            });
+        }
+        Ok((pool, region))
+    }
+
+    fn wrong_kind(&self, pool: &PoolId, expected: PoolKind) -> CommandError {
+        match self.pools.get(pool) {
+            Some(_) => CommandError::WrongPoolKind {
+                pool: pool.to_string(),
+                expected,
+            },
+            None => CommandError::UnknownPool {
+                pool: pool.to_string(),
+            },
+        }
+    }
+
+    /// Every invariant: each pool's (Σ = L in force for rate pools; window
+    /// sums, expiries and record windows for window pools), caps, members
+    /// known as Regions, time within range.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let machine = |detail: String| InvariantViolation {
+            scope: "machine".to_string(),
+            detail,
+        };
+        if self.pools.len() > MAX_POOLS {
+            return Err(machine(format!("{} pools", self.pools.len())));
+        }
+        if self.regions.len() > MAX_REGIONS {
+            return Err(machine(format!("{} regions", self.regions.len())));
+        }
+        if self.last_applied_time_ms > MAX_TIME_MS {
+            return Err(machine(format!("time {}", self.last_applied_time_ms)));
+        }
+        for (pool, state) in &self.pools {
+            let scoped = |detail: String| InvariantViolation {
+                scope: format!("pool {pool}"),
+                detail,
+            };
+            state.check().map_err(scoped)?;
+            let members: Vec<&RegionId> = match state {
+                Pool::Window(window) => window.members.keys().collect(),
+                Pool::Rate(rate) => rate.members.keys().collect(),
+            };
+            if let Some(stranger) = members.into_iter().find(|r| !self.regions.contains_key(*r)) {
+                return Err(scoped(format!("member {stranger} is not a known Region")));
+            }
+        }
+        Ok(())
+    }
+}

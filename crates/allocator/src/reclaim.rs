@@ -1,0 +1,122 @@
+//! A silent Region: the three reclaim policies (§4.4).
+//!
+//! Automatic reclaim runs on `Tick`, on allocator time only. A live member is
+//! due when the pool's policy says so and no `AdminFreeze` holds it:
+//! - `freeze`: never;
+//! - `two_signal`: silent (no admitted command) for `silent_intervals ×
+//!   interval_ms` **and** the latest health verdict says unhealthy;
+//! - `lease`: silent for `share_ttl_ms + max_drift_ms`. The agent, counting
+//!   share_ttl on its own clock from *sending* its last acknowledged request
+//!   (no later than the allocator applied it), has dropped to its fallback
+//!   allowance by then even with `max_drift_ms` of clock drift.
+//!
+//! Reclaiming (automatic or `AdminReclaim`) splits the member's share,
+//! pending release, pool and granted-not-taken equally (largest remainder,
+//! ties to the lowest Region id) into the live members' pools — unassigned
+//! room when none is left — zeroes its account and fences it (§4.1). It
+//! returns at share 0 by registering again. In a window pool a reclaim only
+//! fences: granted chunks expire with their window.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::apportion::apportion;
+use crate::config::ReclaimPolicy;
+use crate::fence;
+use crate::id::RegionId;
+use crate::region::{Member, RegionRecord};
+use crate::share::RatePool;
+
+/// One reclaimed member.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimReport {
+    pub pool: String,
+    pub region: String,
+    /// The incarnation the Region must now present (after registering again).
+    pub incarnation: u64,
+    /// Room taken back, millitokens per second (0 in a window pool or when
+    /// the member was already reclaimed).
+    pub freed_millitokens_per_s: u64,
+}
+
+impl RatePool {
+    /// Live members due for automatic reclaim at `now_ms`, in Region order.
+    pub(crate) fn due_for_reclaim(
+        &self,
+        now_ms: u64,
+        regions: &BTreeMap<RegionId, RegionRecord>,
+    ) -> Vec<RegionId> {
+        let silence_needed_ms = match self.config.reclaim {
+            ReclaimPolicy::Freeze => return Vec::new(),
+            ReclaimPolicy::TwoSignal { silent_intervals } => {
+                silent_intervals.saturating_mul(self.config.interval_ms)
+            }
+            ReclaimPolicy::Lease {
+                share_ttl_ms,
+                max_drift_ms,
+            } => share_ttl_ms.saturating_add(max_drift_ms),
+        };
+        let needs_unhealthy = matches!(self.config.reclaim, ReclaimPolicy::TwoSignal { .. });
+        self.members
+            .iter()
+            .filter(|(_, m)| m.member.is_live() && !m.member.admin_frozen)
+            .filter(|(_, m)| m.member.silent_for_ms(now_ms) >= silence_needed_ms)
+            .filter(|(region, _)| {
+                !needs_unhealthy || regions.get(*region).is_some_and(RegionRecord::is_unhealthy)
+            })
+            .map(|(region, _)| region.clone())
+            .collect()
+    }
+
+    /// Takes back all of `region`'s room and fences it. Returns the room
+    /// freed (0 if it was not live). Keeps Σ = L in force.
+    pub(crate) fn reclaim(&mut self, region: &RegionId) -> u64 {
+        let Some(member) = self.members.get_mut(region) else {
+            return 0;
+        };
+        if !member.member.is_live() {
+            return 0;
+        }
+        let account = &mut member.account;
+        let freed = account.share_millitokens_per_s
+            + account.pending_release_millitokens_per_s
+            + account.pooled_millitokens_per_s
+            + account.granted_not_taken_millitokens_per_s;
+        account.share_millitokens_per_s = 0;
+        account.pending_release_millitokens_per_s = 0;
+        account.pooled_millitokens_per_s = 0;
+        account.granted_not_taken_millitokens_per_s = 0;
+        account.demand_requests = 0;
+        account.share_version += 1;
+        account.lowered_at_version = account.share_version;
+        fence::bump(&mut member.member);
+
+        let live: Vec<RegionId> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.member.is_live())
+            .map(|(region, _)| region.clone())
+            .collect();
+        if live.is_empty() {
+            self.unassigned_millitokens_per_s += freed;
+        } else {
+            let parts = apportion(freed, &vec![1; live.len()]);
+            for (region, part) in live.iter().zip(parts) {
+                if let Some(member) = self.members.get_mut(region) {
+                    member.account.pooled_millitokens_per_s += part;
+                }
+            }
+        }
+        self.settle_debt();
+        debug_assert_eq!(self.check(), Ok(()));
+        freed
+    }
+}
+
+/// Fences a window pool's member (its chunks expire with their window).
+pub(crate) fn fence_window_member(member: &mut Member) {
+    if member.is_live() {
+        fence::bump(member);
+    }
+}

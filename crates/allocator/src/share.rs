@@ -1,0 +1,588 @@
+//! Rate pools, shares and named handoffs (§4.3).
+//!
+//! All rates are **millitokens per second**; demands are request counts per
+//! interval (only their ratios matter).
+//!
+//! # Accounts
+//! Every millitoken per second of the pool's rate is in exactly one place:
+//! a live Region's **share** (enforced by its bucket), its **pending release**
+//! (lowered, not yet confirmed applied), its **pool** (`pooled`: confirmed
+//! free room owned by it), room **granted** to it by name and not yet taken,
+//! or the allocator's own **unassigned** room (a new pool's L, the room of a
+//! pool whose last member was reclaimed, an increase of L). The invariant,
+//! checked by `debug_assert!` after every change and by [`RatePool::check`]:
+//!
+//! **Σ shares + Σ pending releases + Σ pools + Σ granted-not-taken +
+//! unassigned = L in force.**
+//!
+//! L in force is the configured L except after `UpdatePool` lowered it: the
+//! difference is a debt paid back from free room (unassigned, then pools,
+//! then granted-not-taken) as soon as it exists, never from a share or an
+//! unconfirmed release. Every share is lowered to its new target at once, so
+//! Σ committed shares ≤ the new L immediately.
+//!
+//! # The six steps (`Rebalance` from Region R)
+//! 1. take room granted to R by name into R's pool;
+//! 2. confirm R's pending release into R's pool once R reports an applied
+//!    share ≤ s_R *from a reply issued at or after the lowering*
+//!    (`applied_share_version ≥ lowered_at_version`);
+//! 3. targets: [`targets`] over the live Regions' latest demands;
+//! 4. target < s_R: lower s_R at once, the difference to pending release;
+//! 5. target > s_R: raise from R's pool only, by at most `max_raise` (10% of L);
+//! 6. grant R's pool beyond R's own unmet need, and any unassigned room, to
+//!    the live Regions by name, in proportion to their unmet need
+//!    `need_Q = max(0, target_Q − s_Q − pool_Q − granted_Q)`, never more than
+//!    it ([`crate::apportion`] rounding); keep the rest when nobody needs it.
+//!
+//! `AckShare` runs steps 2 and 6. Raising only from confirmed room keeps the
+//! *enforced* sum ≤ L even when replies are lost, delayed or reordered, as
+//! long as a Region applies a reply only if its `share_version` is above the
+//! last one it applied (versions grow by one at every change of the share).
+//!
+//! # Convergence bound
+//! Let demands be constant from time T0 (every `Rebalance` from T0 on carries
+//! the final demand), each Region rebalance once per interval I, apply each
+//! reply on arrival and ack a lower within an ack delay a (< I). Then:
+//! - after every Region's first rebalance from T0 (all before T0 + I) the
+//!   targets are final;
+//! - at its second (before T0 + 2I), every Region above target lowers to it
+//!   (step 4) and its ack confirms the release; every Region with room beyond
+//!   its own need hands it out (step 6). Since Σ targets = L, Σ unmet need =
+//!   Σ surplus + unassigned, and a grant never exceeds a need, so by
+//!   T0 + 2I + a every unmet need is covered by room granted to it or in its pool;
+//! - at each of its following rebalances (the first by T0 + 3I + a) a Region
+//!   below target takes that room and raises by `min(gap, max_raise)`.
+//!
+//! So every share is **within 1% of its target (in fact equal to it) by
+//! T0 + (2 + ⌈0.99 × (L − (n − 1) × floor) / max_raise⌉) × I + a**, `n` live
+//! Regions, L − (n − 1) × floor being the largest possible target. With the
+//! defaults (max_raise = 10% of L, floor 5%) that is at most **12 intervals
+//! (60 s)** plus the ack delay; 11 for n ≥ 3. [`convergence_bound_intervals`]
+//! computes it; the tests assert it over random demand vectors and states.
+//! It is within one interval of tight: random search finds states that need
+//! all but its last interval (bound − 2 fails), none that need the last.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::apportion::apportion;
+use crate::command::{CommandError, Outcome};
+use crate::config::RatePoolConfig;
+use crate::fence;
+use crate::id::{PoolId, RegionId};
+use crate::region::{Member, MAX_REGIONS_PER_POOL};
+
+/// Targets for live Regions with these demands, Σ = `limit` exactly:
+/// `target_i = floor + apportion(limit − n × floor, demands)_i`, i.e.
+/// floor + (L − n × floor) × demand_i / Σ demand rounded by largest
+/// remainder (ties to the lower index), an equal split when Σ demand = 0.
+/// If n × floor > L the floor shrinks to ⌊L / n⌋.
+pub fn targets(limit: u64, floor: u64, demands: &[u64]) -> Vec<u64> {
+    if demands.is_empty() {
+        return Vec::new();
+    }
+    let count = demands.len() as u64;
+    let floor = floor.min(limit / count);
+    let spread = limit - count * floor;
+    apportion(spread, demands)
+        .into_iter()
+        .map(|part| floor + part)
+        .collect()
+}
+
+/// The convergence bound of the module docs, in intervals, for `live`
+/// Regions: `2 + ⌈0.99 × (L − (live − 1) × floor) / max_raise⌉`.
+pub fn convergence_bound_intervals(config: &RatePoolConfig, live: u64) -> u64 {
+    let limit = u128::from(config.limit_millitokens_per_s);
+    let floor = u128::from(config.floor_millitokens_per_s()).min(limit / u128::from(live.max(1)));
+    let largest_target = limit - u128::from(live.saturating_sub(1)) * floor;
+    let gap_for_one_percent = (largest_target * 99).div_ceil(100);
+    let raises = gap_for_one_percent.div_ceil(u128::from(config.max_raise_millitokens_per_s()));
+    2 + u64::try_from(raises).unwrap_or(u64::MAX - 2)
+}
+
+/// One Region's room in a rate pool, in millitokens per second.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareAccount {
+    pub share_millitokens_per_s: u64,
+    pub pending_release_millitokens_per_s: u64,
+    /// "R's pool": confirmed free room owned by R.
+    pub pooled_millitokens_per_s: u64,
+    pub granted_not_taken_millitokens_per_s: u64,
+    /// Grows by one at every change of the share (and at reclaim).
+    pub share_version: u64,
+    /// `share_version` of the latest lowering.
+    pub lowered_at_version: u64,
+    /// The latest committed demand.
+    pub demand_requests: u64,
+    /// The latest report (highest version) of what the Region enforces.
+    pub applied_share_millitokens_per_s: u64,
+    pub applied_share_version: u64,
+}
+
+impl ShareAccount {
+    fn total(&self) -> u128 {
+        u128::from(self.share_millitokens_per_s)
+            + u128::from(self.pending_release_millitokens_per_s)
+            + u128::from(self.pooled_millitokens_per_s)
+            + u128::from(self.granted_not_taken_millitokens_per_s)
+    }
+
+    /// need = max(0, target − s − pool − granted).
+    fn unmet_need(&self, target: u64) -> u64 {
+        target
+            .saturating_sub(self.share_millitokens_per_s)
+            .saturating_sub(self.pooled_millitokens_per_s)
+            .saturating_sub(self.granted_not_taken_millitokens_per_s)
+    }
+
+    /// What R's pool holds beyond R's own remaining raise.
+    fn surplus(&self, target: u64) -> u64 {
+        let own_need = target
+            .saturating_sub(self.share_millitokens_per_s)
+            .saturating_sub(self.granted_not_taken_millitokens_per_s);
+        self.pooled_millitokens_per_s.saturating_sub(own_need)
+    }
+}
+
+/// A Region's membership and room in a rate pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateMember {
+    pub member: Member,
+    pub account: ShareAccount,
+}
+
+/// A rate pool's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RatePool {
+    pub config: RatePoolConfig,
+    /// The configured L plus any debt left by lowering it.
+    pub limit_in_force_millitokens_per_s: u64,
+    /// The allocator's own room, owned by no Region.
+    pub unassigned_millitokens_per_s: u64,
+    pub members: BTreeMap<RegionId, RateMember>,
+}
+
+/// What a Region applies after a reply (§4.3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareReply {
+    pub incarnation: u64,
+    pub share_millitokens_per_s: u64,
+    /// Apply only if above the version last applied; report it back.
+    pub share_version: u64,
+    /// The Region's current target (informational).
+    pub target_millitokens_per_s: u64,
+    /// `burst_seconds × share`: the regional bucket's capacity.
+    pub burst_capacity_millitokens: u64,
+    /// What to admit per second while the share cannot be renewed.
+    pub fallback_allowance_millitokens_per_s: u64,
+}
+
+/// A Region's report in `Rebalance` (with demand) or `AckShare` (without).
+#[derive(Clone, Copy, Debug)]
+pub struct ShareReport {
+    pub incarnation: u64,
+    pub demand_requests: Option<u64>,
+    pub applied_share_millitokens_per_s: u64,
+    pub applied_share_version: u64,
+}
+
+impl RatePool {
+    /// A new pool: all of L is unassigned until Regions register.
+    pub fn new(config: RatePoolConfig) -> Self {
+        let limit = config.limit_millitokens_per_s;
+        RatePool {
+            config,
+            limit_in_force_millitokens_per_s: limit,
+            unassigned_millitokens_per_s: limit,
+            members: BTreeMap::new(),
+        }
+    }
+
+    /// The live Regions' targets now, from their latest committed demands.
+    pub fn targets_now(&self) -> BTreeMap<RegionId, u64> {
+        let live: Vec<(&RegionId, u64)> = self
+            .members
+            .iter()
+            .filter(|(_, member)| member.member.is_live())
+            .map(|(region, member)| (region, member.account.demand_requests))
+            .collect();
+        let demands: Vec<u64> = live.iter().map(|&(_, demand)| demand).collect();
+        let limit = self.config.limit_millitokens_per_s;
+        let floor = self.config.floor_millitokens_per_s();
+        live.iter()
+            .zip(targets(limit, floor, &demands))
+            .map(|(&(region, _), target)| (region.clone(), target))
+            .collect()
+    }
+
+    /// Σ of every account plus unassigned room.
+    pub fn accounted_total(&self) -> u128 {
+        let members: u128 = self.members.values().map(|m| m.account.total()).sum();
+        members + u128::from(self.unassigned_millitokens_per_s)
+    }
+
+    /// Σ committed shares.
+    pub fn committed_shares(&self) -> u128 {
+        self.members
+            .values()
+            .map(|m| u128::from(m.account.share_millitokens_per_s))
+            .sum()
+    }
+
+    /// The rate pool's invariants, with the terms compared on failure.
+    pub fn check(&self) -> Result<(), String> {
+        let total = self.accounted_total();
+        let in_force = self.limit_in_force_millitokens_per_s;
+        if total != u128::from(in_force) {
+            return Err(format!(
+                "Σ shares + pending + pools + granted + unassigned = {total} ≠ L in force {in_force}"
+            ));
+        }
+        if in_force < self.config.limit_millitokens_per_s {
+            return Err(format!(
+                "L in force {in_force} < configured L {}",
+                self.config.limit_millitokens_per_s
+            ));
+        }
+        if self.members.len() > MAX_REGIONS_PER_POOL {
+            return Err(format!("{} members", self.members.len()));
+        }
+        for (region, member) in &self.members {
+            let account = &member.account;
+            if !member.member.is_live() && account.total() != 0 {
+                return Err(format!(
+                    "reclaimed {region} still holds {}",
+                    account.total()
+                ));
+            }
+            if account.lowered_at_version > account.share_version
+                || account.applied_share_version > account.share_version
+            {
+                return Err(format!("{region} versions out of order: {account:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Admits a report: a member, not fenced, reporting a version it was sent.
+    fn admit(
+        &self,
+        pool: &PoolId,
+        region: &RegionId,
+        report: &ShareReport,
+    ) -> Result<(), CommandError> {
+        let member = self
+            .members
+            .get(region)
+            .ok_or_else(|| CommandError::RegionNotInPool {
+                pool: pool.to_string(),
+                region: region.to_string(),
+            })?;
+        fence::admit(&member.member, report.incarnation)?;
+        let current = member.account.share_version;
+        if report.applied_share_version > current {
+            return Err(CommandError::InvalidValue {
+                field: "applied_share_version".to_string(),
+                value: report.applied_share_version,
+                min: 0,
+                max: current,
+            });
+        }
+        Ok(())
+    }
+
+    /// §4.3 `Rebalance`: the six steps for `region`.
+    pub(crate) fn rebalance(
+        &mut self,
+        pool: &PoolId,
+        region: &RegionId,
+        report: ShareReport,
+        now_ms: u64,
+    ) -> Result<ShareReply, CommandError> {
+        self.admit(pool, region, &report)?;
+        self.record(region, &report, now_ms);
+        self.take_named_room(region);
+        self.confirm_release(region, &report);
+        self.settle_debt();
+        let targets = self.targets_now();
+        let target = targets.get(region).copied().unwrap_or(0);
+        self.move_share_toward(region, target);
+        self.grant_by_need(Some(region), &targets);
+        self.grant_by_need(None, &targets);
+        debug_assert_eq!(self.check(), Ok(()));
+        Ok(self.reply(region, target))
+    }
+
+    /// §4.3 `AckShare`: steps 2 and 6 without waiting for the next interval.
+    pub(crate) fn ack_share(
+        &mut self,
+        pool: &PoolId,
+        region: &RegionId,
+        report: ShareReport,
+        now_ms: u64,
+    ) -> Result<ShareReply, CommandError> {
+        self.admit(pool, region, &report)?;
+        self.record(region, &report, now_ms);
+        self.confirm_release(region, &report);
+        self.settle_debt();
+        let targets = self.targets_now();
+        let target = targets.get(region).copied().unwrap_or(0);
+        self.grant_by_need(Some(region), &targets);
+        self.grant_by_need(None, &targets);
+        debug_assert_eq!(self.check(), Ok(()));
+        Ok(self.reply(region, target))
+    }
+
+    /// `RegisterRegion`: a new or returning member starts at share 0 and
+    /// rises only by named grants; a live member gets its state back.
+    pub(crate) fn register(
+        &mut self,
+        pool: &PoolId,
+        region: &RegionId,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
+        match self.members.get_mut(region) {
+            Some(member) if member.member.is_live() => member.member.last_heard_ms = now_ms,
+            Some(member) => {
+                fence::rejoin(&mut member.member, now_ms);
+                debug_assert_eq!(member.account.total(), 0);
+            }
+            None => {
+                if self.members.len() >= MAX_REGIONS_PER_POOL {
+                    return Err(CommandError::TooManyRegionsInPool {
+                        pool: pool.to_string(),
+                        cap: MAX_REGIONS_PER_POOL,
+                    });
+                }
+                let member = RateMember {
+                    member: Member::joined(now_ms),
+                    account: ShareAccount::default(),
+                };
+                self.members.insert(region.clone(), member);
+            }
+        }
+        let targets = self.targets_now();
+        self.settle_debt();
+        self.grant_by_need(None, &targets);
+        debug_assert_eq!(self.check(), Ok(()));
+        let target = targets.get(region).copied().unwrap_or(0);
+        let reply = self.reply(region, target);
+        Ok(Outcome::Registered {
+            incarnation: reply.incarnation,
+            share: Some(reply),
+        })
+    }
+
+    /// `UpdatePool` of a rate pool (config already validated): a higher L
+    /// becomes unassigned room, a lower L a debt; every live share above its
+    /// new target is lowered at once (a lowering is always safe).
+    pub(crate) fn reconfigure(&mut self, config: RatePoolConfig) {
+        let limit = config.limit_millitokens_per_s;
+        self.config = config;
+        if limit >= self.limit_in_force_millitokens_per_s {
+            self.unassigned_millitokens_per_s += limit - self.limit_in_force_millitokens_per_s;
+            self.limit_in_force_millitokens_per_s = limit;
+        }
+        let targets = self.targets_now();
+        for (region, &target) in &targets {
+            let above = self
+                .members
+                .get(region)
+                .map(|m| m.account.share_millitokens_per_s);
+            if above.is_some_and(|share| share > target) {
+                self.move_share_toward(region, target);
+            }
+        }
+        self.settle_debt();
+        self.grant_by_need(None, &targets);
+        debug_assert_eq!(self.check(), Ok(()));
+        debug_assert!(self.committed_shares() <= u128::from(limit));
+    }
+
+    fn account_mut(&mut self, region: &RegionId) -> Option<&mut ShareAccount> {
+        self.members
+            .get_mut(region)
+            .map(|member| &mut member.account)
+    }
+
+    fn record(&mut self, region: &RegionId, report: &ShareReport, now_ms: u64) {
+        if let Some(member) = self.members.get_mut(region) {
+            member.member.last_heard_ms = now_ms;
+            let account = &mut member.account;
+            if let Some(demand) = report.demand_requests {
+                account.demand_requests = demand;
+            }
+            if report.applied_share_version >= account.applied_share_version {
+                account.applied_share_version = report.applied_share_version;
+                account.applied_share_millitokens_per_s = report.applied_share_millitokens_per_s;
+            }
+        }
+    }
+
+    /// Step 1.
+    fn take_named_room(&mut self, region: &RegionId) {
+        if let Some(account) = self.account_mut(region) {
+            account.pooled_millitokens_per_s += account.granted_not_taken_millitokens_per_s;
+            account.granted_not_taken_millitokens_per_s = 0;
+        }
+    }
+
+    /// Step 2: only a report from a reply at or after the lowering, showing a
+    /// share ≤ s_R, proves the Region really slowed down.
+    fn confirm_release(&mut self, region: &RegionId, report: &ShareReport) {
+        if let Some(account) = self.account_mut(region) {
+            let slowed = report.applied_share_millitokens_per_s <= account.share_millitokens_per_s
+                && report.applied_share_version >= account.lowered_at_version;
+            if account.pending_release_millitokens_per_s > 0 && slowed {
+                account.pooled_millitokens_per_s += account.pending_release_millitokens_per_s;
+                account.pending_release_millitokens_per_s = 0;
+            }
+        }
+    }
+
+    /// Steps 4 and 5.
+    fn move_share_toward(&mut self, region: &RegionId, target: u64) {
+        let max_raise = self.config.max_raise_millitokens_per_s();
+        let Some(account) = self.account_mut(region) else {
+            return;
+        };
+        let share = account.share_millitokens_per_s;
+        if target < share {
+            account.pending_release_millitokens_per_s += share - target;
+            account.share_millitokens_per_s = target;
+            account.share_version += 1;
+            account.lowered_at_version = account.share_version;
+        } else if target > share {
+            let raise = (target - share)
+                .min(account.pooled_millitokens_per_s)
+                .min(max_raise);
+            if raise > 0 {
+                account.share_millitokens_per_s += raise;
+                account.pooled_millitokens_per_s -= raise;
+                account.share_version += 1;
+            }
+        }
+    }
+
+    /// Step 6 from `giver`'s pool (beyond its own need), or from unassigned
+    /// room when `giver` is `None`.
+    fn grant_by_need(&mut self, giver: Option<&RegionId>, targets: &BTreeMap<RegionId, u64>) {
+        let available = match giver {
+            Some(region) => match (self.members.get(region), targets.get(region)) {
+                (Some(member), Some(&target)) => member.account.surplus(target),
+                _ => 0,
+            },
+            None => self.unassigned_millitokens_per_s,
+        };
+        if available == 0 {
+            return;
+        }
+        let needers: Vec<(RegionId, u64)> = targets
+            .iter()
+            .filter(|&(region, _)| Some(region) != giver)
+            .filter_map(|(region, &target)| {
+                let need = self.members.get(region)?.account.unmet_need(target);
+                (need > 0).then(|| (region.clone(), need))
+            })
+            .collect();
+        let needs: Vec<u64> = needers.iter().map(|&(_, need)| need).collect();
+        let total_need: u64 = needs.iter().sum();
+        let gives = if available >= total_need {
+            needs
+        } else {
+            apportion(available, &needs)
+        };
+        let mut given = 0;
+        for ((region, need), give) in needers.iter().zip(gives) {
+            debug_assert!(give <= *need);
+            if let Some(account) = self.account_mut(region) {
+                account.granted_not_taken_millitokens_per_s += give;
+                given += give;
+            }
+        }
+        match giver.and_then(|region| self.account_mut(region)) {
+            Some(account) => account.pooled_millitokens_per_s -= given,
+            None => self.unassigned_millitokens_per_s -= given,
+        }
+    }
+
+    /// Pays a lowered L's debt from free room: unassigned, then pools, then
+    /// granted-not-taken, in Region order. Never from shares or pending.
+    pub(crate) fn settle_debt(&mut self) {
+        let mut debt = self
+            .limit_in_force_millitokens_per_s
+            .saturating_sub(self.config.limit_millitokens_per_s);
+        if debt == 0 {
+            return;
+        }
+        let start = debt;
+        let paid = debt.min(self.unassigned_millitokens_per_s);
+        self.unassigned_millitokens_per_s -= paid;
+        debt -= paid;
+        for member in self.members.values_mut() {
+            let paid = debt.min(member.account.pooled_millitokens_per_s);
+            member.account.pooled_millitokens_per_s -= paid;
+            debt -= paid;
+        }
+        for member in self.members.values_mut() {
+            let paid = debt.min(member.account.granted_not_taken_millitokens_per_s);
+            member.account.granted_not_taken_millitokens_per_s -= paid;
+            debt -= paid;
+        }
+        self.limit_in_force_millitokens_per_s -= start - debt;
+    }
+
+    fn reply(&self, region: &RegionId, target: u64) -> ShareReply {
+        let (incarnation, share, version) = self.members.get(region).map_or((0, 0, 0), |m| {
+            let account = &m.account;
+            (
+                m.member.incarnation,
+                account.share_millitokens_per_s,
+                account.share_version,
+            )
+        });
+        ShareReply {
+            incarnation,
+            share_millitokens_per_s: share,
+            share_version: version,
+            target_millitokens_per_s: target,
+            burst_capacity_millitokens: share.saturating_mul(self.config.burst_seconds),
+            fallback_allowance_millitokens_per_s: self.config.fallback_allowance_millitokens_per_s,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_of_the_spec_example() {
+        assert_eq!(
+            targets(10_000, 500, &[7_200, 3_600, 1_200]),
+            vec![5_600, 3_050, 1_350]
+        );
+    }
+
+    #[test]
+    fn all_zero_demand_splits_equally_with_the_remainder_to_the_first_regions() {
+        assert_eq!(targets(10_000, 500, &[0, 0, 0]), vec![3_334, 3_333, 3_333]);
+        assert_eq!(targets(10_000, 500, &[0, 0]), vec![5_000, 5_000]);
+    }
+
+    #[test]
+    fn floor_shrinks_when_the_regions_cannot_all_have_it() {
+        assert_eq!(targets(10, 6, &[1, 0]), vec![5, 5]);
+    }
+
+    #[test]
+    fn default_bound_is_twelve_intervals() {
+        let config = RatePoolConfig::with_defaults(10_000_000);
+        assert_eq!(convergence_bound_intervals(&config, 1), 12);
+        assert_eq!(convergence_bound_intervals(&config, 2), 12);
+        assert_eq!(convergence_bound_intervals(&config, 3), 11);
+        assert_eq!(convergence_bound_intervals(&config, 16), 5);
+    }
+}
