@@ -18,6 +18,18 @@ use leasehold_region_agent::testing::RedisServer;
 pub enum BenchTarget {
     /// RedisStore token_bucket throughput vs raw redis-benchmark EVALSHA.
     Store(StoreBench),
+    /// Agent Check over loopback gRPC vs raw multi_rule EVALSHA via redis-rs.
+    Agent(AgentBench),
+}
+
+#[derive(Args)]
+pub struct AgentBench {
+    /// Concurrent callers (gRPC tasks, and redis-rs tasks for the baseline).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
 }
 
 #[derive(Args)]
@@ -45,6 +57,7 @@ pub struct StoreBench {
 pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
     match target {
         BenchTarget::Store(args) => store(args).await,
+        BenchTarget::Agent(args) => crate::bench_agent::run(args.concurrency, args.seconds).await,
     }
 }
 

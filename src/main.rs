@@ -3,6 +3,7 @@
 //! `lease`, `sim`, `bench`.
 
 mod bench;
+mod bench_agent;
 
 use clap::{Parser, Subcommand};
 
@@ -23,8 +24,12 @@ enum Command {
     Dev,
     /// Run an allocator node (not yet available).
     Allocator,
-    /// Run a Region agent (not yet available).
-    Agent,
+    /// Run a Region agent.
+    Agent {
+        /// The agent's config file (see deploy/regions/agent-eu.toml).
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// Inspect and steer pools (not yet available).
     Pool,
     /// List Regions and their health (not yet available).
@@ -47,6 +52,19 @@ fn not_yet(what: &str) -> anyhow::Result<()> {
     )
 }
 
+async fn run_agent(path: &std::path::Path) -> anyhow::Result<()> {
+    use leasehold_region_agent::{config::AgentConfig, server};
+    let config = AgentConfig::load(path)?;
+    let agent = server::start(server::AgentSpec::from_config(&config)?).await?;
+    println!(
+        "leasehold agent {}: gRPC {} (leasehold.agent.v1 + Envoy RLS), HTTP {} (/metrics, /health)",
+        config.region, agent.grpc_addr, agent.http_addr
+    );
+    tokio::signal::ctrl_c().await?;
+    agent.stop().await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -59,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Dev => not_yet("dev"),
         Command::Allocator => not_yet("allocator"),
-        Command::Agent => not_yet("agent"),
+        Command::Agent { config } => run_agent(&config).await,
         Command::Pool => not_yet("pool"),
         Command::Region => not_yet("region"),
         Command::Lease => not_yet("lease"),

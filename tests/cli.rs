@@ -48,3 +48,47 @@ fn bench_store_prints_a_ratio_against_redis_benchmark() {
     assert!(text.contains("ratio vs -P 1:"), "{text}");
     assert!(text.contains("(0 errors)"), "{text}");
 }
+
+#[test]
+fn agent_with_a_bad_config_names_the_file_and_line_and_exits() {
+    let dir = std::env::temp_dir().join(format!("leasehold-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("agent-bad.toml");
+    std::fs::write(
+        &path,
+        "region = \"eu\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"not an address\"\npepper_file = \"p\"\npolicy_file = \"x.toml\"\n",
+    )
+    .unwrap();
+    let out = leasehold()
+        .args(["agent", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("agent-bad.toml:3:"), "{stderr}");
+    // A bad policy bundle names its file, line, rule and field.
+    std::fs::write(dir.join("p"), "a-pepper-of-at-least-16-bytes").unwrap();
+    std::fs::write(
+        &path,
+        "region = \"eu\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npepper_file = \"p\"\npolicy_file = \"x.toml\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("x.toml"),
+        "version = 1\n[[domain]]\nname = \"api\"\n[[domain.rule]]\nid = \"p-read\"\nscope = \"user\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrefill = 1\nperiod_ms = 1000\nfail_mode = \"open\"\n",
+    )
+    .unwrap();
+    let out = leasehold()
+        .args(["agent", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("x.toml:8: rule p-read: field capacity"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,8 +1,8 @@
 //! The Region agent: holds a Region's room in atomic token buckets.
 //!
 //! Owns the regional data plane of ARCHITECTURE §3: the Lua scripts' Rust
-//! side, the stores they run on, and (as later work lands) block leasing,
-//! policies, fail modes and the gRPC services. Does not own global pools:
+//! side, the stores they run on, block leasing, policies, fail modes, and
+//! the gRPC services (native and Envoy RLS). Does not own global pools:
 //! the allocator hands the agent its room.
 //!
 //! Map:
@@ -15,15 +15,32 @@
 //! - [`memory`]: `MemoryStore`, the twin store (embedded default, simulation, fallback).
 //! - [`redis_store`]: `RedisStore`: pipelined EVALSHA, deadline, in-flight cap, breaker.
 //! - [`breaker`]: the circuit breaker (pure state machine).
+//! - [`policy`]: versioned, checksummed policy bundles: parse, validate, resolve, hot reload.
+//! - [`request`]: validation of what gateways send (INVALID_ARGUMENT naming the field).
+//! - [`decide`]: the Check path: rules → keys → one multi_rule call → decision; fail modes.
+//! - [`fallback`]: bounded local buckets for rules that fail `local`.
+//! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
+//! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells.
+//! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 
 pub mod algorithm;
 pub mod args;
 pub mod breaker;
+pub mod config;
+pub mod decide;
+pub mod envoy;
+pub mod fallback;
 pub mod key;
 pub mod keyspace;
+pub mod lease;
 pub mod memory;
+pub mod metrics;
+pub mod policy;
 pub mod redis_store;
+pub mod request;
 pub mod script;
+pub mod server;
+pub mod service;
 pub mod store;
 pub mod testing;

@@ -72,6 +72,10 @@ impl MemoryStore {
 }
 
 impl BucketStore for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
         Box::pin(async move {
             calls

@@ -85,11 +85,6 @@ impl RedisStore {
         })
     }
 
-    /// "closed" | "open" | "half_open".
-    pub fn breaker_state(&self) -> &'static str {
-        self.lock_breaker().state_name()
-    }
-
     fn lock_breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         // The breaker's methods cannot panic midway; recover a poisoned lock.
         self.breaker
@@ -153,6 +148,14 @@ impl RedisStore {
 }
 
 impl BucketStore for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn breaker_state(&self) -> &'static str {
+        self.lock_breaker().state_name()
+    }
+
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
         Box::pin(async move {
             if calls.is_empty() {

@@ -45,6 +45,14 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Somewhere the scripts run: Redis, or the in-memory twin.
 pub trait BucketStore: Send + Sync {
+    /// "redis" or "memory", for metrics and Status.
+    fn name(&self) -> &'static str;
+
+    /// "closed" | "open" | "half_open" (a store without a breaker is closed).
+    fn breaker_state(&self) -> &'static str {
+        "closed"
+    }
+
     /// Runs every call, each atomically, and answers in the same order.
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>>;
 

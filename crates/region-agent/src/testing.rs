@@ -65,6 +65,28 @@ impl RedisServer {
         self.port
     }
 
+    /// The server's process id (tests freeze it with SIGSTOP/SIGCONT).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Freezes (true) or thaws (false) the server: it keeps its state but
+    /// answers nothing meanwhile, like a stalled or partitioned shard.
+    pub fn freeze(&self, frozen: bool) -> Result<(), HarnessError> {
+        let Some(pid) = self.pid() else {
+            return Err(HarnessError::Start("not running".into()));
+        };
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(HarnessError::Start(format!("kill {signal} {pid} failed")))
+        }
+    }
+
     /// Kills the server at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -135,6 +157,8 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A frozen server would ignore SIGKILL's cleanup otherwise.
+        let _ = self.freeze(false);
         self.kill();
     }
 }

@@ -38,6 +38,12 @@ fn redis_time_ms(h: &mut Harness) -> i64 {
 /// HSET tokens/ts with ts = Redis's TIME; returns that ts.
 fn seed(h: &mut Harness, key: &str, tokens: i64) -> i64 {
     let ts = redis_time_ms(h);
+    seed_at(h, key, tokens, ts)
+}
+
+/// Seeds a bucket stamped `ts`, so two buckets seeded for one call share a
+/// timestamp and the expected refill is the same for both.
+fn seed_at(h: &mut Harness, key: &str, tokens: i64, ts: i64) -> i64 {
     redis::cmd("HSET")
         .arg(key)
         .arg("tokens")
@@ -107,8 +113,9 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
     let keys = [DECISION_KEY, USER_KEY, TENANT_KEY];
 
     // U-17 holds 1,000 and the tenant 639,000: {1, 0, 0, 0, 638000, now}.
-    seed(&mut h, USER_KEY, 1_000);
-    let ts = seed(&mut h, TENANT_KEY, 639_000);
+    let ts = redis_time_ms(&mut h);
+    seed_at(&mut h, USER_KEY, 1_000, ts);
+    seed_at(&mut h, TENANT_KEY, 639_000, ts);
     let reply = h
         .redis(&call(&keys, 5_000, 0, &[(USER, 1_000), (TENANT, 1_000)]))
         .unwrap();
@@ -128,8 +135,9 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
 
     // The user bucket is empty: {0, 1, 500, 0, 639000, now}, tenant untouched.
     h.flushall();
-    seed(&mut h, USER_KEY, 0);
-    let ts = seed(&mut h, TENANT_KEY, 639_000);
+    let ts = redis_time_ms(&mut h);
+    seed_at(&mut h, USER_KEY, 0, ts);
+    seed_at(&mut h, TENANT_KEY, 639_000, ts);
     let before = (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY));
     let reply = h
         .redis(&call(&keys, 5_000, 0, &[(USER, 1_000), (TENANT, 1_000)]))
@@ -141,8 +149,9 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
 
     // The tenant holds 3,000 and the export costs 10,000: {0, 2, 420, …}.
     h.flushall();
-    seed(&mut h, USER_KEY, 20_000);
-    let ts = seed(&mut h, TENANT_KEY, 3_000);
+    let ts = redis_time_ms(&mut h);
+    seed_at(&mut h, USER_KEY, 20_000, ts);
+    seed_at(&mut h, TENANT_KEY, 3_000, ts);
     let before = (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY));
     let reply = h
         .redis(&call(&keys, 5_000, 0, &[(USER, 10_000), (TENANT, 10_000)]))

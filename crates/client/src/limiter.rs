@@ -1,0 +1,1138 @@
+//! The I/O shell: [`Limiter`] asks the Region agent and applies the pure
+//! modules' decisions.
+//!
+//! One [`Limiter::admit`] runs, in order:
+//! 1. **Negative cache**: a target denied in the last min(hint, 250 ms) is
+//!    denied locally, with no agent call.
+//! 2. **Leased blocks first**: when the target is known (a fresh profile
+//!    learned from an earlier Check) to have leased rules, each is paid from
+//!    the block of that rule's *bucket*, leasing one (`LeaseBlock`) when none
+//!    is held. When the profile says `leased_only`, that is the whole
+//!    decision: **no agent call** while blocks hold tokens.
+//! 3. **Check**, with the deadline. On error or timeout the configured
+//!    [`FailMode`](crate::FailMode) decides. If Check denies, the tokens taken
+//!    in step 2 are put back into the local blocks (a local refund, never a
+//!    store refund).
+//! 4. Leased rules the decision names that were not paid in step 2 (first
+//!    contact, or the policy changed) are paid now. If a block is refused
+//!    here, the request is denied and what Check charged stays charged
+//!    (ARCHITECTURE §3.3: never a compensating store refund); this happens
+//!    only on first contact, since known targets pay blocks first.
+//!
+//! A `leased_only` target whose block is empty asks `LeaseBlock` directly
+//! (no Check) while its profile is fresh: the profile lives `profile_ttl_ms`
+//! (10 s) and is dropped as soon as any agent answer carries a newer policy
+//! version, so a policy change is picked up by the next Check.
+//!
+//! **Blocks are per bucket, not per target.** A leased rule's bucket is often
+//! shared (a global rule has one bucket for every tenant and principal, a
+//! tenant rule one per tenant), and the agent names it in
+//! `LeasedRule.bucket`. Block states are keyed by (bucket, rule)
+//! ([`TargetHasher::block_key`]) and live in the shard that key picks, so a
+//! gateway holds at most [`HELD_BLOCKS_MAX`](crate::block::HELD_BLOCKS_MAX)
+//! blocks (plus one renewal in flight) per bucket however many targets share
+//! it, and the fleet bound N × 1.2 × B of ARCHITECTURE §3.5 holds. A target
+//! new to the gateway learns its buckets from its first Check and from then
+//! on spends from the bucket's block already held. An agent that sends no
+//! bucket id gets one block state per target, as before. Profiles, the
+//! negative cache and fallback buckets stay per target (in the target's
+//! shard). `LeaseBlock` and `ReturnBlock` name a target that maps to the
+//! bucket (the agent treats them all alike): the one whose request asked
+//! for the lease, or for state-wide give-backs the last such one.
+//!
+//! Renewals run in the background (`tokio::spawn`), at most one in flight
+//! per block (the [`crate::block`] machine's rule); a request that finds its
+//! block empty waits for the renewal's answer, bounded by its deadline.
+//! Give-backs go out as `ReturnBlock`. A background sweep (every
+//! `sweep_interval_ms`) gives back expired blocks and drops stale entries;
+//! it stops when the last `Limiter` clone is dropped.
+//!
+//! Every map is bounded (totals in [`LimiterConfig`], split over shards):
+//! negative cache 100,000, block states 10,000 (LRU; the evicted state's
+//! tokens are given back), target profiles 10,000 (LRU), local fallback
+//! buckets 10,000 (LRU). Maps are keyed by hashed [`TargetKey`]s and
+//! [`BlockKey`]s; `tracing` lines carry a key's hex, never a principal id or
+//! a bucket id.
+//!
+//! Decisions made here rather than by the agent:
+//! - from blocks (leased_only): allowed, `decision_id` = the request id,
+//!   policy id, scope, limit and window copied from the last Check of the
+//!   target, `remaining` = -1 (unknown: [`crate::http`] then sends no
+//!   `RateLimit` field), `leased` empty;
+//! - a refused block: RATE_EXCEEDED, `policy_id` = the leased rule's id,
+//!   `retry_after_ms` from the refusal (+ jitter; -1 never), `remaining` 0;
+//! - cost 0, or INVALID_ARGUMENT from the agent: POLICY_ERROR, retry -1
+//!   (the agent was reachable: no fail mode).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use leasehold_proto::agent::v1::agent_client::AgentClient;
+use leasehold_proto::agent::v1::{
+    CheckRequest, Decision, LeaseBlockRequest, LeasedRule, Reason, ReturnBlockRequest, Target,
+};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::block::{BlockAction, BlockState, Draws, LeaseAnswer, SpendOutcome};
+use crate::clock::Clock;
+use crate::config::{ConfigError, LimiterConfig};
+use crate::fail_mode::{FailCounts, FailSafe};
+use crate::lru::LruMap;
+use crate::negative_cache::{Insertion, NegativeCache};
+use crate::random::{hex_id_128, SplitMix64};
+use crate::target_key::{BlockKey, TargetHasher, TargetKey};
+
+/// Waits for a renewal's answer at most this many times per rule and request
+/// (the deadline bounds the total too).
+const SPEND_WAITS_MAX: usize = 64;
+
+/// Why a [`Limiter`] could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    #[error("invalid agent endpoint: {0}")]
+    Endpoint(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("a Limiter must be made inside a Tokio runtime")]
+    NoRuntime,
+}
+
+/// One request to admit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmitRequest {
+    pub target: Target,
+    /// Whole tokens, ≥ 1.
+    pub cost: u64,
+    /// The decision id; a retry of the same request should reuse it. None:
+    /// a random 128-bit hex id is made.
+    pub request_id: Option<String>,
+}
+
+impl AdmitRequest {
+    pub fn new(target: Target, cost: u64) -> Self {
+        Self {
+            target,
+            cost,
+            request_id: None,
+        }
+    }
+
+    pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+}
+
+/// Counters since the limiter was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LimiterStats {
+    pub admissions: u64,
+    pub negative_cache_hits: u64,
+    /// Decided from leased blocks alone, with no agent call.
+    pub block_only_admissions: u64,
+    pub checks: u64,
+    pub check_failures: u64,
+    pub lease_requests: u64,
+    pub lease_grants: u64,
+    pub lease_refusals: u64,
+    pub lease_failures: u64,
+    pub give_backs: u64,
+    pub given_back_tokens: u64,
+    pub fail_mode_decisions: u64,
+    pub negative_cache_full: u64,
+    /// Block states now kept: one per leased (bucket, rule) in use (per
+    /// target and rule when the agent names no bucket).
+    pub block_states: u64,
+    /// Blocks now held over all block states (at most
+    /// [`HELD_BLOCKS_MAX`](crate::block::HELD_BLOCKS_MAX) per state).
+    pub blocks_held: u64,
+    /// The fail modes' own counts, summed over shards.
+    pub fail_counts: FailCounts,
+}
+
+/// The gateway's handle on its Region agent. Cheap to clone; every clone
+/// shares one state.
+#[derive(Clone)]
+pub struct Limiter {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Limiter")
+            .field("shards", &self.shared.shards.len())
+            .field("deadline", &self.shared.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter {
+    /// A limiter for the agent at `endpoint` (e.g. `http://127.0.0.1:7070`).
+    /// The connection is made on first use. Must be called inside a Tokio
+    /// runtime.
+    pub fn connect_lazy(
+        endpoint: impl Into<String>,
+        config: LimiterConfig,
+    ) -> Result<Self, LimiterError> {
+        let endpoint = Endpoint::from_shared(endpoint.into())
+            .map_err(|error| LimiterError::Endpoint(error.to_string()))?
+            .tcp_nodelay(true);
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LimiterError::NoRuntime);
+        }
+        Self::with_channel(endpoint.connect_lazy(), config)
+    }
+
+    /// A limiter over a channel the caller built (TLS, custom timeouts).
+    /// Must be called inside a Tokio runtime.
+    pub fn with_channel(channel: Channel, config: LimiterConfig) -> Result<Self, LimiterError> {
+        config.validate()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LimiterError::NoRuntime);
+        }
+        let shared = Arc::new(Shared::new(AgentClient::new(channel), &config));
+        spawn_sweeper(
+            Arc::downgrade(&shared),
+            Duration::from_millis(config.sweep_interval_ms),
+        );
+        Ok(Self { shared })
+    }
+
+    /// Decides one request. Never fails: when the agent cannot answer within
+    /// the deadline, the configured fail mode decides.
+    pub async fn admit(&self, request: AdmitRequest) -> Decision {
+        let shared = &self.shared;
+        shared.stats.admissions.fetch_add(1, Ordering::Relaxed);
+        let deadline_at = Instant::now() + shared.deadline;
+        let key = shared.hasher.target_key(&request.target);
+        let (request_id, profile) = match shared.front_door(key, request.request_id, request.cost) {
+            FrontDoor::Proceed {
+                request_id,
+                profile,
+            } => (request_id, profile),
+            FrontDoor::Decided(decision) => return decision,
+        };
+        let admission = Admission {
+            shared,
+            key,
+            target: Arc::new(request.target),
+            cost: request.cost,
+            request_id,
+            deadline_at,
+        };
+        admission.run(profile).await
+    }
+
+    /// Counters since the limiter was made.
+    pub fn stats(&self) -> LimiterStats {
+        self.shared.stats_snapshot()
+    }
+
+    /// Gives back every block held (e.g. before shutdown) and waits for the
+    /// `ReturnBlock` calls, each with the deadline. Returns the tokens that
+    /// were offered back. A renewal still in flight is given back by its own
+    /// task when its answer lands (its block state is gone).
+    pub async fn give_back_all(&self) -> u64 {
+        let mut returns = Vec::new();
+        for shard in self.shared.shards.iter() {
+            let mut shard = lock(shard);
+            for (_, mut entry) in shard.blocks.drain() {
+                let mut actions = Vec::new();
+                entry.state.close(&mut actions);
+                for action in actions {
+                    if let BlockAction::GiveBack { lease_id, tokens } = action {
+                        returns.push((
+                            entry.target.clone(),
+                            entry.rule_id.clone(),
+                            lease_id,
+                            tokens,
+                        ));
+                    }
+                }
+            }
+        }
+        let mut offered_tokens = 0;
+        for (target, rule_id, lease_id, tokens) in returns {
+            offered_tokens += tokens;
+            self.shared
+                .return_block(&target, rule_id, lease_id, tokens)
+                .await;
+        }
+        offered_tokens
+    }
+}
+
+/// The outcome of [`Shared::front_door`].
+enum FrontDoor {
+    /// Decided without the agent (zero cost, negative cache).
+    Decided(Decision),
+    /// Go on, with this request id and the target's fresh profile, if any.
+    Proceed {
+        request_id: String,
+        profile: Option<Arc<Profile>>,
+    },
+}
+
+/// What is learned from an allowed Check about a target.
+#[derive(Debug)]
+struct Profile {
+    leased: Vec<LeasedRule>,
+    leased_only: bool,
+    policy_version: u64,
+    /// Trusted until then (learned + `profile_ttl_ms`).
+    expires_at_ms: u64,
+    policy_id: String,
+    scope: String,
+    limit: i64,
+    window_ms: i64,
+}
+
+impl Profile {
+    fn learn(decision: &Decision, now_ms: u64, ttl_ms: u64) -> Self {
+        Self {
+            leased: decision.leased.clone(),
+            leased_only: decision.leased_only,
+            policy_version: decision.policy_version,
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            policy_id: decision.policy_id.clone(),
+            scope: decision.scope.clone(),
+            limit: decision.limit,
+            window_ms: decision.window_ms,
+        }
+    }
+
+    /// Fresh while its TTL runs and no newer policy version has been seen.
+    fn is_fresh(&self, now_ms: u64, policy_version_seen: u64) -> bool {
+        now_ms < self.expires_at_ms && self.policy_version >= policy_version_seen
+    }
+
+    /// The decision for a request paid from blocks alone.
+    fn allowed_from_blocks(&self, request_id: String) -> Decision {
+        Decision {
+            allowed: true,
+            decision_id: request_id,
+            policy_id: self.policy_id.clone(),
+            policy_version: self.policy_version,
+            scope: self.scope.clone(),
+            limit: self.limit,
+            remaining: -1,
+            window_ms: self.window_ms,
+            leased_only: true,
+            ..Decision::default()
+        }
+    }
+
+    /// The decision for a request whose leased rule `rule_id` refused a block.
+    fn refused_by_block(&self, request_id: String, rule_id: &str, retry_after_ms: i64) -> Decision {
+        let mut decision = Decision {
+            allowed: false,
+            decision_id: request_id,
+            policy_id: rule_id.to_owned(),
+            policy_version: self.policy_version,
+            denied_scope: self.scope.clone(),
+            scope: self.scope.clone(),
+            limit: self.limit,
+            remaining: 0,
+            retry_after_ms,
+            window_ms: self.window_ms,
+            ..Decision::default()
+        };
+        decision.set_reason(Reason::RateExceeded);
+        decision
+    }
+}
+
+/// One leased (bucket, rule)'s block state, in the shard its [`BlockKey`]
+/// picks.
+struct BlockEntry {
+    /// A target that maps to the bucket: the one whose request last asked
+    /// for a block. Give-backs of the whole state (sweep, eviction,
+    /// [`Limiter::give_back_all`]) name it.
+    target: Arc<Target>,
+    rule_id: String,
+    /// Unique per entry made, so a local refund never reaches a later entry
+    /// made under the same key (block sequences restart in a new state).
+    generation: u64,
+    state: BlockState,
+    /// Woken when a renewal of this block is answered.
+    answered: Arc<Notify>,
+}
+
+struct Shard {
+    negative: NegativeCache,
+    profiles: LruMap<TargetKey, Arc<Profile>>,
+    blocks: LruMap<BlockKey, BlockEntry>,
+    fail_safe: FailSafe,
+    random: SplitMix64,
+}
+
+#[derive(Default)]
+struct Counters {
+    admissions: AtomicU64,
+    negative_cache_hits: AtomicU64,
+    block_only_admissions: AtomicU64,
+    checks: AtomicU64,
+    check_failures: AtomicU64,
+    lease_requests: AtomicU64,
+    lease_grants: AtomicU64,
+    lease_refusals: AtomicU64,
+    lease_failures: AtomicU64,
+    give_backs: AtomicU64,
+    given_back_tokens: AtomicU64,
+    fail_mode_decisions: AtomicU64,
+    negative_cache_full: AtomicU64,
+}
+
+struct Shared {
+    client: AgentClient<Channel>,
+    deadline: Duration,
+    profile_ttl_ms: u64,
+    clock: Arc<dyn Clock>,
+    hasher: TargetHasher,
+    shards: Box<[Mutex<Shard>]>,
+    policy_version_seen: AtomicU64,
+    block_generations: AtomicU64,
+    stats: Counters,
+}
+
+impl Shared {
+    fn new(client: AgentClient<Channel>, config: &LimiterConfig) -> Self {
+        let mut seeds = match config.random_seed {
+            Some(seed) => SplitMix64::seeded(seed),
+            None => SplitMix64::from_entropy(),
+        };
+        let shards = (0..config.shards)
+            .map(|_| {
+                Mutex::new(Shard {
+                    negative: NegativeCache::new(
+                        config.per_shard(config.negative_cache_entries_max),
+                    ),
+                    profiles: LruMap::new(config.per_shard(config.profiles_max)),
+                    blocks: LruMap::new(config.per_shard(config.blocks_max)),
+                    fail_safe: FailSafe::new(
+                        config.fail_mode,
+                        config.per_shard(config.local_fallback_keys_max),
+                    ),
+                    random: SplitMix64::seeded(crate::random::RandomSource::next_u64(&mut seeds)),
+                })
+            })
+            .collect();
+        Self {
+            client,
+            deadline: Duration::from_millis(config.deadline_ms),
+            profile_ttl_ms: config.profile_ttl_ms,
+            clock: Arc::clone(&config.clock),
+            hasher: TargetHasher::new(),
+            shards,
+            policy_version_seen: AtomicU64::new(0),
+            block_generations: AtomicU64::new(0),
+            stats: Counters::default(),
+        }
+    }
+
+    /// The shard of a target's own state: profile, negative cache, fallback
+    /// bucket.
+    fn shard(&self, key: TargetKey) -> MutexGuard<'_, Shard> {
+        self.shard_at(key.as_u64())
+    }
+
+    /// The shard of a block state: picked by its [`BlockKey`], so every
+    /// target sharing a bucket finds the one state.
+    fn block_shard(&self, block_key: BlockKey) -> MutexGuard<'_, Shard> {
+        self.shard_at(block_key.as_u64())
+    }
+
+    fn shard_at(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        let index = (hash % self.shards.len() as u64) as usize;
+        lock(&self.shards[index])
+    }
+
+    /// Everything decided before any agent call, under one lock: the request
+    /// id, a zero cost, the negative cache, and the target's fresh profile.
+    fn front_door(&self, key: TargetKey, request_id: Option<String>, cost: u64) -> FrontDoor {
+        let now_ms = self.clock.now_ms();
+        let policy_version_seen = self.policy_version_seen.load(Ordering::Relaxed);
+        let mut shard = self.shard(key);
+        let request_id = match request_id {
+            Some(request_id) if !request_id.is_empty() => request_id,
+            _ => hex_id_128(&mut shard.random),
+        };
+        if cost == 0 {
+            return FrontDoor::Decided(policy_error(request_id));
+        }
+        if let Some(denial) = shard.negative.lookup(key, now_ms, &request_id) {
+            self.stats
+                .negative_cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(target_key = %key, "denied by the negative cache");
+            return FrontDoor::Decided(denial);
+        }
+        let profile = shard
+            .profiles
+            .get_mut(&key)
+            .filter(|profile| profile.is_fresh(now_ms, policy_version_seen))
+            .cloned();
+        FrontDoor::Proceed {
+            request_id,
+            profile,
+        }
+    }
+
+    fn note_policy_version(&self, policy_version: u64) {
+        self.policy_version_seen
+            .fetch_max(policy_version, Ordering::Relaxed);
+    }
+
+    /// Runs the I/O the block machine asked for.
+    fn perform(
+        self: &Arc<Self>,
+        block_key: BlockKey,
+        target: &Arc<Target>,
+        rule_id: &str,
+        actions: Vec<BlockAction>,
+    ) {
+        for action in actions {
+            match action {
+                BlockAction::Renew { lease_id } => {
+                    self.spawn_renewal(block_key, Arc::clone(target), rule_id.to_owned(), lease_id);
+                }
+                BlockAction::GiveBack { lease_id, tokens } => {
+                    let shared = Arc::clone(self);
+                    let target = Arc::clone(target);
+                    let rule_id = rule_id.to_owned();
+                    spawn_if_running(async move {
+                        shared
+                            .return_block(&target, rule_id, lease_id, tokens)
+                            .await;
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends one `LeaseBlock` in the background; its answer (or its failure,
+    /// also when the task is cancelled) always reaches the block machine.
+    fn spawn_renewal(
+        self: &Arc<Self>,
+        block_key: BlockKey,
+        target: Arc<Target>,
+        rule_id: String,
+        lease_id: String,
+    ) {
+        self.stats.lease_requests.fetch_add(1, Ordering::Relaxed);
+        let report = RenewalReport {
+            shared: Arc::clone(self),
+            block_key,
+            target,
+            rule_id,
+            lease_id,
+            reported: false,
+        };
+        spawn_if_running(async move {
+            let request = LeaseBlockRequest {
+                lease_id: report.lease_id.clone(),
+                target: Some((*report.target).clone()),
+                rule_id: report.rule_id.clone(),
+            };
+            let answer = report.shared.lease_block(request).await;
+            report.report(answer);
+        });
+    }
+
+    async fn lease_block(&self, request: LeaseBlockRequest) -> LeaseAnswer {
+        let mut request = tonic::Request::new(request);
+        request.set_timeout(self.deadline);
+        let mut client = self.client.clone();
+        let call = client.lease_block(request);
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(Ok(response)) => {
+                let response = response.into_inner();
+                self.note_policy_version(response.policy_version);
+                if response.granted_tokens > 0 {
+                    LeaseAnswer::Granted {
+                        tokens: response.granted_tokens,
+                        expires_in_ms: response.expires_in_ms,
+                    }
+                } else {
+                    LeaseAnswer::Refused {
+                        retry_after_ms: response.retry_after_ms,
+                    }
+                }
+            }
+            Ok(Err(status)) => {
+                tracing::debug!(code = ?status.code(), "LeaseBlock failed");
+                LeaseAnswer::Failed
+            }
+            Err(_) => {
+                tracing::debug!("LeaseBlock passed its deadline");
+                LeaseAnswer::Failed
+            }
+        }
+    }
+
+    /// Hands a renewal's answer to its block machine and wakes the requests
+    /// waiting for it.
+    fn apply_answer(self: &Arc<Self>, report: &RenewalReport, answer: LeaseAnswer) {
+        let counter = match answer {
+            LeaseAnswer::Granted { .. } => &self.stats.lease_grants,
+            LeaseAnswer::Refused { .. } => &self.stats.lease_refusals,
+            LeaseAnswer::Failed => &self.stats.lease_failures,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let now_ms = self.clock.now_ms();
+        let mut actions = Vec::new();
+        let answered = {
+            let mut guard = self.block_shard(report.block_key);
+            let shard = &mut *guard;
+            match shard.blocks.peek_mut(&report.block_key) {
+                Some(entry) => {
+                    let lease_id = &report.lease_id;
+                    entry.state.on_answer(
+                        lease_id,
+                        answer,
+                        now_ms,
+                        &mut shard.random,
+                        &mut actions,
+                    );
+                    Some(Arc::clone(&entry.answered))
+                }
+                None => {
+                    // The block state was evicted or swept: nothing waits for
+                    // this grant, so it goes straight back.
+                    if let LeaseAnswer::Granted { tokens, .. } = answer {
+                        actions.push(BlockAction::GiveBack {
+                            lease_id: report.lease_id.clone(),
+                            tokens,
+                        });
+                    }
+                    None
+                }
+            }
+        };
+        debug_assert!(actions
+            .iter()
+            .all(|action| matches!(action, BlockAction::GiveBack { .. })));
+        self.perform(report.block_key, &report.target, &report.rule_id, actions);
+        if let Some(answered) = answered {
+            answered.notify_waiters();
+        }
+    }
+
+    async fn return_block(&self, target: &Target, rule_id: String, lease_id: String, tokens: u64) {
+        self.stats.give_backs.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .given_back_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+        let mut request = tonic::Request::new(ReturnBlockRequest {
+            lease_id,
+            target: Some(target.clone()),
+            rule_id,
+            unused_tokens: tokens,
+        });
+        request.set_timeout(self.deadline);
+        let mut client = self.client.clone();
+        let call = client.return_block(request);
+        // A lost give-back only under-admits (the tokens stay spent), so it
+        // is not retried.
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(status)) => tracing::debug!(code = ?status.code(), tokens, "ReturnBlock failed"),
+            Err(_) => tracing::debug!(tokens, "ReturnBlock passed its deadline"),
+        }
+    }
+
+    /// Gives back expired blocks, drops idle block states, stale profiles and
+    /// expired denials.
+    fn sweep(self: &Arc<Self>) {
+        let now_ms = self.clock.now_ms();
+        let policy_version_seen = self.policy_version_seen.load(Ordering::Relaxed);
+        for shard in self.shards.iter() {
+            let mut work = Vec::new();
+            {
+                let mut shard = lock(shard);
+                shard.negative.sweep(now_ms);
+                shard
+                    .profiles
+                    .remove_where(|_, profile| !profile.is_fresh(now_ms, policy_version_seen));
+                for (block_key, entry) in shard.blocks.iter_mut() {
+                    let mut actions = Vec::new();
+                    entry.state.poll(now_ms, &mut actions);
+                    if !actions.is_empty() {
+                        work.push((
+                            *block_key,
+                            Arc::clone(&entry.target),
+                            entry.rule_id.clone(),
+                            actions,
+                        ));
+                    }
+                }
+                shard
+                    .blocks
+                    .remove_where(|_, entry| entry.state.is_idle(now_ms));
+            }
+            for (block_key, target, rule_id, actions) in work {
+                self.perform(block_key, &target, &rule_id, actions);
+            }
+        }
+    }
+
+    fn stats_snapshot(&self) -> LimiterStats {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let stats = &self.stats;
+        let mut fail_counts = FailCounts::default();
+        let (mut block_states, mut blocks_held) = (0u64, 0u64);
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            block_states += shard.blocks.len() as u64;
+            blocks_held += shard
+                .blocks
+                .iter_mut()
+                .map(|(_, entry)| entry.state.blocks_held() as u64)
+                .sum::<u64>();
+            let counts = shard.fail_safe.counts();
+            fail_counts.open_allowed += counts.open_allowed;
+            fail_counts.closed_refused += counts.closed_refused;
+            fail_counts.local_allowed += counts.local_allowed;
+            fail_counts.local_refused += counts.local_refused;
+            fail_counts.local_keys_evicted += counts.local_keys_evicted;
+        }
+        LimiterStats {
+            admissions: read(&stats.admissions),
+            negative_cache_hits: read(&stats.negative_cache_hits),
+            block_only_admissions: read(&stats.block_only_admissions),
+            checks: read(&stats.checks),
+            check_failures: read(&stats.check_failures),
+            lease_requests: read(&stats.lease_requests),
+            lease_grants: read(&stats.lease_grants),
+            lease_refusals: read(&stats.lease_refusals),
+            lease_failures: read(&stats.lease_failures),
+            give_backs: read(&stats.give_backs),
+            given_back_tokens: read(&stats.given_back_tokens),
+            fail_mode_decisions: read(&stats.fail_mode_decisions),
+            negative_cache_full: read(&stats.negative_cache_full),
+            block_states,
+            blocks_held,
+            fail_counts,
+        }
+    }
+}
+
+/// A renewal in flight. Its answer always reaches the block machine: if the
+/// task is cancelled or panics before [`RenewalReport::report`], dropping it
+/// reports a failure, so the "renewal in flight" mark is always cleared.
+struct RenewalReport {
+    shared: Arc<Shared>,
+    block_key: BlockKey,
+    target: Arc<Target>,
+    rule_id: String,
+    lease_id: String,
+    reported: bool,
+}
+
+impl RenewalReport {
+    fn report(mut self, answer: LeaseAnswer) {
+        self.reported = true;
+        let shared = Arc::clone(&self.shared);
+        shared.apply_answer(&self, answer);
+    }
+}
+
+impl Drop for RenewalReport {
+    fn drop(&mut self) {
+        if !self.reported {
+            let shared = Arc::clone(&self.shared);
+            shared.apply_answer(self, LeaseAnswer::Failed);
+        }
+    }
+}
+
+/// Why the leased rules of a request could not be paid.
+enum LeaseMiss {
+    /// The agent refused a block of `rule_id`.
+    Refused {
+        rule_id: String,
+        retry_after_ms: i64,
+    },
+    /// No block came within the deadline.
+    Unavailable,
+}
+
+/// One [`Admission::try_spend`]: its outcome, the entry it touched, and on
+/// [`SpendOutcome::Wait`] the wake-up for the renewal's answer.
+struct SpendAttempt {
+    outcome: SpendOutcome,
+    generation: u64,
+    answered: Option<OwnedNotified>,
+}
+
+/// Tokens taken from one block state for a request.
+struct Taken {
+    block_key: BlockKey,
+    /// The entry the tokens came from ([`BlockEntry::generation`]).
+    generation: u64,
+    draws: Draws,
+}
+
+/// Tokens taken from blocks for one request, to put back if it is denied.
+#[derive(Default)]
+struct Reservation {
+    taken: Vec<Taken>,
+}
+
+impl Reservation {
+    fn holds(&self, block_key: BlockKey) -> bool {
+        self.taken.iter().any(|taken| taken.block_key == block_key)
+    }
+}
+
+/// One `admit` in progress.
+struct Admission<'a> {
+    shared: &'a Arc<Shared>,
+    key: TargetKey,
+    target: Arc<Target>,
+    cost: u64,
+    request_id: String,
+    deadline_at: Instant,
+}
+
+impl Admission<'_> {
+    async fn run(self, profile: Option<Arc<Profile>>) -> Decision {
+        let mut reservation = Reservation::default();
+        if let Some(profile) = &profile {
+            if let Err(miss) = self.spend_rules(&profile.leased, &mut reservation).await {
+                return self.settle_miss(miss, profile, &reservation);
+            }
+            if profile.leased_only {
+                self.shared
+                    .stats
+                    .block_only_admissions
+                    .fetch_add(1, Ordering::Relaxed);
+                return profile.allowed_from_blocks(self.request_id);
+            }
+        }
+        let decision = match self.check().await {
+            Ok(decision) => decision,
+            Err(status) => {
+                // Admitted by fail-open or the local bucket: the request did
+                // use the leased tokens, so only a refusal puts them back.
+                let decision = self.after_check_error(&status);
+                if !decision.allowed {
+                    self.refund(&reservation);
+                }
+                return decision;
+            }
+        };
+        if !decision.allowed {
+            self.refund(&reservation);
+            self.remember_denial(&decision);
+            return decision;
+        }
+        let profile = self.learn(&decision);
+        let missing: Vec<LeasedRule> = decision
+            .leased
+            .iter()
+            .filter(|rule| !reservation.holds(self.block_key(rule)))
+            .cloned()
+            .collect();
+        self.refund_rules_not_in(&mut reservation, &decision.leased);
+        match self.spend_rules(&missing, &mut reservation).await {
+            Ok(()) => decision,
+            Err(miss) => self.settle_miss(miss, &profile, &reservation),
+        }
+    }
+
+    /// Pays `cost` from each rule's block, adding what was taken to
+    /// `reservation` as it goes (so a later miss can put it back).
+    async fn spend_rules(
+        &self,
+        rules: &[LeasedRule],
+        reservation: &mut Reservation,
+    ) -> Result<(), LeaseMiss> {
+        for rule in rules {
+            let block_key = self.block_key(rule);
+            let taken = self.spend_rule(block_key, rule).await?;
+            reservation.taken.push(taken);
+        }
+        Ok(())
+    }
+
+    /// The key of `rule`'s blocks: its bucket's, or this target's when the
+    /// agent named no bucket.
+    fn block_key(&self, rule: &LeasedRule) -> BlockKey {
+        self.shared
+            .hasher
+            .block_key(self.key, &rule.rule_id, &rule.bucket)
+    }
+
+    async fn spend_rule(&self, block_key: BlockKey, rule: &LeasedRule) -> Result<Taken, LeaseMiss> {
+        for _ in 0..SPEND_WAITS_MAX {
+            let attempt = self.try_spend(block_key, rule);
+            match (attempt.outcome, attempt.answered) {
+                (SpendOutcome::Spent(draws), _) => {
+                    return Ok(Taken {
+                        block_key,
+                        generation: attempt.generation,
+                        draws,
+                    });
+                }
+                (SpendOutcome::Refused { retry_after_ms }, _) => {
+                    return Err(LeaseMiss::Refused {
+                        rule_id: rule.rule_id.clone(),
+                        retry_after_ms,
+                    });
+                }
+                (SpendOutcome::Wait, Some(answered)) => {
+                    let waited = tokio::time::timeout_at(self.deadline_at, answered).await;
+                    if waited.is_err() {
+                        return Err(LeaseMiss::Unavailable);
+                    }
+                }
+                (SpendOutcome::Wait, None) => unreachable!("a wait always comes with its wake-up"),
+            }
+        }
+        Err(LeaseMiss::Unavailable)
+    }
+
+    /// One attempt under the lock of the block's shard (picked by
+    /// `block_key`, shared by every target of the bucket). On
+    /// [`SpendOutcome::Wait`] it also returns the wake-up for the renewal's
+    /// answer, made while the lock is held: tokio guarantees a `Notified`
+    /// receives `notify_waiters` from the moment it is created, so an answer
+    /// landing right after the lock is released is not missed.
+    fn try_spend(&self, block_key: BlockKey, rule: &LeasedRule) -> SpendAttempt {
+        let now_ms = self.shared.clock.now_ms();
+        let mut actions = Vec::new();
+        let mut evicted = None;
+        let attempt = {
+            let mut guard = self.shared.block_shard(block_key);
+            let shard = &mut *guard;
+            if shard.blocks.peek(&block_key).is_none() {
+                let entry = BlockEntry {
+                    target: Arc::clone(&self.target),
+                    rule_id: rule.rule_id.clone(),
+                    generation: self
+                        .shared
+                        .block_generations
+                        .fetch_add(1, Ordering::Relaxed),
+                    state: BlockState::new(rule.block_tokens),
+                    answered: Arc::new(Notify::new()),
+                };
+                evicted = shard.blocks.insert(block_key, entry);
+            }
+            let entry = shard
+                .blocks
+                .get_mut(&block_key)
+                .expect("present or just inserted");
+            entry.state.set_block_tokens(rule.block_tokens);
+            let outcome = entry
+                .state
+                .try_spend(self.cost, now_ms, &mut shard.random, &mut actions);
+            if actions
+                .iter()
+                .any(|action| matches!(action, BlockAction::Renew { .. }))
+            {
+                // This target asks for the next lease: later give-backs of
+                // the whole state name it.
+                entry.target = Arc::clone(&self.target);
+            }
+            let answered = (outcome == SpendOutcome::Wait)
+                .then(|| Arc::clone(&entry.answered).notified_owned());
+            SpendAttempt {
+                outcome,
+                generation: entry.generation,
+                answered,
+            }
+        };
+        if let Some((evicted_key, mut evicted)) = evicted {
+            let mut give_backs = Vec::new();
+            evicted.state.close(&mut give_backs);
+            self.shared
+                .perform(evicted_key, &evicted.target, &evicted.rule_id, give_backs);
+        }
+        self.shared
+            .perform(block_key, &self.target, &rule.rule_id, actions);
+        attempt
+    }
+
+    /// Puts the tokens of `reservation` back into the blocks they came from,
+    /// each under its own block shard's lock.
+    fn refund(&self, reservation: &Reservation) {
+        for taken in &reservation.taken {
+            let mut shard = self.shared.block_shard(taken.block_key);
+            if let Some(entry) = shard.blocks.peek_mut(&taken.block_key) {
+                if entry.generation == taken.generation {
+                    entry.state.refund(taken.draws);
+                }
+            }
+        }
+    }
+
+    /// Puts back what was taken for rules (buckets) the decision no longer
+    /// names.
+    fn refund_rules_not_in(&self, reservation: &mut Reservation, leased: &[LeasedRule]) {
+        let named: Vec<BlockKey> = leased.iter().map(|rule| self.block_key(rule)).collect();
+        let (kept, dropped): (Vec<_>, Vec<_>) = reservation
+            .taken
+            .drain(..)
+            .partition(|taken| named.contains(&taken.block_key));
+        reservation.taken = kept;
+        self.refund(&Reservation { taken: dropped });
+    }
+
+    fn settle_miss(
+        &self,
+        miss: LeaseMiss,
+        profile: &Profile,
+        reservation: &Reservation,
+    ) -> Decision {
+        let decision = match miss {
+            LeaseMiss::Refused {
+                rule_id,
+                retry_after_ms,
+            } => {
+                let denial =
+                    profile.refused_by_block(self.request_id.clone(), &rule_id, retry_after_ms);
+                self.remember_denial(&denial);
+                denial
+            }
+            LeaseMiss::Unavailable => self.fail_mode_decision(),
+        };
+        if !decision.allowed {
+            self.refund(reservation);
+        }
+        decision
+    }
+
+    async fn check(&self) -> Result<Decision, tonic::Status> {
+        self.shared.stats.checks.fetch_add(1, Ordering::Relaxed);
+        let mut request = tonic::Request::new(CheckRequest {
+            request_id: self.request_id.clone(),
+            target: Some((*self.target).clone()),
+            cost: self.cost,
+            policy_version_seen: self.shared.policy_version_seen.load(Ordering::Relaxed),
+        });
+        request.set_timeout(self.deadline_at.saturating_duration_since(Instant::now()));
+        let mut client = self.shared.client.clone();
+        let call = client.check(request);
+        match tokio::time::timeout_at(self.deadline_at, call).await {
+            Ok(result) => result.map(tonic::Response::into_inner),
+            Err(_) => Err(tonic::Status::deadline_exceeded("agent deadline passed")),
+        }
+    }
+
+    fn after_check_error(&self, status: &tonic::Status) -> Decision {
+        self.shared
+            .stats
+            .check_failures
+            .fetch_add(1, Ordering::Relaxed);
+        if status.code() == tonic::Code::InvalidArgument {
+            tracing::warn!(target_key = %self.key, "agent refused the request as invalid");
+            return policy_error(self.request_id.clone());
+        }
+        tracing::debug!(target_key = %self.key, code = ?status.code(), "Check failed");
+        self.fail_mode_decision()
+    }
+
+    fn fail_mode_decision(&self) -> Decision {
+        self.shared
+            .stats
+            .fail_mode_decisions
+            .fetch_add(1, Ordering::Relaxed);
+        let now_ms = self.shared.clock.now_ms();
+        let mut decision = self
+            .shared
+            .shard(self.key)
+            .fail_safe
+            .decide(self.key, self.cost, now_ms);
+        decision.decision_id = self.request_id.clone();
+        tracing::debug!(
+            target_key = %self.key,
+            allowed = decision.allowed,
+            "agent unavailable: decided by the fail mode"
+        );
+        decision
+    }
+
+    /// Remembers a Check's allowed decision: which leased rules apply.
+    fn learn(&self, decision: &Decision) -> Arc<Profile> {
+        self.shared.note_policy_version(decision.policy_version);
+        let now_ms = self.shared.clock.now_ms();
+        let profile = Arc::new(Profile::learn(decision, now_ms, self.shared.profile_ttl_ms));
+        let mut shard = self.shared.shard(self.key);
+        if decision.leased.is_empty() || decision.fallback {
+            // Nothing to spend ahead of Check (or the agent itself was in
+            // fallback): forget, so the next request simply checks.
+            shard.profiles.remove(&self.key);
+        } else {
+            shard.profiles.insert(self.key, Arc::clone(&profile));
+        }
+        profile
+    }
+
+    fn remember_denial(&self, denial: &Decision) {
+        let now_ms = self.shared.clock.now_ms();
+        let inserted = self
+            .shared
+            .shard(self.key)
+            .negative
+            .insert(self.key, denial, now_ms);
+        if inserted == Insertion::Full {
+            self.shared
+                .stats
+                .negative_cache_full
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(target_key = %self.key, "negative cache full: denial not cached");
+        }
+    }
+}
+
+/// A POLICY_ERROR decision (the request cannot be decided as asked).
+fn policy_error(request_id: String) -> Decision {
+    let mut decision = Decision {
+        allowed: false,
+        decision_id: request_id,
+        retry_after_ms: -1,
+        ..Decision::default()
+    };
+    decision.set_reason(Reason::PolicyError);
+    decision
+}
+
+/// A poisoned shard is still consistent (every change under the lock is a
+/// single pure call), so a panic elsewhere does not stop admissions.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `tokio::spawn` when a runtime is reachable (not while one shuts down
+/// from a thread outside it).
+fn spawn_if_running<F>(future: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(future);
+    }
+}
+
+fn spawn_sweeper(shared: Weak<Shared>, interval: Duration) {
+    spawn_if_running(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            shared.sweep();
+        }
+    });
+}

@@ -1,0 +1,120 @@
+//! The agent's Prometheus metrics, on a registry of its own (several agents
+//! can live in one process: `leasehold dev`, tests). Labels carry rule ids,
+//! outcomes and policy versions only — never a tenant, principal or IP.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Store latency buckets, seconds: a limiter's budget is a few ms.
+const LATENCY_BUCKETS_S: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+#[derive(Clone)]
+pub struct AgentMetrics {
+    registry: Registry,
+    /// outcome: allowed | denied | unavailable | fallback_allowed | fallback_denied | fail_open | policy_error
+    pub decisions: IntCounterVec,
+    pub store_latency: HistogramVec,
+    /// 0 closed, 1 half open, 2 open.
+    pub breaker_state: IntGaugeVec,
+    /// mode: local | open | closed
+    pub fallback_decisions: IntCounterVec,
+    pub shadow_denials: IntCounterVec,
+    /// outcome: granted | denied | fallback
+    pub lease_blocks: IntCounterVec,
+    pub local_fallback_keys: IntGauge,
+    pub invalid_requests: IntCounterVec,
+}
+
+impl AgentMetrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("leasehold".into()), None)?;
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "decisions_total",
+                "Check decisions by outcome, rule and policy version",
+            ),
+            &["outcome", "rule", "policy_version"],
+        )?;
+        let store_latency = HistogramVec::new(
+            HistogramOpts::new("store_latency_seconds", "Store batch latency")
+                .buckets(LATENCY_BUCKETS_S.to_vec()),
+            &["store"],
+        )?;
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "breaker_state",
+                "Store breaker: 0 closed, 1 half open, 2 open",
+            ),
+            &["store"],
+        )?;
+        let fallback_decisions = IntCounterVec::new(
+            Opts::new("fallback_decisions_total", "Decisions made by a fail mode"),
+            &["mode"],
+        )?;
+        let shadow_denials = IntCounterVec::new(
+            Opts::new(
+                "shadow_denials_total",
+                "Shadow rules that would have refused",
+            ),
+            &["rule"],
+        )?;
+        let lease_blocks = IntCounterVec::new(
+            Opts::new("lease_blocks_total", "Block leases by outcome"),
+            &["outcome", "rule"],
+        )?;
+        let local_fallback_keys =
+            IntGauge::new("local_fallback_keys", "Live local fallback buckets")?;
+        let invalid_requests = IntCounterVec::new(
+            Opts::new(
+                "invalid_requests_total",
+                "Requests refused as invalid, by field",
+            ),
+            &["field"],
+        )?;
+        registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(store_latency.clone()))?;
+        registry.register(Box::new(breaker_state.clone()))?;
+        registry.register(Box::new(fallback_decisions.clone()))?;
+        registry.register(Box::new(shadow_denials.clone()))?;
+        registry.register(Box::new(lease_blocks.clone()))?;
+        registry.register(Box::new(local_fallback_keys.clone()))?;
+        registry.register(Box::new(invalid_requests.clone()))?;
+        Ok(AgentMetrics {
+            registry,
+            decisions,
+            store_latency,
+            breaker_state,
+            fallback_decisions,
+            shadow_denials,
+            lease_blocks,
+            local_fallback_keys,
+            invalid_requests,
+        })
+    }
+
+    /// The text exposition format for `/metrics`.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        if encoder
+            .encode(&self.registry.gather(), &mut buffer)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+/// Gauge value of a breaker state name.
+pub fn breaker_gauge(state: &str) -> i64 {
+    match state {
+        "closed" => 0,
+        "half_open" => 1,
+        _ => 2,
+    }
+}

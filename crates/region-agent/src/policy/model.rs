@@ -1,0 +1,206 @@
+//! The policy data model: what a validated bundle holds. Built only by
+//! `parse` (after validation), so every value here already satisfies §3.6.
+
+use std::collections::BTreeMap;
+
+use crate::key::RuleId;
+
+/// A validated, immutable policy bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    /// Monotonic version; agents accept only a higher one.
+    pub version: u64,
+    /// sha256 hex of the bundle's TOML text.
+    pub checksum: String,
+    /// Where it came from (file name or "admin-rpc"), for messages.
+    pub source: String,
+    /// Domains by name.
+    pub domains: BTreeMap<String, Domain>,
+}
+
+/// A domain: a namespace of rules (Envoy's "domain").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Domain {
+    /// `[a-z0-9-]{1,30}`; also names the global hash tag `g-<name>`.
+    pub name: String,
+    /// In file order.
+    pub rules: Vec<Rule>,
+}
+
+/// Whose bucket a rule charges. Order = evaluation order, most specific first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// One bucket per (tenant, rule, principal).
+    User,
+    /// One bucket per (tenant, rule); the rule matches a route.
+    Route,
+    /// One bucket per (tenant, rule).
+    Tenant,
+    /// One bucket per (domain, rule), tagged `g-<domain>`.
+    Global,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::User => "user",
+            Scope::Route => "route",
+            Scope::Tenant => "tenant",
+            Scope::Global => "global",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    TokenBucket,
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter,
+    Gcra,
+    Concurrency,
+}
+
+/// Which requests a rule applies to: every field set must equal the
+/// request's; an unset field matches anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Match {
+    pub route_group: Option<String>,
+    pub method: Option<String>,
+    pub descriptors: BTreeMap<String, String>,
+}
+
+/// A rate in whole tokens: `refill_tokens` every `period_ms`, at most
+/// `capacity_tokens` stored. For window algorithms capacity is the limit
+/// and period the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub capacity_tokens: u64,
+    pub refill_tokens: u64,
+    pub period_ms: u64,
+}
+
+/// What a rule does when its store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Admit, count and alarm.
+    Open,
+    /// Refuse with LIMITER_UNAVAILABLE (the gateway answers 503).
+    Closed,
+    /// Decide on a bounded in-memory bucket of this rate; fallback = true.
+    Local(Rate),
+}
+
+/// Block leasing of a hot rule: gateways spend blocks in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leased {
+    /// N: gateways sharing the rule (sizes the block).
+    pub gateways: u32,
+}
+
+/// A concurrency cap (algorithm = concurrency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyCap {
+    pub max_in_flight: u64,
+    pub lease_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub id: RuleId,
+    pub scope: Scope,
+    pub algorithm: Algorithm,
+    pub matcher: Match,
+    pub rate: Rate,
+    /// Tokens one request of cost 1 spends (weighted routes: an export costs 10).
+    pub cost_tokens: u64,
+    pub fail_mode: FailMode,
+    /// Some(ttl): decisions are recorded under the request id for ttl ms and
+    /// a retry with the same id is answered from the record.
+    pub idempotent_ttl_ms: Option<u64>,
+    /// Decides and counts, never refuses.
+    pub shadow: bool,
+    /// Security rules are never leased.
+    pub security: bool,
+    pub leased: Option<Leased>,
+    pub concurrency: Option<ConcurrencyCap>,
+    /// Extra TTL beyond the full-refill time.
+    pub slack_ms: u64,
+}
+
+/// Smallest block handed to a gateway, in tokens (§3.5).
+pub const MIN_BLOCK_TOKENS: u64 = 10;
+
+impl Rule {
+    /// Block size B = max(10, ceil(0.25 s × r / N)) tokens, r in tokens/s.
+    pub fn block_tokens(&self) -> Option<u64> {
+        let leased = self.leased?;
+        // r × 0.25 s = refill × 250 / period_ms, over N gateways.
+        let numerator = u128::from(self.rate.refill_tokens) * 250;
+        let denominator = u128::from(self.rate.period_ms) * u128::from(leased.gateways.max(1));
+        let block = numerator.div_ceil(denominator.max(1));
+        Some(
+            u64::try_from(block)
+                .unwrap_or(u64::MAX)
+                .max(MIN_BLOCK_TOKENS),
+        )
+    }
+}
+
+impl Scope {
+    /// Every scope, in evaluation order (most specific first).
+    pub const ALL: [Scope; 4] = [Scope::User, Scope::Route, Scope::Tenant, Scope::Global];
+
+    /// The inverse of [`Scope::as_str`].
+    pub fn from_name(name: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|scope| scope.as_str() == name)
+    }
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order the bundle format lists them.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ];
+
+    /// The name used in bundles and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+
+    /// The inverse of [`Algorithm::as_str`].
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.as_str() == name)
+    }
+
+    /// Window algorithms: capacity is the limit, period the window, and
+    /// refill equals capacity.
+    pub fn is_window(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingCounter
+        )
+    }
+}
+
+impl Rule {
+    /// Checked rules run in the request's one `multi_rule` (or single
+    /// script) call: neither leased to gateways nor a concurrency cap.
+    pub fn is_checked(&self) -> bool {
+        self.leased.is_none() && self.algorithm != Algorithm::Concurrency
+    }
+}

@@ -1,0 +1,156 @@
+//! The native gRPC service `leasehold.agent.v1.Agent`: a thin shell over the
+//! [`Decider`]. Bad input → INVALID_ARGUMENT naming the field, no state written.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use leasehold_proto::agent::v1 as pb;
+use leasehold_proto::agent::v1::agent_server::Agent;
+use tonic::{Request, Response, Status};
+
+use crate::decide::Decider;
+use crate::policy;
+
+pub struct AgentService {
+    decider: Arc<Decider>,
+}
+
+impl AgentService {
+    pub fn new(decider: Arc<Decider>) -> Self {
+        AgentService { decider }
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        Ok(Response::new(
+            self.decider.check(request.into_inner()).await?,
+        ))
+    }
+
+    async fn lease_block(
+        &self,
+        request: Request<pb::LeaseBlockRequest>,
+    ) -> Result<Response<pb::LeaseBlockResponse>, Status> {
+        Ok(Response::new(
+            self.decider.lease_block(request.into_inner()).await?,
+        ))
+    }
+
+    async fn return_block(
+        &self,
+        request: Request<pb::ReturnBlockRequest>,
+    ) -> Result<Response<pb::ReturnBlockResponse>, Status> {
+        Ok(Response::new(
+            self.decider.return_block(request.into_inner()).await?,
+        ))
+    }
+
+    async fn acquire_concurrency(
+        &self,
+        request: Request<pb::AcquireConcurrencyRequest>,
+    ) -> Result<Response<pb::AcquireConcurrencyResponse>, Status> {
+        Ok(Response::new(
+            self.decider
+                .acquire_concurrency(request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn release_concurrency(
+        &self,
+        request: Request<pb::ReleaseConcurrencyRequest>,
+    ) -> Result<Response<pb::ReleaseConcurrencyResponse>, Status> {
+        Ok(Response::new(
+            self.decider
+                .release_concurrency(request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, Status> {
+        Ok(Response::new(self.decider.health()))
+    }
+
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new(self.decider.status()))
+    }
+
+    async fn reload_policy(
+        &self,
+        request: Request<pb::ReloadPolicyRequest>,
+    ) -> Result<Response<pb::ReloadPolicyResponse>, Status> {
+        let req = request.into_inner();
+        let expected = (!req.sha256.is_empty()).then_some(req.sha256.as_str());
+        let outcome = policy::parse("admin-rpc", &req.bundle_toml, expected)
+            .map_err(|e| e.to_string())
+            .and_then(|bundle| {
+                let (version, checksum) = (bundle.version, bundle.checksum.clone());
+                self.decider
+                    .policy
+                    .install(bundle)
+                    .map(|_| (version, checksum))
+                    .map_err(|e| e.to_string())
+            });
+        let response = match outcome {
+            Ok((version, checksum)) => {
+                tracing::info!(version, "policy bundle installed by admin RPC");
+                pb::ReloadPolicyResponse {
+                    accepted: true,
+                    version,
+                    checksum,
+                    error: String::new(),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "policy bundle refused");
+                let current = self.decider.policy.current();
+                pb::ReloadPolicyResponse {
+                    accepted: false,
+                    version: current.version,
+                    checksum: current.checksum.clone(),
+                    error,
+                }
+            }
+        };
+        Ok(Response::new(response))
+    }
+}
+
+impl Decider {
+    pub fn health(&self) -> pb::HealthResponse {
+        pb::HealthResponse {
+            // The agent can always decide: from its store or by fail mode.
+            serving: true,
+            region: self.region.clone(),
+            store_reachable: self.store.breaker_state() != "open",
+        }
+    }
+
+    pub fn status(&self) -> pb::StatusResponse {
+        let bundle = self.policy.current();
+        pb::StatusResponse {
+            region: self.region.clone(),
+            policy_version: bundle.version,
+            policy_checksum: bundle.checksum.clone(),
+            breakers: vec![pb::BreakerStatus {
+                store: self.store.name().to_string(),
+                state: self.store.breaker_state().to_string(),
+            }],
+            fallback_decisions: self.counters.fallback_decisions.load(Ordering::Relaxed),
+            fail_open_decisions: self.counters.fail_open_decisions.load(Ordering::Relaxed),
+            local_fallback_keys: self.fallback.len() as u64,
+            shadow_denials: self.counters.shadow_denials.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The Region agent end to end: real redis-server, real agent on a loopback
+//! port, real tonic client (ARCHITECTURE §3.4–§3.7).
+
+mod common;
+
+use common::{check, start, target};
+use leasehold_proto::agent::v1 as pb;
+
+/// P-READ per user, exports per route (cost 10), a tenant plan bucket that
+/// does not refill during a test (1 token per 1,000 s).
+const POLICY: &str = r#"
+version = 1
+
+[[domain]]
+name = "api"
+
+[[domain.rule]]
+id = "p-read"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "read" }
+capacity = 20
+refill = 2
+period_ms = 1000
+fail_mode = { local = { capacity = 5, refill = 1, period_ms = 4000 } }
+
+[[domain.rule]]
+id = "p-export"
+scope = "route"
+algorithm = "token_bucket"
+match = { route_group = "export" }
+capacity = 20
+refill = 2
+period_ms = 1000
+cost = 10
+fail_mode = "closed"
+
+[[domain.rule]]
+id = "p-plan"
+scope = "tenant"
+algorithm = "token_bucket"
+capacity = 1000
+refill = 1
+period_ms = 1000000
+fail_mode = "open"
+"#;
+
+#[tokio::test]
+async fn two_gateways_same_millisecond_one_token_left_exactly_one_allowed() {
+    let mut t = start(POLICY).await;
+    // Drain alice's P-READ bucket to one token (19 of 20).
+    for i in 0..19 {
+        let d = t
+            .client
+            .check(check(&format!("d{i}"), target("atlas", "alice", "read"), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(d.allowed, "drain {i}");
+    }
+    let plan_key = t.shared_key("atlas", "p-plan");
+    let plan_before = t.tokens(&plan_key).unwrap();
+    assert_eq!(plan_before, (1_000 - 19) * 1_000);
+    let (mut a, mut b) = (t.client.clone(), t.client.clone());
+    let (ra, rb) = tokio::join!(
+        a.check(check("gw-a", target("atlas", "alice", "read"), 1)),
+        b.check(check("gw-b", target("atlas", "alice", "read"), 1)),
+    );
+    let (da, db) = (ra.unwrap().into_inner(), rb.unwrap().into_inner());
+    assert_eq!(
+        u8::from(da.allowed) + u8::from(db.allowed),
+        1,
+        "{da:?} {db:?}"
+    );
+    let loser = if da.allowed { &db } else { &da };
+    assert_eq!(loser.reason(), pb::Reason::RateExceeded);
+    assert_eq!(loser.policy_id, "p-read");
+    assert_eq!(loser.denied_scope, "user");
+    // The loser debited nothing: exactly one more token left the plan bucket.
+    assert_eq!(t.tokens(&plan_key).unwrap(), plan_before - 1_000);
+    t.agent.stop().await;
+}
+
+#[tokio::test]
+async fn export_with_empty_route_bucket_retries_after_5s_and_spares_the_plan() {
+    let mut t = start(POLICY).await;
+    for i in 0..2 {
+        let d = t
+            .client
+            .check(check(&format!("e{i}"), target("atlas", "bob", "export"), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(d.allowed);
+    }
+    let plan_key = t.shared_key("atlas", "p-plan");
+    let plan_before = t.tokens(&plan_key).unwrap();
+    let d = t
+        .client
+        .check(check("e2", target("atlas", "bob", "export"), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!d.allowed);
+    assert_eq!(d.policy_id, "p-export");
+    assert_eq!(d.denied_scope, "route");
+    // 10 tokens short at 2/s: 5,000 ms less what refilled in the ms between.
+    assert!(
+        (4_000..=5_000).contains(&d.retry_after_ms),
+        "{}",
+        d.retry_after_ms
+    );
+    assert_eq!((d.retry_after_ms + 999) / 1_000, 5, "Retry-After: 5");
+    assert_eq!(
+        t.tokens(&plan_key).unwrap(),
+        plan_before,
+        "plan bucket untouched"
+    );
+    t.agent.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_invalid_argument_naming_the_field_and_writes_nothing() {
+    let mut t = start(POLICY).await;
+    let good = || check("ok-1", target("atlas", "carol", "read"), 1);
+    let mut cases: Vec<(&str, pb::CheckRequest)> = Vec::new();
+    let mut r = good();
+    r.request_id = String::new();
+    cases.push(("request_id", r));
+    let mut r = good();
+    r.request_id = "x".repeat(65);
+    cases.push(("request_id", r));
+    let mut r = good();
+    r.request_id = "has space".into();
+    cases.push(("request_id", r));
+    let mut r = good();
+    r.cost = 0;
+    cases.push(("cost", r));
+    let mut r = good();
+    r.cost = 1 << 41;
+    cases.push(("cost", r));
+    let mut r = good();
+    r.target.as_mut().unwrap().tenant = "Atlas".into();
+    cases.push(("target.tenant", r));
+    let mut r = good();
+    r.target.as_mut().unwrap().tenant = String::new();
+    cases.push(("target.tenant", r));
+    let mut r = good();
+    r.target.as_mut().unwrap().tenant = "a".repeat(33);
+    cases.push(("target.tenant", r));
+    let mut r = good();
+    r.target.as_mut().unwrap().domain = "nope".into();
+    cases.push(("target.domain", r));
+    let mut r = good();
+    r.target.as_mut().unwrap().principal.as_mut().unwrap().id = "u".repeat(300);
+    cases.push(("target.principal.id", r));
+    let mut r = good();
+    r.target.as_mut().unwrap().route_group = "r".repeat(65);
+    cases.push(("target.route_group", r));
+    let mut r = good();
+    r.target = None;
+    cases.push(("target", r));
+    for (field, request) in cases {
+        let status = t.client.check(request).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{field}: {status:?}"
+        );
+        assert!(
+            status.message().contains(field),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    assert_eq!(t.dbsize(), 0, "no key written by any bad request");
+    t.agent.stop().await;
+}

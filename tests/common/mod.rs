@@ -1,0 +1,186 @@
+//! Shared by the end-to-end tests: a real redis-server, a real agent on a
+//! loopback port, a real tonic client.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_proto::agent::v1 as pb;
+use leasehold_proto::agent::v1::agent_client::AgentClient;
+use leasehold_region_agent::key::{KeyBuilder, RuleId, Tenant};
+use leasehold_region_agent::memory::SystemClock;
+use leasehold_region_agent::policy;
+use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::script::ScriptCall;
+use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
+use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult};
+use leasehold_region_agent::testing::RedisServer;
+use tonic::transport::Channel;
+
+pub const PEPPER: &[u8] = b"e2e-test-pepper-0123456789";
+
+pub struct TestAgent {
+    pub redis: RedisServer,
+    pub agent: RunningAgent,
+    pub client: AgentClient<Channel>,
+    pub keys: KeyBuilder,
+}
+
+pub fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Starts a redis-server and an agent on it with this policy text.
+pub async fn start(policy_toml: &str) -> TestAgent {
+    start_with(policy_toml, Duration::from_millis(100)).await
+}
+
+pub async fn start_with(policy_toml: &str, deadline: Duration) -> TestAgent {
+    start_counting(policy_toml, deadline).await.0
+}
+
+/// A store wrapper that counts script calls (the hot-key test's denominator).
+pub struct CountingStore {
+    pub inner: RedisStore,
+    pub calls: AtomicU64,
+}
+
+impl BucketStore for CountingStore {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn breaker_state(&self) -> &'static str {
+        self.inner.breaker_state()
+    }
+
+    fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
+        self.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
+        self.inner.run_batch(calls)
+    }
+}
+
+pub async fn start_counting(
+    policy_toml: &str,
+    deadline: Duration,
+) -> (TestAgent, Arc<CountingStore>) {
+    let redis = RedisServer::start().expect("redis-server");
+    let store = Arc::new(CountingStore {
+        inner: RedisStore::new(RedisStoreConfig {
+            call_deadline: deadline,
+            connect_timeout: deadline,
+            ..RedisStoreConfig::new(redis.url())
+        })
+        .unwrap(),
+        calls: AtomicU64::new(0),
+    });
+    let bundle = policy::parse("test-policy.toml", policy_toml, None).expect("valid test policy");
+    let agent = server::start(AgentSpec {
+        region: "eu".into(),
+        listen: any_port(),
+        http_listen: any_port(),
+        store: store.clone(),
+        pepper: PEPPER.to_vec(),
+        policy: bundle,
+        policy_file: None,
+        policy_poll: Duration::from_secs(1),
+        fallback_max_keys: 1_000,
+        clock: Arc::new(SystemClock),
+    })
+    .await
+    .expect("agent starts");
+    let client = AgentClient::connect(format!("http://{}", agent.grpc_addr))
+        .await
+        .expect("connect");
+    let agent = TestAgent {
+        redis,
+        agent,
+        client,
+        keys: KeyBuilder::new(PEPPER).unwrap(),
+    };
+    (agent, store)
+}
+
+pub fn target(tenant: &str, user: &str, route_group: &str) -> pb::Target {
+    pb::Target {
+        domain: "api".into(),
+        tenant: tenant.into(),
+        principal: Some(pb::Principal {
+            r#type: "user".into(),
+            id: user.into(),
+        }),
+        route_group: route_group.into(),
+        method: "GET".into(),
+        descriptors: vec![],
+    }
+}
+
+pub fn check(id: &str, target: pb::Target, cost: u64) -> pb::CheckRequest {
+    pb::CheckRequest {
+        request_id: id.into(),
+        target: Some(target),
+        cost,
+        policy_version_seen: 0,
+    }
+}
+
+impl TestAgent {
+    pub fn redis_conn(&self) -> redis::Connection {
+        redis::Client::open(self.redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// Millitokens stored in a bucket (None: no key).
+    pub fn tokens(&self, key: &str) -> Option<i64> {
+        let mut conn = self.redis_conn();
+        redis::cmd("HGET")
+            .arg(key)
+            .arg("tokens")
+            .query(&mut conn)
+            .unwrap()
+    }
+
+    pub fn dbsize(&self) -> i64 {
+        let mut conn = self.redis_conn();
+        redis::cmd("DBSIZE").query(&mut conn).unwrap()
+    }
+
+    pub fn keys_matching(&self, pattern: &str) -> Vec<String> {
+        let mut conn = self.redis_conn();
+        redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap()
+    }
+
+    pub fn user_key(&self, tenant: &str, rule: &str, user: &str) -> String {
+        let principal = self.keys.principal(&format!("user:{user}")).unwrap();
+        self.keys.bucket(
+            &Tenant::parse(tenant).unwrap(),
+            &RuleId::parse(rule).unwrap(),
+            &principal,
+        )
+    }
+
+    pub fn shared_key(&self, tag: &str, rule: &str) -> String {
+        self.keys
+            .shared_bucket(&Tenant::parse(tag).unwrap(), &RuleId::parse(rule).unwrap())
+    }
+
+    pub async fn metrics(&self) -> String {
+        http_get(self.agent.http_addr, "/metrics").await
+    }
+}
+
+/// A minimal HTTP/1.1 GET over a raw socket (enough for /metrics, /health).
+pub async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
+}
