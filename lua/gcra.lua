@@ -3,13 +3,8 @@
 -- KEYS[1]  hash {tat}
 -- ARGV     capacity, refill, period_ms, cost (millitokens / ms), slack_ms
 -- returns  {allowed, remaining, retry_after_ms, now_ms}; retry -1 = can never succeed
-local capacity = lh_int(ARGV[1], 1, LH_MAX)
-if not capacity then return lh_invalid('capacity') end
-local refill = lh_int(ARGV[2], 1, LH_MAX)
-if not refill then return lh_invalid('refill') end
-local period = lh_int(ARGV[3], 1, LH_MAX)
-if not period then return lh_invalid('period_ms') end
-if capacity * period > LH_MAX_PRODUCT then return lh_invalid('capacity') end
+local capacity, refill, period = lh_rate(1)
+if not capacity then return lh_invalid(refill) end
 local cost = lh_int(ARGV[4], 1, LH_MAX)
 if not cost then return lh_invalid('cost') end
 local slack = lh_int(ARGV[5], 0, LH_MAX)

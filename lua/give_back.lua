@@ -5,13 +5,8 @@
 -- ARGV     capacity, refill, period_ms, tokens (millitokens to return), slack_ms, record_ttl_ms
 -- returns  {added, tokens_after, replayed, now_ms}
 --          replayed = 1: the record existed, nothing written, added = 0
-local capacity = lh_int(ARGV[1], 1, LH_MAX)
-if not capacity then return lh_invalid('capacity') end
-local refill = lh_int(ARGV[2], 1, LH_MAX)
-if not refill then return lh_invalid('refill') end
-local period = lh_int(ARGV[3], 1, LH_MAX)
-if not period then return lh_invalid('period_ms') end
-if capacity * period > LH_MAX_PRODUCT then return lh_invalid('capacity') end
+local capacity, refill, period = lh_rate(1)
+if not capacity then return lh_invalid(refill) end
 local give = lh_int(ARGV[4], 0, LH_MAX)
 if not give then return lh_invalid('tokens') end
 local slack = lh_int(ARGV[5], 0, LH_MAX)
@@ -23,22 +18,14 @@ if #KEYS ~= 2 or KEYS[1] == KEYS[2] then return lh_invalid('keys') end
 local now = lh_now_ms()
 local replayed = redis.call('EXISTS', KEYS[2]) == 1
 
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens, ts = tonumber(state[1]), tonumber(state[2])
-if tokens == nil or ts == nil then
-  tokens, ts = capacity, now
-end
--- Clock back: no refill and ts never moves back. Far forward: at most a full bucket.
-local full_ms = math.ceil(capacity * period / refill)
-local elapsed = math.min(math.max(0, now - ts), full_ms)
-tokens = math.min(capacity, tokens + math.floor(elapsed * refill / period))
+local tokens, ts, full_ms = lh_bucket(KEYS[1], capacity, refill, period, now)
 
 if replayed then
   return {0, tokens, 1, now}
 end
 local added = math.min(give, capacity - tokens)
 tokens = tokens + added
-redis.call('HSET', KEYS[1], 'tokens', lh_str(tokens), 'ts', lh_str(math.max(ts, now)))
+redis.call('HSET', KEYS[1], 'tokens', lh_str(tokens), 'ts', lh_str(ts))
 redis.call('PEXPIRE', KEYS[1], full_ms + slack)
 redis.call('SET', KEYS[2], lh_str(added), 'PX', record_ttl)
 return {added, tokens, 0, now}

@@ -22,13 +22,8 @@ if not dec_ttl then return lh_invalid('decision_ttl_ms') end
 local rules = {}
 for i = 1, n do
   local b = 3 + 4 * (i - 1)
-  local capacity = lh_int(ARGV[b], 1, LH_MAX)
-  if not capacity then return lh_invalid('capacity') end
-  local refill = lh_int(ARGV[b + 1], 1, LH_MAX)
-  if not refill then return lh_invalid('refill') end
-  local period = lh_int(ARGV[b + 2], 1, LH_MAX)
-  if not period then return lh_invalid('period_ms') end
-  if capacity * period > LH_MAX_PRODUCT then return lh_invalid('capacity') end
+  local capacity, refill, period = lh_rate(b)
+  if not capacity then return lh_invalid(refill) end
   local cost = lh_int(ARGV[b + 3], 1, LH_MAX)
   if not cost then return lh_invalid('cost') end
   rules[i] = {capacity = capacity, refill = refill, period = period, cost = cost}
@@ -55,16 +50,8 @@ end
 local denied_by, retry = 0, 0
 for i = 1, n do
   local r = rules[i]
-  local state = redis.call('HMGET', KEYS[i + 1], 'tokens', 'ts')
-  local tokens, ts = tonumber(state[1]), tonumber(state[2])
-  if tokens == nil or ts == nil then
-    tokens, ts = r.capacity, now
-  end
-  -- Clock back: no refill and ts never moves back. Far forward: at most a full bucket.
-  local full_ms = math.ceil(r.capacity * r.period / r.refill)
-  local elapsed = math.min(math.max(0, now - ts), full_ms)
-  r.tokens = math.min(r.capacity, tokens + math.floor(elapsed * r.refill / r.period))
-  r.ts = math.max(ts, now)
+  local full_ms
+  r.tokens, r.ts, full_ms = lh_bucket(KEYS[i + 1], r.capacity, r.refill, r.period, now)
   r.ttl = full_ms + slack
   local wait = nil
   if r.cost > r.capacity then

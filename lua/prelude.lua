@@ -33,3 +33,33 @@ end
 
 local LH_MAX = 1099511627776        -- 2^40: largest count, rate, period or cost
 local LH_MAX_PRODUCT = 4503599627370496 -- 2^52: largest capacity x period_ms
+
+-- A rate at ARGV[i], ARGV[i+1], ARGV[i+2]: capacity, refill, period_ms, each
+-- in [1, 2^40], with capacity x period <= 2^52 so every product below stays
+-- exact in doubles. Returns the three values, or nil and the name of the
+-- first invalid argument.
+local function lh_rate(i)
+  local capacity = lh_int(ARGV[i], 1, LH_MAX)
+  if not capacity then return nil, 'capacity' end
+  local refill = lh_int(ARGV[i + 1], 1, LH_MAX)
+  if not refill then return nil, 'refill' end
+  local period = lh_int(ARGV[i + 2], 1, LH_MAX)
+  if not period then return nil, 'period_ms' end
+  if capacity * period > LH_MAX_PRODUCT then return nil, 'capacity' end
+  return capacity, refill, period
+end
+
+-- A token bucket's hash {tokens, ts} after lazy refill at now (§2): a missing
+-- bucket is full; clock back gives no refill and ts never moves back; far
+-- forward refills at most a full bucket; tokens are clamped to the capacity
+-- in force. Returns tokens, the ts to store, and the full-refill time in ms.
+local function lh_bucket(key, capacity, refill, period, now)
+  local full_ms = math.ceil(capacity * period / refill)
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens, ts = tonumber(state[1]), tonumber(state[2])
+  if tokens == nil or ts == nil then
+    return capacity, now, full_ms
+  end
+  local elapsed = math.min(math.max(0, now - ts), full_ms)
+  return math.min(capacity, tokens + math.floor(elapsed * refill / period)), math.max(ts, now), full_ms
+end
