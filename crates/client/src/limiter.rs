@@ -892,7 +892,12 @@ impl Admission<'_> {
                         return Err(LeaseMiss::Unavailable);
                     }
                 }
-                (SpendOutcome::Wait, None) => unreachable!("a wait always comes with its wake-up"),
+                // A wait always comes with its wake-up; should that ever not
+                // hold, degrade to the fail mode rather than panic a gateway.
+                (SpendOutcome::Wait, None) => {
+                    debug_assert!(false, "a wait always comes with its wake-up");
+                    return Err(LeaseMiss::Unavailable);
+                }
             }
         }
         Err(LeaseMiss::Unavailable)
