@@ -20,6 +20,9 @@ pub enum BenchTarget {
     Store(StoreBench),
     /// Agent Check over loopback gRPC vs raw multi_rule EVALSHA via redis-rs.
     Agent(AgentBench),
+    /// Committed Grant commands/s on a 3-node loopback allocator cluster vs
+    /// raw sled insert+flush per command on the same disk.
+    Allocator(crate::bench_allocator::AllocatorBench),
 }
 
 #[derive(Args)]
@@ -58,6 +61,7 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
     match target {
         BenchTarget::Store(args) => store(args).await,
         BenchTarget::Agent(args) => crate::bench_agent::run(args.concurrency, args.seconds).await,
+        BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
     }
 }
 

@@ -1,9 +1,11 @@
 //! `leasehold`: the one binary. Subcommands map to components:
 //! `dev` (embedded cluster), `allocator`, `agent`, `pool`, `region`,
-//! `lease`, `sim`, `bench`.
+//! `grant`, `lease`, `sim`, `bench`.
 
+mod allocator_cli;
 mod bench;
 mod bench_agent;
+mod bench_allocator;
 
 use clap::{Parser, Subcommand};
 
@@ -22,18 +24,29 @@ struct Cli {
 enum Command {
     /// Embedded 3-Region cluster on loopback (not yet available).
     Dev,
-    /// Run an allocator node (not yet available).
-    Allocator,
+    /// Run an allocator node (openraft + sled; serves leasehold.allocator.v1).
+    Allocator(allocator_cli::AllocatorArgs),
     /// Run a Region agent.
     Agent {
         /// The agent's config file (see deploy/regions/agent-eu.toml).
         #[arg(long)]
         config: std::path::PathBuf,
     },
-    /// Inspect and steer pools (not yet available).
-    Pool,
-    /// List Regions and their health (not yet available).
-    Region,
+    /// Inspect pools (any allocator node; the leader is followed).
+    Pool {
+        #[command(subcommand)]
+        command: allocator_cli::PoolCommand,
+    },
+    /// List Regions and their health.
+    Region {
+        #[command(subcommand)]
+        command: allocator_cli::RegionCommand,
+    },
+    /// List a window pool's chunk grants.
+    Grant {
+        #[command(subcommand)]
+        command: allocator_cli::GrantCommand,
+    },
     /// List leases (not yet available).
     Lease,
     /// Run a simulation scenario (not yet available).
@@ -76,10 +89,11 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Dev => not_yet("dev"),
-        Command::Allocator => not_yet("allocator"),
+        Command::Allocator(args) => allocator_cli::run_node(args).await,
         Command::Agent { config } => run_agent(&config).await,
-        Command::Pool => not_yet("pool"),
-        Command::Region => not_yet("region"),
+        Command::Pool { command } => allocator_cli::pool(command).await,
+        Command::Region { command } => allocator_cli::region(command).await,
+        Command::Grant { command } => allocator_cli::grant(command).await,
         Command::Lease => not_yet("lease"),
         Command::Sim => not_yet("sim"),
         Command::Bench { target } => bench::run(target).await,

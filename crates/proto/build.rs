@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let files = [
         "proto/leasehold/agent/v1/agent.proto",
+        "proto/leasehold/allocator/v1/allocator.proto",
         "proto/envoy/service/ratelimit/v3/rls.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;

@@ -53,17 +53,25 @@
 //! | numbers | [1, 2^40] (demand, applied share: [0, 2^40]); time ≤ 2^53 ms | `InvalidValue { field }` |
 
 pub mod apportion;
+pub mod client;
 pub mod command;
 pub mod config;
 pub mod fence;
 pub mod grant;
 pub mod id;
+pub mod local_cluster;
 pub mod machine;
+pub mod node_config;
 pub mod pool;
+pub mod prober;
+pub mod raft;
 pub mod reclaim;
 pub mod region;
+pub mod render;
+pub mod service;
 pub mod share;
 pub mod snapshot;
+pub mod wire;
 
 pub use command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
 pub use config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};

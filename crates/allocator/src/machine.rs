@@ -18,7 +18,7 @@ use crate::grant::GrantRequest;
 use crate::id::{IdError, LeaseId, PoolId, RegionId};
 use crate::pool::{Pool, PoolKind, MAX_POOLS};
 use crate::reclaim::{fence_window_member, ReclaimReport};
-use crate::region::{RegionRecord, MAX_REGIONS};
+use crate::region::{RegionRecord, MAX_REGIONS, MAX_REGIONS_PER_POOL};
 use crate::share::ShareReport;
 
 /// 2^53: the latest stamped time accepted, in ms (far beyond any real clock,
@@ -126,6 +126,208 @@ impl Machine {
             applied_time_ms: now_ms,
             outcome,
         })
+    }
+
+    /// Runs, without changing anything, every check `apply` makes that
+    /// depends only on the command and the current state — ids, ranges,
+    /// config validity, pool and Region existence, membership, pool kind,
+    /// caps, incarnation fencing, reported share versions — in `apply`'s
+    /// order, so a leader can refuse bad input without appending a log entry.
+    ///
+    /// Keeps: against the same state, `Err(e)` here means `apply` (at an
+    /// epoch not below [`Machine::epoch`], a time within range) refuses
+    /// with `e`; `Ok` means `apply` refuses, if at all, only with what
+    /// depends on time or on commands applied in between: `StaleEpoch`, an
+    /// out-of-range `stamped_time_ms`, `LeaseIdTaken`, `GrantRecordsFull`.
+    pub fn validate(&self, command: &Command) -> Result<(), CommandError> {
+        match command {
+            Command::CreatePool { pool, config } => {
+                let pool = parse("pool", pool, PoolId::parse)?;
+                config
+                    .validate()
+                    .map_err(|error| CommandError::InvalidConfig { error })?;
+                if self.pools.contains_key(&pool) {
+                    return Err(CommandError::PoolExists {
+                        pool: pool.to_string(),
+                    });
+                }
+                if self.pools.len() >= MAX_POOLS {
+                    return Err(CommandError::TooManyPools { cap: MAX_POOLS });
+                }
+                Ok(())
+            }
+            Command::UpdatePool { pool, config } => self.validate_update(pool, config),
+            Command::RegisterRegion { pool, region } => self.validate_register(pool, region),
+            Command::Grant {
+                pool,
+                region,
+                incarnation,
+                lease_id,
+                want_millitokens,
+            } => {
+                parse("lease_id", lease_id, LeaseId::parse)?;
+                in_range("want_millitokens", *want_millitokens, 1, MAX_VALUE)?;
+                let (pool, region) = self.locate(pool, region)?;
+                let Some(Pool::Window(state)) = self.pools.get(&pool) else {
+                    return Err(self.wrong_kind(&pool, PoolKind::Window));
+                };
+                match state.members.get(&region) {
+                    Some(member) => crate::fence::admit(member, *incarnation),
+                    None => Err(CommandError::RegionNotInPool {
+                        pool: pool.to_string(),
+                        region: region.to_string(),
+                    }),
+                }
+            }
+            Command::Rebalance {
+                pool,
+                region,
+                incarnation,
+                demand_requests,
+                applied_share_millitokens_per_s,
+                applied_share_version,
+            } => {
+                in_range("demand_requests", *demand_requests, 0, MAX_VALUE)?;
+                let report = ShareReport {
+                    incarnation: *incarnation,
+                    demand_requests: Some(*demand_requests),
+                    applied_share_millitokens_per_s: *applied_share_millitokens_per_s,
+                    applied_share_version: *applied_share_version,
+                };
+                self.validate_share_report(pool, region, &report)
+            }
+            Command::AckShare {
+                pool,
+                region,
+                incarnation,
+                applied_share_millitokens_per_s,
+                applied_share_version,
+            } => {
+                let report = ShareReport {
+                    incarnation: *incarnation,
+                    demand_requests: None,
+                    applied_share_millitokens_per_s: *applied_share_millitokens_per_s,
+                    applied_share_version: *applied_share_version,
+                };
+                self.validate_share_report(pool, region, &report)
+            }
+            Command::HealthVerdict { region, .. } => {
+                let region = parse("region", region, RegionId::parse)?;
+                if !self.regions.contains_key(&region) {
+                    return Err(CommandError::UnknownRegion {
+                        region: region.to_string(),
+                    });
+                }
+                Ok(())
+            }
+            Command::Tick => Ok(()),
+            Command::AdminFreeze { pool, region, .. } => {
+                let (pool, _) = self.locate(pool, region)?;
+                match self.pools.get(&pool) {
+                    Some(Pool::Rate(_)) => Ok(()),
+                    _ => Err(self.wrong_kind(&pool, PoolKind::Rate)),
+                }
+            }
+            Command::AdminReclaim { pool, region } => self.locate(pool, region).map(|_| ()),
+        }
+    }
+
+    /// `validate` of `UpdatePool`: as `update_pool` then `Pool::update`.
+    fn validate_update(&self, pool: &str, config: &PoolConfig) -> Result<(), CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        config
+            .validate()
+            .map_err(|error| CommandError::InvalidConfig { error })?;
+        let state = self
+            .pools
+            .get(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        match (state, config) {
+            (Pool::Window(window), PoolConfig::Window(config)) => {
+                if config.window_ms != window.config.window_ms {
+                    return Err(CommandError::ImmutableField {
+                        pool: pool.to_string(),
+                        field: "window_ms".to_string(),
+                    });
+                }
+                Ok(())
+            }
+            (Pool::Rate(_), PoolConfig::Rate(_)) => Ok(()),
+            (_, config) => Err(CommandError::WrongPoolKind {
+                pool: pool.to_string(),
+                expected: match config {
+                    PoolConfig::Window(_) => PoolKind::Window,
+                    PoolConfig::Rate(_) => PoolKind::Rate,
+                },
+            }),
+        }
+    }
+
+    /// `validate` of `RegisterRegion`: as `register_region` then
+    /// `Pool::register` (a new member needs room under the per-pool cap).
+    fn validate_register(&self, pool: &str, region: &str) -> Result<(), CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        let region = parse("region", region, RegionId::parse)?;
+        if !self.regions.contains_key(&region) && self.regions.len() >= MAX_REGIONS {
+            return Err(CommandError::TooManyRegions { cap: MAX_REGIONS });
+        }
+        let state = self
+            .pools
+            .get(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        let members = match state {
+            Pool::Window(window) => window.members.len(),
+            Pool::Rate(rate) => rate.members.len(),
+        };
+        if state.member(&region).is_none() && members >= MAX_REGIONS_PER_POOL {
+            return Err(CommandError::TooManyRegionsInPool {
+                pool: pool.to_string(),
+                cap: MAX_REGIONS_PER_POOL,
+            });
+        }
+        Ok(())
+    }
+
+    /// `validate` of `Rebalance` / `AckShare`: as `share_command` then the
+    /// rate pool's admission (member, fencing, a version it was sent).
+    fn validate_share_report(
+        &self,
+        pool: &str,
+        region: &str,
+        report: &ShareReport,
+    ) -> Result<(), CommandError> {
+        in_range(
+            "applied_share_millitokens_per_s",
+            report.applied_share_millitokens_per_s,
+            0,
+            MAX_VALUE,
+        )?;
+        let (pool, region) = self.locate(pool, region)?;
+        let Some(Pool::Rate(state)) = self.pools.get(&pool) else {
+            return Err(self.wrong_kind(&pool, PoolKind::Rate));
+        };
+        let member = state
+            .members
+            .get(&region)
+            .ok_or_else(|| CommandError::RegionNotInPool {
+                pool: pool.to_string(),
+                region: region.to_string(),
+            })?;
+        crate::fence::admit(&member.member, report.incarnation)?;
+        let current = member.account.share_version;
+        if report.applied_share_version > current {
+            return Err(CommandError::InvalidValue {
+                field: "applied_share_version".to_string(),
+                value: report.applied_share_version,
+                min: 0,
+                max: current,
+            });
+        }
+        Ok(())
     }
 
     fn execute(&mut self, command: &Command, now_ms: u64) -> Result<Outcome, CommandError> {

@@ -5,12 +5,21 @@
 //! servers live in `leasehold-region-agent` and `leasehold-allocator`.
 //!
 //! - [`agent::v1`]: `leasehold.agent.v1`, the Region agent's native API.
+//! - [`allocator::v1`]: `leasehold.allocator.v1`, the allocator's API and
+//!   the raft RPCs between allocator nodes.
 //! - [`envoy`]: the wire-compatible subset of Envoy's rate-limit service v3.
 
 /// `leasehold.agent.v1`: the Region agent's native gRPC API.
 pub mod agent {
     pub mod v1 {
         tonic::include_proto!("leasehold.agent.v1");
+    }
+}
+
+/// `leasehold.allocator.v1`: the allocator's gRPC API and its raft RPCs.
+pub mod allocator {
+    pub mod v1 {
+        tonic::include_proto!("leasehold.allocator.v1");
     }
 }
 

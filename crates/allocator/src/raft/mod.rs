@@ -1,0 +1,23 @@
+//! Replication of the pool state machine with openraft 0.9 (`storage-v2`,
+//! `single-term-leader`). The pure [`crate::Machine`] is the state; this
+//! module feeds it committed entries and stores the log.
+//!
+//! - [`types`]: the raft type configuration (what an entry carries).
+//! - [`storage`]: a node's one sled Db, its serialized flushes, errors and
+//!   [`open_node_storage`].
+//! - [`log_store`]: the raft log, durable ([`SledLogStore`]) or in memory
+//!   ([`MemLogStore`]).
+//! - [`state_machine`]: [`StateMachineStore`], applying committed entries to
+//!   the machine, and its snapshots.
+
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod state_machine;
+pub mod storage;
+pub mod types;
+
+pub use log_store::{MemLogStore, SledLogStore};
+pub use state_machine::{AppliedState, StateMachineStore};
+pub use storage::{open_node_storage, NodeDb, StoreError};
+pub use types::{NodeId, Proposal, ProposalResponse, Raft, TypeConfig};

@@ -1,0 +1,923 @@
+//! One allocator node: sled storage, the openraft `Raft`, the `Allocator`
+//! and `Raft` gRPC services on one port, and the leader's duties.
+//!
+//! - **Start** ([`start`]): opens the node's sled Db in its data directory
+//!   (the log and the state machine's snapshot), builds the `Raft`, binds
+//!   the listener (TCP_NODELAY on accepted sockets) and serves.
+//! - **Initialization**: a node whose log is empty initializes the cluster
+//!   with the configured peers only when asked (`--init`:
+//!   [`InitMode::Explicit`]) or, without it, when every configured peer
+//!   answers, names itself as configured, is pristine and has the same peer
+//!   list — and then only the lowest id does it ([`InitMode::Auto`]). A node
+//!   with a log recovers from sled and never initializes again, so a cluster
+//!   is never initialized twice with different memberships.
+//! - **Proposals** ([`Node::propose`]): only the leader proposes. It refuses
+//!   input the state machine would refuse *before* proposing
+//!   (`Machine::validate`: nothing is appended), stamps its clock into the
+//!   proposal (§2, the only place a clock is read for the machine) and
+//!   waits for the committed answer at most `write_timeout_ms` (an isolated
+//!   0.9 leader's `client_write` can hang). Concurrent proposals are batched
+//!   by openraft into shared appends, flushes and replication messages.
+//!   A refusal is only given on an applied state that has caught up with
+//!   the leader's log (else the request waits for it, bounded).
+//! - **Reads** ([`Node::linearizable_read`]): `ensure_linearizable`, then
+//!   the state machine catches up with the leader's log; bounded.
+//! - **Leader duties** (a task on every node, active on the leader): create
+//!   the pools of the pools file that are missing, and propose a `Tick`
+//!   when one would reclaim or roll something ([`tick_due`]); the health
+//!   prober ([`crate::prober`]).
+//!
+//! Bounds: at most [`MAX_IN_FLIGHT_PROPOSALS`] proposals wait on a node at
+//! once (more wait for a slot within the same write deadline); every raft
+//! call made here is wrapped in a timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::command::{Command, CommandError, Rejection, Reply};
+use crate::machine::{Machine, MAX_TIME_MS};
+use crate::node_config::{NodeConfig, RaftSettings};
+use crate::pool::Pool;
+use crate::prober::{self, ProberHost};
+use crate::raft::network::{self, Network, RaftRpcService, MAX_RAFT_MESSAGE_BYTES};
+use crate::raft::storage::{open_node_storage, StoreError};
+use crate::raft::types::{NodeId, Proposal, Raft};
+use crate::raft::StateMachineStore;
+use crate::service::AllocatorService;
+use crate::wire::ErrorInfo;
+use leasehold_proto::allocator::v1::allocator_server::AllocatorServer;
+use leasehold_proto::allocator::v1::raft_server::RaftServer;
+
+/// Cap on proposals waiting for their commit on one node.
+pub const MAX_IN_FLIGHT_PROPOSALS: usize = 8_192;
+/// Largest Allocator message (an Inspect with grant records can be MBs).
+pub const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// How often an uninitialized node without `--init` looks at its peers.
+const AUTO_INIT_PERIOD: Duration = Duration::from_millis(300);
+/// Bound on one peer status query during auto-initialization.
+const PEER_STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+/// Bound on small calls into the local raft core (status, initialize).
+const CORE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on stopping the raft core.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a node with an empty log may initialize the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitMode {
+    /// `--init`: initialize at once with the configured peers.
+    Explicit,
+    /// Initialize only when every configured peer is reachable and pristine
+    /// (and only from the lowest id).
+    Auto,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("data_dir {dir}: {source}")]
+    DataDir { dir: String, source: std::io::Error },
+    #[error("storage: {0}")]
+    Storage(#[from] StoreError),
+    #[error("raft config: {0}")]
+    RaftConfig(String),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A command the state machine answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    pub reply: Reply,
+    /// The log index of the entry that carried it.
+    pub log_index: u64,
+}
+
+/// Why a proposal has no committed answer (or was refused).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// Not the leader; the leader this node knows of, if any.
+    #[error("not the leader (leader: {0:?})")]
+    NotLeader(Option<(NodeId, String)>),
+    /// Refused by validation before proposing: nothing was appended.
+    #[error("refused before proposing: {0}")]
+    Invalid(CommandError),
+    /// Committed, and refused by the state machine.
+    #[error("refused: {0}")]
+    Rejected(Rejection),
+    /// Not confirmed within the deadline: the outcome is unknown.
+    #[error("unconfirmed: {0}")]
+    Unconfirmed(String),
+    #[error("membership: {0}")]
+    Membership(String),
+    #[error("raft stopped: {0}")]
+    Fatal(String),
+}
+
+impl ProposeError {
+    /// The wire form of the refusal.
+    pub fn to_error_info(&self) -> ErrorInfo {
+        match self {
+            ProposeError::NotLeader(leader) => ErrorInfo::not_leader(leader.clone()),
+            ProposeError::Invalid(error) => ErrorInfo::command(error, 0),
+            ProposeError::Rejected(rejection) => ErrorInfo::rejection(rejection),
+            ProposeError::Unconfirmed(message) => ErrorInfo::unconfirmed(message.clone()),
+            ProposeError::Membership(message) => {
+                let mut info =
+                    ErrorInfo::internal(tonic::Code::FailedPrecondition, message.clone());
+                info.detail.code = leasehold_proto::allocator::v1::ErrorCode::Membership as i32;
+                info
+            }
+            ProposeError::Fatal(message) => {
+                ErrorInfo::internal(tonic::Code::Unavailable, message.clone())
+            }
+        }
+    }
+}
+
+/// This node's view of the raft group (Inspect's `raft`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RaftView {
+    pub node_id: NodeId,
+    pub role: String,
+    pub current_term: u64,
+    pub leader: Option<(NodeId, String)>,
+    pub last_log_index: u64,
+    pub committed_index: u64,
+    pub last_applied_index: u64,
+    pub voters: Vec<NodeId>,
+    pub nodes: BTreeMap<NodeId, String>,
+}
+
+/// A membership change's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembershipChange {
+    pub epoch: u64,
+    pub log_index: u64,
+    pub voters: Vec<NodeId>,
+    pub nodes: BTreeMap<NodeId, String>,
+}
+
+struct NodeInner {
+    id: NodeId,
+    raft: Raft,
+    state: StateMachineStore,
+    settings: RaftSettings,
+    peers: BTreeMap<NodeId, String>,
+    in_flight: Arc<Semaphore>,
+}
+
+/// A handle on a running node: cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<NodeInner>,
+}
+
+/// The leader's clock, ms since the Unix epoch, at most [`MAX_TIME_MS`].
+pub fn wall_clock_ms() -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_millis())
+        .unwrap_or(MAX_TIME_MS)
+        .min(MAX_TIME_MS)
+}
+
+fn client_write_error(
+    error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+) -> ProposeError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => ProposeError::NotLeader(
+            forward
+                .leader_id
+                .map(|id| (id, forward.leader_node.map(|n| n.addr).unwrap_or_default())),
+        ),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(error)) => {
+            ProposeError::Membership(error.to_string())
+        }
+        RaftError::Fatal(fatal) => ProposeError::Fatal(fatal.to_string()),
+    }
+}
+
+impl Node {
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    /// The replicated state machine (read it with `read`).
+    pub fn state_machine(&self) -> &StateMachineStore {
+        &self.inner.state
+    }
+
+    pub fn settings(&self) -> &RaftSettings {
+        &self.inner.settings
+    }
+
+    /// The leader this node knows of: its id and address.
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        let leader = metrics.current_leader?;
+        let address = metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|node| node.addr.clone())
+            .or_else(|| self.inner.peers.get(&leader).cloned())
+            .unwrap_or_default();
+        Some((leader, address))
+    }
+
+    /// True while this node believes it leads (a deposed leader may still
+    /// believe it: its proposals then never commit).
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.state == ServerState::Leader && metrics.current_leader == Some(self.inner.id)
+    }
+
+    /// Proposes `command` and waits for the state machine's answer.
+    pub async fn propose(&self, command: Command) -> Result<Committed, ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader(self.leader()));
+        }
+        let timeout = self.inner.settings.write_timeout();
+        if let Err(error) = self.inner.state.validate(&command) {
+            // The applied state may lag the log (just after an election or
+            // a restart): refuse only on a state that has caught up.
+            if !self.caught_up(timeout).await {
+                return Err(ProposeError::Unconfirmed(
+                    "the state machine is behind the log".into(),
+                ));
+            }
+            self.inner
+                .state
+                .validate(&command)
+                .map_err(ProposeError::Invalid)?;
+            tracing::debug!(%error, "refusal withdrawn after catching up");
+        }
+        let proposal = Proposal {
+            stamped_time_ms: wall_clock_ms(),
+            command,
+        };
+        let write = async {
+            let _slot = self
+                .inner
+                .in_flight
+                .acquire()
+                .await
+                .map_err(|_| ProposeError::Fatal("node stopping".into()))?;
+            self.inner
+                .raft
+                .client_write(proposal)
+                .await
+                .map_err(client_write_error)
+        };
+        let response = tokio::time::timeout(timeout, write).await.map_err(|_| {
+            ProposeError::Unconfirmed(format!(
+                "not committed within {} ms; the outcome is unknown, retrying is safe",
+                timeout.as_millis()
+            ))
+        })??;
+        let log_index = response.log_id.index;
+        match response.data.result {
+            Some(Ok(reply)) => Ok(Committed { reply, log_index }),
+            Some(Err(rejection)) => Err(ProposeError::Rejected(rejection)),
+            None => Err(ProposeError::Fatal(format!(
+                "entry {log_index} answered nothing"
+            ))),
+        }
+    }
+
+    /// Confirms leadership with a quorum and waits until the state machine
+    /// has applied every entry this leader held when the read began: a read
+    /// after it is linearizable. Bounded by the write deadline.
+    ///
+    /// Why the leader's last log index and not only openraft's read index:
+    /// a 0.9 leader restarted from disk resumes its term at once, with the
+    /// committed index it last saved (saved lazily, so possibly lower than
+    /// what it had acknowledged). Its last log index is at least everything
+    /// committed, so waiting for it never serves a state older than an
+    /// acknowledged write.
+    pub async fn linearizable_read(&self) -> Result<(), ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader(self.leader()));
+        }
+        let read_index = self.inner.raft.metrics().borrow().last_log_index;
+        let timeout = self.inner.settings.write_timeout();
+        let confirmed = async {
+            match self.inner.raft.ensure_linearizable().await {
+                Ok(_) => {}
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
+                    return Err(ProposeError::NotLeader(self.leader()));
+                }
+                Err(RaftError::APIError(error)) => {
+                    return Err(ProposeError::Unconfirmed(format!(
+                        "leadership not confirmed: {error}"
+                    )));
+                }
+                Err(RaftError::Fatal(fatal)) => return Err(ProposeError::Fatal(fatal.to_string())),
+            }
+            self.inner
+                .raft
+                .wait(None)
+                .applied_index_at_least(read_index, "linearizable read")
+                .await
+                .map(|_| ())
+                .map_err(|error| ProposeError::Fatal(error.to_string()))
+        };
+        tokio::time::timeout(timeout, confirmed)
+            .await
+            .map_err(|_| {
+                ProposeError::Unconfirmed(format!(
+                    "leadership or apply not confirmed within {} ms",
+                    timeout.as_millis()
+                ))
+            })?
+    }
+
+    /// Waits (at most `timeout`) until the state machine has applied this
+    /// node's whole log as of now. False on timeout.
+    async fn caught_up(&self, timeout: Duration) -> bool {
+        let last = self.inner.raft.metrics().borrow().last_log_index;
+        let wait = self.inner.raft.wait(Some(timeout));
+        wait.applied_index_at_least(last, "caught up").await.is_ok()
+    }
+
+    /// This node's view of the group.
+    pub async fn raft_view(&self) -> RaftView {
+        let committed_index = tokio::time::timeout(
+            CORE_CALL_TIMEOUT,
+            self.inner
+                .raft
+                .with_raft_state(|state| state.committed.map_or(0, |log_id| log_id.index)),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        RaftView {
+            node_id: self.inner.id,
+            role: match metrics.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            }
+            .to_string(),
+            current_term: metrics.current_term,
+            leader: self.leader(),
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            committed_index,
+            last_applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            voters: membership.voter_ids().collect(),
+            nodes: membership
+                .nodes()
+                .map(|(id, node)| (*id, node.addr.clone()))
+                .collect(),
+        }
+    }
+
+    /// Adds a node (as a learner, then as a voter if asked), on the leader.
+    pub async fn add_node(
+        &self,
+        node_id: NodeId,
+        address: String,
+        voter: bool,
+    ) -> Result<MembershipChange, ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader(self.leader()));
+        }
+        let timeout = self.membership_timeout();
+        let raft = &self.inner.raft;
+        let added = tokio::time::timeout(
+            timeout,
+            raft.add_learner(node_id, BasicNode::new(address), true),
+        )
+        .await
+        .map_err(|_| ProposeError::Unconfirmed("add_learner: no answer".into()))?
+        .map_err(client_write_error)?;
+        let response = if voter {
+            let ids = BTreeSet::from([node_id]);
+            tokio::time::timeout(
+                timeout,
+                raft.change_membership(ChangeMembers::AddVoterIds(ids), false),
+            )
+            .await
+            .map_err(|_| ProposeError::Unconfirmed("change_membership: no answer".into()))?
+            .map_err(client_write_error)?
+        } else {
+            added
+        };
+        Ok(self.membership_change(response.log_id, response.membership))
+    }
+
+    /// Removes a voter or learner from the group, on the leader.
+    pub async fn remove_node(&self, node_id: NodeId) -> Result<MembershipChange, ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader(self.leader()));
+        }
+        let timeout = self.membership_timeout();
+        let ids = BTreeSet::from([node_id]);
+        let is_voter = self.raft_view().await.voters.contains(&node_id);
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(ids)
+        } else {
+            ChangeMembers::RemoveNodes(ids)
+        };
+        let response =
+            tokio::time::timeout(timeout, self.inner.raft.change_membership(change, false))
+                .await
+                .map_err(|_| ProposeError::Unconfirmed("change_membership: no answer".into()))?
+                .map_err(client_write_error)?;
+        Ok(self.membership_change(response.log_id, response.membership))
+    }
+
+    fn membership_timeout(&self) -> Duration {
+        self.inner.settings.write_timeout() * 5
+    }
+
+    fn membership_change(
+        &self,
+        log_id: crate::raft::types::LogId,
+        membership: Option<openraft::Membership<NodeId, BasicNode>>,
+    ) -> MembershipChange {
+        let (voters, nodes) = match membership {
+            Some(m) => (
+                m.voter_ids().collect(),
+                m.nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
+            ),
+            None => (Vec::new(), BTreeMap::new()),
+        };
+        MembershipChange {
+            epoch: log_id.leader_id.term,
+            log_index: log_id.index,
+            voters,
+            nodes,
+        }
+    }
+}
+
+impl ProberHost for Node {
+    fn is_leader(&self) -> bool {
+        Node::is_leader(self)
+    }
+
+    fn committed_verdict(&self, region: &str) -> Option<Option<bool>> {
+        self.inner.state.read(|state| {
+            state
+                .machine
+                .regions()
+                .get(region)
+                .map(|record| record.healthy)
+        })
+    }
+
+    async fn propose_verdict(&self, region: String, healthy: bool) -> Result<(), String> {
+        self.propose(Command::HealthVerdict { region, healthy })
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn now_ms(&self) -> u64 {
+        wall_clock_ms()
+    }
+}
+
+/// Would a `Tick` at `now_ms` change anything? Over-approximates (never
+/// says no when it would): a window pool whose window has moved on while it
+/// still counts grants or keeps records, or a live, unfrozen rate-pool
+/// member silent for its policy's reclaim delay (under two_signal: and
+/// judged unhealthy).
+pub fn tick_due(machine: &Machine, now_ms: u64) -> bool {
+    machine.pools().values().any(|pool| match pool {
+        Pool::Window(window) => {
+            window.window_start_of(now_ms) > window.window_start_ms
+                && (window.granted_in_window_millitokens > 0
+                    || !window.current_records.is_empty()
+                    || !window.previous_records.is_empty())
+        }
+        Pool::Rate(rate) => {
+            let (silence_ms, needs_unhealthy) = match rate.config.reclaim {
+                crate::config::ReclaimPolicy::Freeze => return false,
+                crate::config::ReclaimPolicy::TwoSignal { silent_intervals } => (
+                    silent_intervals.saturating_mul(rate.config.interval_ms),
+                    true,
+                ),
+                crate::config::ReclaimPolicy::Lease {
+                    share_ttl_ms,
+                    max_drift_ms,
+                } => (share_ttl_ms.saturating_add(max_drift_ms), false),
+            };
+            rate.members.iter().any(|(region, member)| {
+                member.member.is_live()
+                    && !member.member.admin_frozen
+                    && member.member.silent_for_ms(now_ms) >= silence_ms
+                    && (!needs_unhealthy
+                        || machine
+                            .regions()
+                            .get(region)
+                            .is_some_and(|record| record.is_unhealthy()))
+            })
+        }
+    })
+}
+
+/// A started node. Stop it with [`RunningNode::stop`].
+pub struct RunningNode {
+    pub node: Node,
+    /// The bound listener address (resolves port 0).
+    pub address: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningNode {
+    /// Stops serving, stops the raft core (bounded) and the node's tasks.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, self.node.inner.raft.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("raft core did not stop within the deadline");
+        }
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Resolves when a stop was requested through another handle.
+    pub fn stop_requested(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+}
+
+fn openraft_config(settings: &RaftSettings) -> Result<openraft::Config, NodeError> {
+    let config = openraft::Config {
+        cluster_name: "leasehold-allocator".to_string(),
+        heartbeat_interval: settings.heartbeat_ms,
+        election_timeout_min: settings.election_min_ms,
+        election_timeout_max: settings.election_max_ms,
+        install_snapshot_timeout: settings.write_timeout_ms.max(1_000),
+        max_payload_entries: settings.max_payload_entries,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: settings.logs_kept_after_snapshot,
+        snapshot_max_chunk_size: 1024 * 1024,
+        ..Default::default()
+    };
+    config
+        .validate()
+        .map_err(|e| NodeError::RaftConfig(e.to_string()))
+}
+
+/// Starts a node from its config: storage, raft, the gRPC server and the
+/// leader's duties; then initializes as `init` allows.
+pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, NodeError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
+        dir: config.data_dir.display().to_string(),
+        source,
+    })?;
+    let (log_store, state_machine) = open_node_storage(&config.data_dir)?;
+    let raft_config = Arc::new(openraft_config(&config.raft)?);
+    let network = Network {
+        source: config.node_id,
+    };
+    let raft = Raft::new(
+        config.node_id,
+        raft_config,
+        network,
+        log_store,
+        state_machine.clone(),
+    )
+    .await
+    .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let node = Node {
+        inner: Arc::new(NodeInner {
+            id: config.node_id,
+            raft: raft.clone(),
+            state: state_machine,
+            settings: config.raft.clone(),
+            peers: config.peers.clone(),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT_PROPOSALS)),
+        }),
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| NodeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let address = listener.local_addr().map_err(|source| NodeError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let (shutdown, stop) = watch::channel(false);
+    let mut tasks = vec![serve(&node, &config, listener, stop.clone())];
+    tasks.push(tokio::spawn(initialize(
+        node.clone(),
+        config.clone(),
+        init,
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(leader_duties(
+        node.clone(),
+        config.clone(),
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(prober::run(
+        Arc::new(node.clone()),
+        config.prober.clone(),
+        stop,
+    )));
+    tracing::info!(node = config.node_id, %address, data_dir = %config.data_dir.display(), "allocator node serving");
+    Ok(RunningNode {
+        node,
+        address,
+        shutdown,
+        tasks,
+    })
+}
+
+fn serve(
+    node: &Node,
+    config: &NodeConfig,
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let allocator = AllocatorServer::new(AllocatorService::new(node.clone()))
+        .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+    let raft = RaftServer::new(RaftRpcService {
+        raft: node.inner.raft.clone(),
+        node_id: config.node_id,
+        configured_peers: config.peer_list(),
+    })
+    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+    let router = tonic::transport::Server::builder()
+        .add_service(allocator)
+        .add_service(raft);
+    tokio::spawn(async move {
+        // No Nagle: raft messages and replies are small frames that must
+        // not wait for an ACK.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let stopped = async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        if let Err(error) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+            tracing::error!(%error, "gRPC server stopped");
+        }
+    })
+}
+
+/// Initializes the cluster if this node's log is empty and `mode` allows.
+async fn initialize(
+    node: Node,
+    config: NodeConfig,
+    mode: InitMode,
+    mut stop: watch::Receiver<bool>,
+) {
+    let members: BTreeMap<NodeId, BasicNode> = config
+        .peers
+        .iter()
+        .map(|(id, address)| (*id, BasicNode::new(address.clone())))
+        .collect();
+    let raft = node.raft().clone();
+    let mut attempts: u64 = 0;
+    loop {
+        let initialized = tokio::time::timeout(CORE_CALL_TIMEOUT, raft.is_initialized()).await;
+        match initialized {
+            Ok(Ok(true)) => {
+                if attempts == 0 {
+                    tracing::info!(
+                        node = config.node_id,
+                        "log present: recovered from storage, not initializing"
+                    );
+                }
+                return;
+            }
+            Ok(Err(fatal)) => {
+                tracing::error!(%fatal, "raft stopped before initialization");
+                return;
+            }
+            Ok(Ok(false)) | Err(_) => {}
+        }
+        let go = match mode {
+            InitMode::Explicit => true,
+            InitMode::Auto => peers_ready(&config, attempts).await,
+        };
+        if go {
+            match tokio::time::timeout(CORE_CALL_TIMEOUT, raft.initialize(members.clone())).await {
+                Ok(Ok(())) => {
+                    tracing::info!(node = config.node_id, peers = ?config.peer_list(), "cluster initialized");
+                    return;
+                }
+                Ok(Err(error)) => tracing::info!(%error, "initialize refused"),
+                Err(_) => tracing::warn!("initialize: no answer from the raft core"),
+            }
+        }
+        attempts += 1;
+        tokio::select! {
+            _ = tokio::time::sleep(AUTO_INIT_PERIOD) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Auto-initialization's condition (see the module docs). Logs why not,
+/// now and then.
+async fn peers_ready(config: &NodeConfig, attempt: u64) -> bool {
+    let lowest = config.peers.keys().next().copied();
+    if lowest != Some(config.node_id) {
+        return false;
+    }
+    let ours = config.peer_list();
+    for (id, address) in &config.peers {
+        if *id == config.node_id {
+            continue;
+        }
+        let why_not = match network::node_status(address, PEER_STATUS_TIMEOUT).await {
+            Err(error) => Some(format!("unreachable: {error}")),
+            Ok(status) if status.node_id != *id => {
+                Some(format!("answers as node {}", status.node_id))
+            }
+            Ok(status) if status.initialized => Some("already initialized".to_string()),
+            Ok(status) if status.configured_peers != ours => Some(format!(
+                "configured peers differ: {:?}",
+                status.configured_peers
+            )),
+            Ok(_) => None,
+        };
+        if let Some(reason) = why_not {
+            if attempt.is_multiple_of(20) {
+                tracing::info!(peer = id, %address, %reason,
+                    "not initializing yet (start every peer, or pass --init)");
+            }
+            return false;
+        }
+    }
+    true
+}
+
+/// On the leader: create missing pools of the pools file; propose a Tick
+/// when one is due.
+async fn leader_duties(node: Node, config: NodeConfig, mut stop: watch::Receiver<bool>) {
+    let period = Duration::from_millis(match config.tick_interval_ms {
+        0 => 1_000,
+        tick => tick,
+    });
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if !node.is_leader() {
+            continue;
+        }
+        for seed in &config.pools {
+            let missing = node
+                .state_machine()
+                .read(|state| state.machine.pool(&seed.pool).is_none());
+            if !missing {
+                continue;
+            }
+            let command = Command::CreatePool {
+                pool: seed.pool.clone(),
+                config: seed.config.clone(),
+            };
+            match node.propose(command).await {
+                Ok(_) => tracing::info!(pool = %seed.pool, "pool created from the pools file"),
+                Err(error) => {
+                    tracing::warn!(pool = %seed.pool, %error, "pool from the pools file not created")
+                }
+            }
+        }
+        if config.tick_interval_ms > 0 {
+            let now_ms = wall_clock_ms();
+            let due = node
+                .state_machine()
+                .read(|state| tick_due(&state.machine, now_ms));
+            if due {
+                if let Err(error) = node.propose(Command::Tick).await {
+                    tracing::debug!(%error, "tick not committed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::StampedCommand;
+    use crate::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
+
+    fn apply(machine: &mut Machine, command: Command, stamped_time_ms: u64) {
+        let entry = StampedCommand {
+            epoch: 1,
+            stamped_time_ms,
+            command,
+        };
+        machine.apply(&entry).unwrap();
+    }
+
+    #[test]
+    fn tick_is_due_only_when_it_would_change_state() {
+        let mut machine = Machine::new();
+        assert!(!tick_due(&machine, 1_000_000));
+        apply(
+            &mut machine,
+            Command::CreatePool {
+                pool: "w".into(),
+                config: PoolConfig::Window(WindowPoolConfig {
+                    capacity_millitokens_per_window: 100,
+                    window_ms: 1_000,
+                    lease_ttl_ms: 1_000,
+                }),
+            },
+            10_000,
+        );
+        apply(
+            &mut machine,
+            Command::RegisterRegion {
+                pool: "w".into(),
+                region: "eu".into(),
+            },
+            10_000,
+        );
+        // An empty window pool never needs a tick.
+        assert!(!tick_due(&machine, 50_000));
+        apply(
+            &mut machine,
+            Command::Grant {
+                pool: "w".into(),
+                region: "eu".into(),
+                incarnation: 1,
+                lease_id: "a".into(),
+                want_millitokens: 10,
+            },
+            10_500,
+        );
+        assert!(!tick_due(&machine, 10_999));
+        assert!(tick_due(&machine, 11_000));
+        let mut ticked = machine.clone();
+        apply(&mut ticked, Command::Tick, 11_000);
+        assert_ne!(ticked.pools(), machine.pools());
+
+        let mut config = RatePoolConfig::with_defaults(1_000);
+        config.reclaim = ReclaimPolicy::Lease {
+            share_ttl_ms: 1_000,
+            max_drift_ms: 0,
+        };
+        let mut machine = Machine::new();
+        apply(
+            &mut machine,
+            Command::CreatePool {
+                pool: "r".into(),
+                config: PoolConfig::Rate(config),
+            },
+            0,
+        );
+        apply(
+            &mut machine,
+            Command::RegisterRegion {
+                pool: "r".into(),
+                region: "eu".into(),
+            },
+            0,
+        );
+        assert!(!tick_due(&machine, 999));
+        assert!(tick_due(&machine, 1_000));
+        let mut ticked = machine.clone();
+        apply(&mut ticked, Command::Tick, 1_000);
+        assert_ne!(ticked.pools(), machine.pools());
+    }
+}

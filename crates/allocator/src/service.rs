@@ -1,0 +1,399 @@
+//! The `leasehold.allocator.v1.Allocator` gRPC service of one node: wire
+//! requests into [`Command`]s, proposals through [`Node::propose`], the
+//! state machine's answers back onto the wire ([`crate::wire`]).
+//!
+//! Every mutation goes through the log (grants included, §4.1); only the
+//! leader answers (NOT_LEADER otherwise, with the leader's address); input
+//! the state machine would refuse is refused before it is proposed.
+//! `Inspect` is linearizable on the leader (`ensure_linearizable`), or
+//! served from this node's applied state and flagged `stale` when the
+//! caller allows it.
+
+use tonic::{Request, Response, Status};
+
+use crate::command::{Command, Outcome};
+use crate::raft::node::{Committed, Node, ProposeError, RaftView};
+use crate::wire::{self, ErrorInfo, InspectFilter};
+use leasehold_proto::allocator::v1 as pb;
+
+/// The Allocator service over one node.
+#[derive(Clone)]
+pub struct AllocatorService {
+    node: Node,
+}
+
+impl AllocatorService {
+    pub fn new(node: Node) -> Self {
+        AllocatorService { node }
+    }
+
+    /// Proposes `command`; refusals become statuses, logged with their scope.
+    async fn commit(&self, command: Command) -> Result<Committed, Status> {
+        let scope = scope_of(&command);
+        self.node.propose(command).await.map_err(|error| {
+            match &error {
+                ProposeError::NotLeader(_) => {}
+                ProposeError::Unconfirmed(_) | ProposeError::Fatal(_) => {
+                    tracing::warn!(pool = scope.0, region = scope.1, %error, "proposal failed")
+                }
+                _ => tracing::debug!(pool = scope.0, region = scope.1, %error, "command refused"),
+            }
+            error.to_error_info().into_status()
+        })
+    }
+}
+
+fn scope_of(command: &Command) -> (String, String) {
+    match command {
+        Command::CreatePool { pool, .. } | Command::UpdatePool { pool, .. } => {
+            (pool.clone(), String::new())
+        }
+        Command::RegisterRegion { pool, region }
+        | Command::Grant { pool, region, .. }
+        | Command::Rebalance { pool, region, .. }
+        | Command::AckShare { pool, region, .. }
+        | Command::AdminFreeze { pool, region, .. }
+        | Command::AdminReclaim { pool, region } => (pool.clone(), region.clone()),
+        Command::HealthVerdict { region, .. } => (String::new(), region.clone()),
+        Command::Tick => (String::new(), String::new()),
+    }
+}
+
+/// A committed answer of another kind than the command's: a bug.
+fn unexpected(outcome: &Outcome) -> Status {
+    ErrorInfo::internal(
+        tonic::Code::Internal,
+        format!("unexpected outcome {outcome:?}"),
+    )
+    .into_status()
+}
+
+fn raft_view_to_wire(view: RaftView) -> pb::RaftStatus {
+    let (leader_id, leader_address) = view.leader.unwrap_or_default();
+    pb::RaftStatus {
+        node_id: view.node_id,
+        role: view.role,
+        current_term: view.current_term,
+        leader_id,
+        leader_address,
+        last_log_index: view.last_log_index,
+        committed_index: view.committed_index,
+        last_applied_index: view.last_applied_index,
+        voters: view.voters,
+        nodes: view
+            .nodes
+            .into_iter()
+            .map(|(node_id, address)| pb::NodeAddress { node_id, address })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::allocator_server::Allocator for AllocatorService {
+    async fn grant(
+        &self,
+        request: Request<pb::GrantRequest>,
+    ) -> Result<Response<pb::GrantReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::Grant {
+                pool: r.pool,
+                region: r.region,
+                incarnation: r.incarnation,
+                lease_id: r.lease_id,
+                want_millitokens: r.want_millitokens,
+            })
+            .await?;
+        let reply = committed.reply;
+        match &reply.outcome {
+            Outcome::Granted(answer) => Ok(Response::new(pb::GrantReply {
+                epoch: reply.epoch,
+                applied_time_ms: reply.applied_time_ms,
+                grant: Some(wire::grant_to_wire(answer)),
+            })),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn rebalance(
+        &self,
+        request: Request<pb::RebalanceRequest>,
+    ) -> Result<Response<pb::ShareReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::Rebalance {
+                pool: r.pool,
+                region: r.region,
+                incarnation: r.incarnation,
+                demand_requests: r.demand_requests,
+                applied_share_millitokens_per_s: r.applied_share_millitokens_per_s,
+                applied_share_version: r.applied_share_version,
+            })
+            .await?;
+        share_reply(committed)
+    }
+
+    async fn ack_share(
+        &self,
+        request: Request<pb::AckShareRequest>,
+    ) -> Result<Response<pb::ShareReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::AckShare {
+                pool: r.pool,
+                region: r.region,
+                incarnation: r.incarnation,
+                applied_share_millitokens_per_s: r.applied_share_millitokens_per_s,
+                applied_share_version: r.applied_share_version,
+            })
+            .await?;
+        share_reply(committed)
+    }
+
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::RegisterRegion {
+                pool: r.pool,
+                region: r.region,
+            })
+            .await?;
+        let reply = committed.reply;
+        match &reply.outcome {
+            Outcome::Registered { incarnation, share } => Ok(Response::new(pb::RegisterReply {
+                epoch: reply.epoch,
+                applied_time_ms: reply.applied_time_ms,
+                incarnation: *incarnation,
+                share: share.as_ref().map(wire::share_to_wire),
+            })),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn health_report(
+        &self,
+        request: Request<pb::HealthReportRequest>,
+    ) -> Result<Response<pb::HealthReportReply>, Status> {
+        let r = request.into_inner();
+        if !self.node.is_leader() {
+            return Err(ErrorInfo::not_leader(self.node.leader()).into_status());
+        }
+        // Only a change of verdict is committed.
+        let unchanged = self.node.state_machine().read(|state| {
+            let record = state.machine.regions().get(r.region.as_str())?;
+            (record.healthy == Some(r.healthy))
+                .then(|| (state.machine.epoch(), state.machine.last_applied_time_ms()))
+        });
+        if let Some((epoch, applied_time_ms)) = unchanged {
+            return Ok(Response::new(pb::HealthReportReply {
+                epoch,
+                applied_time_ms,
+                committed: false,
+            }));
+        }
+        let committed = self
+            .commit(Command::HealthVerdict {
+                region: r.region,
+                healthy: r.healthy,
+            })
+            .await?;
+        Ok(Response::new(pb::HealthReportReply {
+            epoch: committed.reply.epoch,
+            applied_time_ms: committed.reply.applied_time_ms,
+            committed: true,
+        }))
+    }
+
+    async fn inspect(
+        &self,
+        request: Request<pb::InspectRequest>,
+    ) -> Result<Response<pb::InspectReply>, Status> {
+        let r = request.into_inner();
+        let linearizable = self.node.linearizable_read().await;
+        let stale = match linearizable {
+            Ok(()) => false,
+            Err(_) if r.allow_stale => true,
+            Err(error) => return Err(error.to_error_info().into_status()),
+        };
+        let filter = InspectFilter {
+            pool: (!r.pool.is_empty()).then_some(r.pool),
+            include_grants: r.include_grants,
+        };
+        if let Some(pool) = &filter.pool {
+            let known = self
+                .node
+                .state_machine()
+                .read(|state| state.machine.pool(pool).is_some());
+            if !known {
+                let error = crate::command::CommandError::UnknownPool { pool: pool.clone() };
+                return Err(ErrorInfo::command(&error, 0).into_status());
+            }
+        }
+        let state = self
+            .node
+            .state_machine()
+            .read(|state| wire::machine_to_wire(&state.machine, &filter));
+        let raft = raft_view_to_wire(self.node.raft_view().await);
+        Ok(Response::new(pb::InspectReply {
+            epoch: state.epoch,
+            stale,
+            state: Some(state),
+            raft: Some(raft),
+        }))
+    }
+
+    async fn create_pool(
+        &self,
+        request: Request<pb::CreatePoolRequest>,
+    ) -> Result<Response<pb::PoolReply>, Status> {
+        let r = request.into_inner();
+        let config = wire::pool_config_from_wire(r.config).map_err(ErrorInfo::into_status)?;
+        let committed = self
+            .commit(Command::CreatePool {
+                pool: r.pool,
+                config,
+            })
+            .await?;
+        pool_reply(committed)
+    }
+
+    async fn update_pool(
+        &self,
+        request: Request<pb::UpdatePoolRequest>,
+    ) -> Result<Response<pb::PoolReply>, Status> {
+        let r = request.into_inner();
+        let config = wire::pool_config_from_wire(r.config).map_err(ErrorInfo::into_status)?;
+        let committed = self
+            .commit(Command::UpdatePool {
+                pool: r.pool,
+                config,
+            })
+            .await?;
+        pool_reply(committed)
+    }
+
+    async fn add_node(
+        &self,
+        request: Request<pb::AddNodeRequest>,
+    ) -> Result<Response<pb::MembershipReply>, Status> {
+        let r = request.into_inner();
+        if r.node_id == 0 {
+            return Err(
+                ErrorInfo::invalid("node_id", "node_id: must be at least 1".into()).into_status(),
+            );
+        }
+        if r.address
+            .rsplit_once(':')
+            .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+        {
+            return Err(ErrorInfo::invalid(
+                "address",
+                format!("address: {:?} is not host:port", r.address),
+            )
+            .into_status());
+        }
+        let change = self
+            .node
+            .add_node(r.node_id, r.address, r.voter)
+            .await
+            .map_err(|e| e.to_error_info().into_status())?;
+        Ok(Response::new(membership_reply(change)))
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::MembershipReply>, Status> {
+        let r = request.into_inner();
+        let change = self
+            .node
+            .remove_node(r.node_id)
+            .await
+            .map_err(|e| e.to_error_info().into_status())?;
+        Ok(Response::new(membership_reply(change)))
+    }
+
+    async fn freeze(
+        &self,
+        request: Request<pb::FreezeRequest>,
+    ) -> Result<Response<pb::FreezeReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::AdminFreeze {
+                pool: r.pool,
+                region: r.region,
+                frozen: r.frozen,
+            })
+            .await?;
+        let reply = committed.reply;
+        match &reply.outcome {
+            Outcome::FreezeSet { frozen } => Ok(Response::new(pb::FreezeReply {
+                epoch: reply.epoch,
+                applied_time_ms: reply.applied_time_ms,
+                frozen: *frozen,
+            })),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn reclaim(
+        &self,
+        request: Request<pb::ReclaimRequest>,
+    ) -> Result<Response<pb::ReclaimReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::AdminReclaim {
+                pool: r.pool,
+                region: r.region,
+            })
+            .await?;
+        let reply = committed.reply;
+        match &reply.outcome {
+            Outcome::Reclaimed(report) => Ok(Response::new(pb::ReclaimReply {
+                epoch: reply.epoch,
+                applied_time_ms: reply.applied_time_ms,
+                report: Some(wire::reclaim_to_wire(report)),
+            })),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn share_reply(committed: Committed) -> Result<Response<pb::ShareReply>, Status> {
+    let reply = committed.reply;
+    match &reply.outcome {
+        Outcome::Share(share) => Ok(Response::new(pb::ShareReply {
+            epoch: reply.epoch,
+            applied_time_ms: reply.applied_time_ms,
+            share: Some(wire::share_to_wire(share)),
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn pool_reply(committed: Committed) -> Result<Response<pb::PoolReply>, Status> {
+    let reply = committed.reply;
+    match &reply.outcome {
+        Outcome::PoolCreated | Outcome::PoolUpdated => Ok(Response::new(pb::PoolReply {
+            epoch: reply.epoch,
+            applied_time_ms: reply.applied_time_ms,
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn membership_reply(change: crate::raft::node::MembershipChange) -> pb::MembershipReply {
+    pb::MembershipReply {
+        epoch: change.epoch,
+        log_index: change.log_index,
+        voters: change.voters,
+        nodes: change
+            .nodes
+            .into_iter()
+            .map(|(node_id, address)| pb::NodeAddress { node_id, address })
+            .collect(),
+    }
+}

@@ -1,0 +1,153 @@
+//! `leasehold allocator` (run a node) and the inspection commands that talk
+//! to any node and follow the leader: `pool list|show`, `region list`,
+//! `grant list`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use leasehold_allocator::client::{AllocatorClient, ClientSettings};
+use leasehold_allocator::node_config::NodeConfig;
+use leasehold_allocator::raft::node::{self, InitMode};
+use leasehold_allocator::render;
+use leasehold_proto::allocator::v1 as pb;
+
+/// The three loopback nodes of `deploy/regions/allocator-{1,2,3}.toml`.
+pub const DEFAULT_ALLOCATORS: &str = "127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303";
+
+#[derive(Args)]
+pub struct AllocatorArgs {
+    /// The node's config file (see deploy/regions/allocator-1.toml).
+    #[arg(long)]
+    config: PathBuf,
+    /// Initialize a new cluster with the configured peers (first start only;
+    /// ignored when this node already has a log). Without it a new cluster
+    /// initializes once every configured peer is up.
+    #[arg(long)]
+    init: bool,
+}
+
+/// Where to ask and how to print.
+#[derive(Args, Clone)]
+pub struct Target {
+    /// Allocator node addresses (any node: the leader is followed).
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_ALLOCATORS)]
+    allocator: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Accept a node's applied state without a linearizable read (works
+    /// without a leader; the output then says STALE).
+    #[arg(long)]
+    stale: bool,
+}
+
+#[derive(Subcommand)]
+pub enum PoolCommand {
+    /// Every pool: kind, limit, members, room in use.
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// One pool: config, members, shares or window counters.
+    Show {
+        pool: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RegionCommand {
+    /// Every Region known to the allocator: health verdict and pools.
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum GrantCommand {
+    /// The grant records of a window pool (current and previous window).
+    List {
+        pool: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+pub async fn run_node(args: AllocatorArgs) -> anyhow::Result<()> {
+    let config = NodeConfig::load(&args.config)?;
+    let mode = if args.init {
+        InitMode::Explicit
+    } else {
+        InitMode::Auto
+    };
+    let running = node::start(config.clone(), mode).await?;
+    println!(
+        "leasehold allocator node {}: gRPC {} (leasehold.allocator.v1 Allocator + Raft), data {}, peers {}",
+        config.node_id,
+        running.address,
+        config.data_dir.display(),
+        config.peer_list().join(" ")
+    );
+    wait_for_stop_signal().await?;
+    running.stop().await;
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn wait_for_stop_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+async fn inspect(
+    target: &Target,
+    pool: Option<&str>,
+    grants: bool,
+) -> anyhow::Result<pb::InspectReply> {
+    // An operator waits a few seconds for an election, not longer.
+    let settings = ClientSettings {
+        leader_wait: std::time::Duration::from_secs(5),
+        ..ClientSettings::default()
+    };
+    let client = AllocatorClient::with_settings(&target.allocator, settings)?;
+    let request = pb::InspectRequest {
+        pool: pool.unwrap_or_default().to_string(),
+        include_grants: grants,
+        allow_stale: target.stale,
+    };
+    Ok(client.inspect(request).await?)
+}
+
+pub async fn pool(command: PoolCommand) -> anyhow::Result<()> {
+    match command {
+        PoolCommand::List { target } => {
+            let reply = inspect(&target, None, false).await?;
+            print!("{}", render::pool_list(&reply, target.json));
+        }
+        PoolCommand::Show { pool, target } => {
+            let reply = inspect(&target, Some(&pool), false).await?;
+            print!("{}", render::pool_show(&reply, target.json));
+        }
+    }
+    Ok(())
+}
+
+pub async fn region(command: RegionCommand) -> anyhow::Result<()> {
+    let RegionCommand::List { target } = command;
+    let reply = inspect(&target, None, false).await?;
+    print!("{}", render::region_list(&reply, target.json));
+    Ok(())
+}
+
+pub async fn grant(command: GrantCommand) -> anyhow::Result<()> {
+    let GrantCommand::List { pool, target } = command;
+    let reply = inspect(&target, Some(&pool), true).await?;
+    print!("{}", render::grant_list(&reply, target.json));
+    Ok(())
+}
