@@ -391,16 +391,16 @@ pub fn raw_sled_commit_rate(dir: &Path, duration: Duration) -> Result<f64, Strin
         .open()
         .map_err(|e| e.to_string())?;
     let tree = db.open_tree("log").map_err(|e| e.to_string())?;
-    let proposal = crate::raft::Proposal {
-        stamped_time_ms: 1_700_000_000_000,
-        command: crate::Command::Grant {
+    let proposal = crate::raft::Proposal::single(
+        1_700_000_000_000,
+        crate::Command::Grant {
             pool: "bench-0".into(),
             region: "bench".into(),
             incarnation: 1,
             lease_id: "t17-123456".into(),
             want_millitokens: 1,
         },
-    };
+    );
     let value = serde_json::to_vec(&proposal).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut index: u64 = 0;

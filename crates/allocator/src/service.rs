@@ -33,7 +33,7 @@ impl AllocatorService {
         self.node.propose(command).await.map_err(|error| {
             match &error {
                 ProposeError::NotLeader(_) => {}
-                ProposeError::Unconfirmed(_) | ProposeError::Fatal(_) => {
+                ProposeError::Unconfirmed(_) | ProposeError::Busy(_) | ProposeError::Fatal(_) => {
                     tracing::warn!(pool = scope.0, region = scope.1, %error, "proposal failed")
                 }
                 _ => tracing::debug!(pool = scope.0, region = scope.1, %error, "command refused"),

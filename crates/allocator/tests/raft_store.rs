@@ -66,10 +66,7 @@ fn log_id(term: u64, index: u64) -> LogId {
 fn normal(term: u64, index: u64, stamped_time_ms: u64, command: Command) -> RaftEntry {
     Entry {
         log_id: log_id(term, index),
-        payload: EntryPayload::Normal(Proposal {
-            stamped_time_ms,
-            command,
-        }),
+        payload: EntryPayload::Normal(Proposal::single(stamped_time_ms, command)),
     }
 }
 
@@ -235,15 +232,16 @@ fn apply_follows_the_apply_rule_and_a_rejection_is_an_ordinary_answer() {
         assert_eq!(responses.len(), entries.len());
         for (entry, response) in entries.iter().zip(&responses) {
             let EntryPayload::Normal(proposal) = &entry.payload else {
-                assert_eq!(
-                    response.result, None,
+                assert!(
+                    response.results.is_empty(),
                     "blank or membership at {}",
                     entry.log_id
                 );
                 continue;
             };
             let epoch = entry.log_id.leader_id.term;
-            match (&proposal.command, &response.result) {
+            assert_eq!(response.results.len(), 1, "one answer per command");
+            match (&proposal.commands[0], response.results.first()) {
                 (
                     Command::Grant {
                         want_millitokens: 0,
@@ -265,7 +263,7 @@ fn apply_follows_the_apply_rule_and_a_rejection_is_an_ordinary_answer() {
             }
         }
         // A retried lease id answers its original grant.
-        let answer = |index: usize| match &responses[index].result {
+        let answer = |index: usize| match responses[index].results.first() {
             Some(Ok(reply)) => match &reply.outcome {
                 Outcome::Granted(answer) => answer.clone(),
                 other => panic!("not a grant: {other:?}"),
@@ -279,6 +277,62 @@ fn apply_follows_the_apply_rule_and_a_rejection_is_an_ordinary_answer() {
         assert_eq!(last_applied, Some(log_id(2, 50)));
         assert_eq!(last_membership.log_id(), &Some(log_id(0, 0)));
         assert_eq!(state_machine.read(|state| state.machine.epoch()), 2);
+    });
+}
+
+#[test]
+fn a_batched_entry_applies_its_commands_in_order_with_its_term_and_stamp() {
+    let commands = vec![
+        grant("batch-a", 100),
+        grant("batch-a", 100),
+        grant("batch-b", 0),
+        grant("batch-c", 200),
+    ];
+    let stamp = 9_000;
+    runtime().block_on(async {
+        let mut batched = StateMachineStore::in_memory();
+        apply_all(&mut batched, &history(6)).await;
+        let entry = Entry {
+            log_id: log_id(1, 7),
+            payload: EntryPayload::Normal(Proposal {
+                stamped_time_ms: stamp,
+                commands: commands.clone(),
+            }),
+        };
+        let responses = apply_all(&mut batched, &[entry]).await;
+        assert_eq!(responses.len(), 1, "one response per entry");
+        let results = &responses[0].results;
+        assert_eq!(results.len(), commands.len(), "one answer per command");
+        for (index, result) in results.iter().enumerate() {
+            match result {
+                Ok(reply) => {
+                    assert_eq!(reply.epoch, 1, "epoch is the entry's term");
+                    assert!(reply.applied_time_ms >= stamp);
+                }
+                Err(rejection) => {
+                    assert_eq!(index, 2, "only the want of 0 is refused");
+                    assert_eq!(rejection.epoch, 1);
+                }
+            }
+        }
+        assert_eq!(
+            results[0], results[1],
+            "the retry answers the original grant"
+        );
+
+        // The same commands as single-command entries of the same term and
+        // stamp leave the same machine, byte for byte.
+        let mut single = StateMachineStore::in_memory();
+        apply_all(&mut single, &history(6)).await;
+        let entries: Vec<RaftEntry> = commands
+            .into_iter()
+            .enumerate()
+            .map(|(offset, command)| normal(1, 7 + offset as u64, stamp, command))
+            .collect();
+        let singles = apply_all(&mut single, &entries).await;
+        let single_results: Vec<_> = singles.into_iter().flat_map(|r| r.results).collect();
+        assert_eq!(&single_results, results);
+        assert_eq!(machine_bytes(&single), machine_bytes(&batched));
     });
 }
 
@@ -527,15 +581,14 @@ async fn start_single_node(dir: &Path, initialize: bool) -> (Raft, StateMachineS
 }
 
 async fn write(raft: &Raft, stamped_time_ms: u64, command: Command) -> Result<Reply, Rejection> {
-    let proposal = Proposal {
-        stamped_time_ms,
-        command,
-    };
+    let proposal = Proposal::single(stamped_time_ms, command);
     let written = tokio::time::timeout(WAIT, raft.client_write(proposal))
         .await
         .expect("commits in time")
         .expect("commits");
-    written.data.result.expect("a normal entry answers")
+    let mut results = written.data.results;
+    assert_eq!(results.len(), 1, "one answer per command");
+    results.remove(0)
 }
 
 #[test]

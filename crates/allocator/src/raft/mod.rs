@@ -20,4 +20,4 @@ pub mod types;
 pub use log_store::{MemLogStore, SledLogStore};
 pub use state_machine::{AppliedState, StateMachineStore};
 pub use storage::{open_node_storage, NodeDb, StoreError};
-pub use types::{NodeId, Proposal, ProposalResponse, Raft, TypeConfig};
+pub use types::{NodeId, Proposal, ProposalResponse, Raft, TypeConfig, MAX_COMMANDS_PER_ENTRY};

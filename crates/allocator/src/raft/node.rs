@@ -16,10 +16,16 @@
 //!   (`Machine::validate`: nothing is appended), stamps its clock into the
 //!   proposal (§2, the only place a clock is read for the machine) and
 //!   waits for the committed answer at most `write_timeout_ms` (an isolated
-//!   0.9 leader's `client_write` can hang). Concurrent proposals are batched
-//!   by openraft into shared appends, flushes and replication messages.
-//!   A refusal is only given on an applied state that has caught up with
-//!   the leader's log (else the request waits for it, bounded).
+//!   0.9 leader's `client_write` can hang). A refusal is only given on an
+//!   applied state that has caught up with the leader's log (else the
+//!   request waits for it, bounded).
+//! - **Batching**: openraft 0.9 flushes once per `client_write`, so
+//!   validated commands are queued to one batcher task, which packs up to
+//!   [`MAX_COMMANDS_PER_ENTRY`] waiting commands into one entry's
+//!   [`Proposal`] (one stamp), keeps at most [`MAX_ENTRIES_IN_FLIGHT`] such
+//!   entries being written, and answers each caller with its own command's
+//!   result. A failed or timed-out write answers every caller of its entry
+//!   with the error (grants are idempotent by lease id: retrying is safe).
 //! - **Reads** ([`Node::linearizable_read`]): `ensure_linearizable`, then
 //!   the state machine catches up with the leader's log; bounded.
 //! - **Leader duties** (a task on every node, active on the leader): create
@@ -27,9 +33,10 @@
 //!   when one would reclaim or roll something ([`tick_due`]); the health
 //!   prober ([`crate::prober`]).
 //!
-//! Bounds: at most [`MAX_IN_FLIGHT_PROPOSALS`] proposals wait on a node at
-//! once (more wait for a slot within the same write deadline); every raft
-//! call made here is wrapped in a timeout.
+//! Bounds: at most [`MAX_QUEUED_COMMANDS`] commands wait in the batcher's
+//! queue (plus those of the entries being written); when it is full,
+//! `propose` refuses at once with [`ProposeError::Busy`] (UNAVAILABLE),
+//! never waits for room. Every raft call made here is wrapped in a timeout.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -39,8 +46,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::command::{Command, CommandError, Rejection, Reply};
 use crate::machine::{Machine, MAX_TIME_MS};
@@ -49,15 +57,19 @@ use crate::pool::Pool;
 use crate::prober::{self, ProberHost};
 use crate::raft::network::{self, Network, RaftRpcService, MAX_RAFT_MESSAGE_BYTES};
 use crate::raft::storage::{open_node_storage, StoreError};
-use crate::raft::types::{NodeId, Proposal, Raft};
+use crate::raft::types::{NodeId, Proposal, Raft, MAX_COMMANDS_PER_ENTRY};
 use crate::raft::StateMachineStore;
 use crate::service::AllocatorService;
 use crate::wire::ErrorInfo;
 use leasehold_proto::allocator::v1::allocator_server::AllocatorServer;
 use leasehold_proto::allocator::v1::raft_server::RaftServer;
 
-/// Cap on proposals waiting for their commit on one node.
-pub const MAX_IN_FLIGHT_PROPOSALS: usize = 8_192;
+/// Cap on validated commands queued for the batcher on one node; when the
+/// queue is full, `propose` refuses with [`ProposeError::Busy`].
+pub const MAX_QUEUED_COMMANDS: usize = 8_192;
+/// Most batched entries the leader has being written (`client_write`) at
+/// once: one being flushed and replicated while the next one fills.
+pub const MAX_ENTRIES_IN_FLIGHT: usize = 2;
 /// Largest Allocator message (an Inspect with grant records can be MBs).
 pub const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How often an uninitialized node without `--init` looks at its peers.
@@ -120,6 +132,9 @@ pub enum ProposeError {
     /// Not confirmed within the deadline: the outcome is unknown.
     #[error("unconfirmed: {0}")]
     Unconfirmed(String),
+    /// The batcher's queue is full: nothing was proposed; retry later.
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("membership: {0}")]
     Membership(String),
     #[error("raft stopped: {0}")]
@@ -140,7 +155,7 @@ impl ProposeError {
                 info.detail.code = leasehold_proto::allocator::v1::ErrorCode::Membership as i32;
                 info
             }
-            ProposeError::Fatal(message) => {
+            ProposeError::Busy(message) | ProposeError::Fatal(message) => {
                 ErrorInfo::internal(tonic::Code::Unavailable, message.clone())
             }
         }
@@ -170,13 +185,20 @@ pub struct MembershipChange {
     pub nodes: BTreeMap<NodeId, String>,
 }
 
+/// A validated command waiting for the batcher, and where its answer goes.
+struct Queued {
+    command: Command,
+    answer: oneshot::Sender<Result<Committed, ProposeError>>,
+}
+
 struct NodeInner {
     id: NodeId,
     raft: Raft,
     state: StateMachineStore,
     settings: RaftSettings,
     peers: BTreeMap<NodeId, String>,
-    in_flight: Arc<Semaphore>,
+    /// The batcher's queue (bounded: [`MAX_QUEUED_COMMANDS`]).
+    queue: mpsc::Sender<Queued>,
 }
 
 /// A handle on a running node: cheap to clone.
@@ -193,6 +215,93 @@ pub fn wall_clock_ms() -> u64 {
     u64::try_from(since_epoch.as_millis())
         .unwrap_or(MAX_TIME_MS)
         .min(MAX_TIME_MS)
+}
+
+fn unconfirmed(timeout: Duration) -> ProposeError {
+    ProposeError::Unconfirmed(format!(
+        "not committed within {} ms; the outcome is unknown, retrying is safe",
+        timeout.as_millis()
+    ))
+}
+
+/// The batcher (see the module docs): drains the queue into entries of at
+/// most [`MAX_COMMANDS_PER_ENTRY`] commands, at most
+/// [`MAX_ENTRIES_IN_FLIGHT`] being written at once. Commands whose caller
+/// already gave up are not proposed. Ends when every queue sender is gone
+/// (after its writes finish) or when aborted (its writes are aborted too:
+/// their callers are answered "outcome unknown").
+async fn run_batcher(raft: Raft, mut queue: mpsc::Receiver<Queued>, timeout: Duration) {
+    let window = Arc::new(Semaphore::new(MAX_ENTRIES_IN_FLIGHT));
+    let mut writes = JoinSet::new();
+    loop {
+        let Ok(slot) = window.clone().acquire_owned().await else {
+            break;
+        };
+        while writes.try_join_next().is_some() {}
+        let Some(first) = queue.recv().await else {
+            break;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_COMMANDS_PER_ENTRY {
+            match queue.try_recv() {
+                Ok(queued) => batch.push(queued),
+                Err(_) => break,
+            }
+        }
+        batch.retain(|queued| !queued.answer.is_closed());
+        if !batch.is_empty() {
+            writes.spawn(write_batch(raft.clone(), batch, timeout, slot));
+        }
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// Proposes `batch` as one entry, bounded by `timeout`, and answers each
+/// caller with its command's result (every caller with the error if the
+/// write failed). Holds `_slot` until done.
+async fn write_batch(
+    raft: Raft,
+    batch: Vec<Queued>,
+    timeout: Duration,
+    _slot: OwnedSemaphorePermit,
+) {
+    let (commands, answers): (Vec<Command>, Vec<_>) = batch
+        .into_iter()
+        .map(|queued| (queued.command, queued.answer))
+        .unzip();
+    let proposal = Proposal {
+        stamped_time_ms: wall_clock_ms(),
+        commands,
+    };
+    let response = match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            let error = client_write_error(error);
+            for answer in answers {
+                let _ = answer.send(Err(error.clone()));
+            }
+            return;
+        }
+        Err(_) => {
+            let error = unconfirmed(timeout);
+            for answer in answers {
+                let _ = answer.send(Err(error.clone()));
+            }
+            return;
+        }
+    };
+    let log_index = response.log_id.index;
+    let mut results = response.data.results.into_iter();
+    for answer in answers {
+        let result = match results.next() {
+            Some(Ok(reply)) => Ok(Committed { reply, log_index }),
+            Some(Err(rejection)) => Err(ProposeError::Rejected(rejection)),
+            None => Err(ProposeError::Fatal(format!(
+                "entry {log_index} answered fewer results than it carried commands"
+            ))),
+        };
+        let _ = answer.send(result);
+    }
 }
 
 fn client_write_error(
@@ -272,36 +381,22 @@ impl Node {
                 .map_err(ProposeError::Invalid)?;
             tracing::debug!(%error, "refusal withdrawn after catching up");
         }
-        let proposal = Proposal {
-            stamped_time_ms: wall_clock_ms(),
-            command,
-        };
-        let write = async {
-            let _slot = self
-                .inner
-                .in_flight
-                .acquire()
-                .await
-                .map_err(|_| ProposeError::Fatal("node stopping".into()))?;
-            self.inner
-                .raft
-                .client_write(proposal)
-                .await
-                .map_err(client_write_error)
-        };
-        let response = tokio::time::timeout(timeout, write).await.map_err(|_| {
-            ProposeError::Unconfirmed(format!(
-                "not committed within {} ms; the outcome is unknown, retrying is safe",
-                timeout.as_millis()
-            ))
-        })??;
-        let log_index = response.log_id.index;
-        match response.data.result {
-            Some(Ok(reply)) => Ok(Committed { reply, log_index }),
-            Some(Err(rejection)) => Err(ProposeError::Rejected(rejection)),
-            None => Err(ProposeError::Fatal(format!(
-                "entry {log_index} answered nothing"
-            ))),
+        let (answer, answered) = oneshot::channel();
+        self.inner
+            .queue
+            .try_send(Queued { command, answer })
+            .map_err(|error| match error {
+                TrySendError::Full(_) => ProposeError::Busy(format!(
+                    "{MAX_QUEUED_COMMANDS} commands already wait to be proposed; retry later"
+                )),
+                TrySendError::Closed(_) => ProposeError::Fatal("node stopping".into()),
+            })?;
+        match tokio::time::timeout(timeout, answered).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(ProposeError::Unconfirmed(
+                "node stopping; the outcome is unknown, retrying is safe".into(),
+            )),
+            Err(_) => Err(unconfirmed(timeout)),
         }
     }
 
@@ -613,6 +708,12 @@ pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, No
     )
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let (queue, queued) = mpsc::channel(MAX_QUEUED_COMMANDS);
+    let batcher = tokio::spawn(run_batcher(
+        raft.clone(),
+        queued,
+        config.raft.write_timeout(),
+    ));
     let node = Node {
         inner: Arc::new(NodeInner {
             id: config.node_id,
@@ -620,7 +721,7 @@ pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, No
             state: state_machine,
             settings: config.raft.clone(),
             peers: config.peers.clone(),
-            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT_PROPOSALS)),
+            queue,
         }),
     };
     let listener = TcpListener::bind(config.listen)
@@ -634,7 +735,7 @@ pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, No
         source,
     })?;
     let (shutdown, stop) = watch::channel(false);
-    let mut tasks = vec![serve(&node, &config, listener, stop.clone())];
+    let mut tasks = vec![batcher, serve(&node, &config, listener, stop.clone())];
     tasks.push(tokio::spawn(initialize(
         node.clone(),
         config.clone(),

@@ -1,12 +1,13 @@
 //! The replicated state machine: committed entries into [`crate::Machine`],
 //! behind openraft's `RaftStateMachine` and `RaftSnapshotBuilder`.
 //!
-//! Apply rule: a normal entry applies
-//! `StampedCommand { epoch: term of the entry's leader, stamped_time_ms,
-//! command }` and answers `Some(Ok(reply))` or `Some(Err(rejection))` — a
-//! rejection is an ordinary answer, never a storage error; blank and
-//! membership entries answer `None` (a membership is recorded). Every
-//! replica computes the same stamped command from the same entry, hence the
+//! Apply rule: a normal entry applies each of its commands in order as
+//! `StampedCommand { epoch: term of the entry's leader, stamped_time_ms: the
+//! entry's stamp, command }` and answers one `Ok(reply)` or `Err(rejection)`
+//! per command, in the same order — a rejection is an ordinary answer, never
+//! a storage error, and does not stop the commands after it; blank and
+//! membership entries answer no results (a membership is recorded). Every
+//! replica computes the same stamped commands from the same entry, hence the
 //! same state, byte for byte.
 //!
 //! A snapshot is a frame: a big-endian `u32` header length, the header
@@ -257,23 +258,33 @@ impl StateMachineStore {
     }
 }
 
-/// Applies one normal entry to the machine.
+/// Applies one normal entry to the machine: each command in order, with
+/// the entry's term as epoch and its stamp; one answer per command.
 fn apply_proposal(
     machine: &mut Machine,
     log_id: &LogId,
     proposal: Proposal,
-) -> Result<Reply, Rejection> {
-    let stamped = StampedCommand {
-        epoch: log_id.leader_id.term,
-        stamped_time_ms: proposal.stamped_time_ms,
-        command: proposal.command,
-    };
-    let result = machine.apply(&stamped);
-    if let Err(rejection) = &result {
-        let (pool, region) = command_scope(&stamped.command);
-        tracing::debug!(pool, region, log_id = %log_id, %rejection, "command refused");
-    }
-    result
+) -> Vec<Result<Reply, Rejection>> {
+    let Proposal {
+        stamped_time_ms,
+        commands,
+    } = proposal;
+    commands
+        .into_iter()
+        .map(|command| {
+            let stamped = StampedCommand {
+                epoch: log_id.leader_id.term,
+                stamped_time_ms,
+                command,
+            };
+            let result = machine.apply(&stamped);
+            if let Err(rejection) = &result {
+                let (pool, region) = command_scope(&stamped.command);
+                tracing::debug!(pool, region, log_id = %log_id, %rejection, "command refused");
+            }
+            result
+        })
+        .collect()
 }
 
 /// The pool and Region a command names ("" when none), for logs.
@@ -364,17 +375,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 "applied out of order"
             );
             state.last_applied = Some(entry.log_id);
-            let result = match entry.payload {
-                EntryPayload::Blank => None,
+            let results = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(proposal) => {
-                    Some(apply_proposal(&mut state.machine, &entry.log_id, proposal))
+                    apply_proposal(&mut state.machine, &entry.log_id, proposal)
                 }
                 EntryPayload::Membership(membership) => {
                     state.last_membership = StoredMembership::new(Some(entry.log_id), membership);
-                    None
+                    Vec::new()
                 }
             };
-            responses.push(ProposalResponse { result });
+            responses.push(ProposalResponse { results });
         }
         Ok(responses)
     }

@@ -1,28 +1,49 @@
 //! The openraft type configuration: what a log entry carries and what
 //! applying it answers.
 //!
-//! The leader stamps its clock into each [`Proposal`]; the epoch is not
+//! One normal log entry carries a [`Proposal`]: a batch of commands the
+//! leader packed together (one append, one flush, one replication for all of
+//! them) and the one clock reading it stamped them with. The epoch is not
 //! carried: apply takes it from the committing entry's term
-//! (`single-term-leader` makes a term name one leader), so every replica
-//! computes the same [`crate::StampedCommand`] from the same entry.
+//! (`single-term-leader` makes a term name one leader) for every command of
+//! the entry, so every replica computes the same [`crate::StampedCommand`]s,
+//! in the same order, from the same entry.
 
 use serde::{Deserialize, Serialize};
 
 use crate::{Command, Rejection, Reply};
 
-/// A client command as proposed by the leader.
+/// The most commands the leader packs into one entry's [`Proposal`].
+pub const MAX_COMMANDS_PER_ENTRY: usize = 512;
+
+/// Client commands as proposed by the leader in one log entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
-    /// The leader's clock when it proposed, ms since the Unix epoch.
+    /// The leader's clock when it proposed, ms since the Unix epoch; the
+    /// stamp of every command of the entry.
     pub stamped_time_ms: u64,
-    pub command: Command,
+    /// Applied in this order, each as its own `StampedCommand`. The leader
+    /// proposes 1 to [`MAX_COMMANDS_PER_ENTRY`]; apply takes whatever a
+    /// committed entry holds (an empty batch answers nothing).
+    pub commands: Vec<Command>,
+}
+
+impl Proposal {
+    /// A proposal of one command.
+    pub fn single(stamped_time_ms: u64, command: Command) -> Self {
+        Proposal {
+            stamped_time_ms,
+            commands: vec![command],
+        }
+    }
 }
 
 /// What applying one entry answered.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProposalResponse {
-    /// None for blank and membership entries.
-    pub result: Option<Result<Reply, Rejection>>,
+    /// One answer per command of the proposal, in the same order; empty for
+    /// blank and membership entries.
+    pub results: Vec<Result<Reply, Rejection>>,
 }
 
 openraft::declare_raft_types!(
