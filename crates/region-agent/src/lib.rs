@@ -20,6 +20,7 @@
 //! - [`decide`]: the Check path: rules → keys → one multi_rule call → decision; fail modes.
 //! - [`fallback`]: bounded local buckets for rules that fail `local`.
 //! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
+//! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
 //! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells.
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
@@ -31,6 +32,7 @@ pub mod config;
 pub mod decide;
 pub mod envoy;
 pub mod fallback;
+pub mod global;
 pub mod key;
 pub mod keyspace;
 pub mod lease;
