@@ -940,3 +940,173 @@ async fn bench_allocator_prints_rates_latencies_and_ratios() {
     );
     assert!(!text.contains("errors, first"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_as_a_voter_catches_up_and_a_removed_follower_leaves_the_group() {
+    let _serial = serial().await;
+    let (mut cluster, _) = cluster().await;
+    let originals = cluster.ids();
+    let client = cluster.client();
+    window_pool_with(&client, "m", 1 << 40, &["eu"]).await;
+    let mut answers: BTreeMap<String, pb::Grant> = BTreeMap::new();
+    for i in 0..40u64 {
+        let lease_id = format!("m-before-{i}");
+        let reply = client
+            .grant("m", "eu", 1, &lease_id, 1 + i)
+            .await
+            .expect("grant");
+        answers.insert(lease_id, reply.grant.expect("grant"));
+    }
+
+    // A fourth process whose [peers] lists all four, started without
+    // --init: it is not the lowest id, so it never initializes a cluster of
+    // its own; it waits, empty, to be added.
+    let joiner = cluster.add_joiner().expect("4th node's config");
+    assert!(!originals.contains(&joiner));
+    cluster.start(joiner, false).expect("start, no --init");
+    let joiner_address = cluster.address(joiner);
+    let joiner_view = AllocatorClient::connect(&[joiner_address.as_str()]).expect("client");
+    let stale = |include_grants| pb::InspectRequest {
+        include_grants,
+        allow_stale: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pristine = loop {
+        match joiner_view.inspect(stale(false)).await {
+            Ok(reply) => break reply,
+            Err(error) => assert!(
+                Instant::now() < deadline,
+                "node {joiner} never served: {error}\n{}",
+                cluster.log(joiner)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let raft = pristine.raft.expect("raft");
+    assert!(
+        raft.voters.is_empty() && raft.last_log_index == 0,
+        "the joiner initialized a cluster of its own: {raft:?}"
+    );
+
+    let added = client
+        .add_node(joiner, &joiner_address, true)
+        .await
+        .expect("AddNode as a voter");
+    let mut voters = originals.clone();
+    voters.push(joiner);
+    assert_eq!(added.voters, voters);
+    assert!(added
+        .nodes
+        .iter()
+        .any(|n| n.node_id == joiner && n.address == joiner_address));
+
+    // The joiner converges on the leader's applied state (stale reads).
+    let everything = pb::InspectRequest {
+        include_grants: true,
+        ..Default::default()
+    };
+    let reference = client.inspect(everything.clone()).await.expect("inspect");
+    let reference_raft = reference.raft.clone().expect("raft");
+    assert_eq!(reference_raft.voters, voters);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = joiner_view
+            .inspect(stale(true))
+            .await
+            .expect("stale inspect");
+        let raft = view.raft.clone().expect("raft");
+        if raft.last_applied_index >= reference_raft.last_applied_index
+            && view.state == reference.state
+        {
+            assert_eq!(raft.voters, voters);
+            assert_eq!(raft.role, "follower");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {joiner} never caught up: {raft:?} vs leader {reference_raft:?}\n{}",
+            cluster.log(joiner)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Remove one of the original followers.
+    let leader = client
+        .inspect(pb::InspectRequest::default())
+        .await
+        .expect("inspect")
+        .raft
+        .expect("raft")
+        .node_id;
+    let removed = originals
+        .iter()
+        .copied()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let change = client.remove_node(removed).await.expect("RemoveNode");
+    let remaining: Vec<u64> = voters.iter().copied().filter(|id| *id != removed).collect();
+    assert_eq!(change.voters, remaining);
+    assert!(change.nodes.iter().all(|n| n.node_id != removed));
+
+    // The group of the other three (the joiner among them) commits.
+    let after = cluster.client_except(&[removed]);
+    for i in 0..40u64 {
+        let lease_id = format!("m-after-{i}");
+        let reply = after
+            .grant("m", "eu", 1, &lease_id, 100 + i)
+            .await
+            .expect("grant after RemoveNode");
+        let grant = reply.grant.expect("grant");
+        assert_eq!(grant.granted_millitokens, 100 + i, "{lease_id}");
+        answers.insert(lease_id, grant);
+    }
+    // Retries of the first grants replay their answers.
+    for i in 0..40u64 {
+        let lease_id = format!("m-before-{i}");
+        let again = after
+            .grant("m", "eu", 1, &lease_id, 1 + i)
+            .await
+            .expect("retry");
+        assert_eq!(
+            again.grant.as_ref(),
+            Some(&answers[&lease_id]),
+            "{lease_id}"
+        );
+    }
+
+    let (reply, window) = inspect_pool(&after, "m").await;
+    let raft = reply.raft.expect("raft");
+    assert_eq!(raft.voters, remaining);
+    assert!(
+        raft.nodes.iter().all(|n| n.node_id != removed),
+        "{removed} still in the membership: {raft:?}"
+    );
+    let committed = records(&window);
+    assert_eq!(committed.len(), answers.len(), "one record per lease id");
+    for (lease_id, grant) in &answers {
+        assert_eq!(&committed[lease_id].1, grant, "{lease_id}");
+    }
+    // Nothing granted twice: the pool's counter is the sum over lease ids.
+    let total: u64 = answers.values().map(|g| g.granted_millitokens).sum();
+    assert_eq!(window.granted_in_window_millitokens, total);
+
+    // The joiner, a voter now, also learns of the removal.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let raft = joiner_view
+            .inspect(stale(false))
+            .await
+            .expect("stale inspect")
+            .raft
+            .expect("raft");
+        if raft.voters == remaining && raft.nodes.iter().all(|n| n.node_id != removed) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {joiner} still sees {removed}: {raft:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -76,6 +76,7 @@ pub struct LocalCluster {
     binary: PathBuf,
     dir: PathBuf,
     nodes: BTreeMap<NodeId, LocalNode>,
+    settings: ClusterSettings,
 }
 
 /// A free loopback port (bound then released: a tiny race, fine for tests).
@@ -103,6 +104,54 @@ fn signal(pid: u32, name: &str) -> std::io::Result<()> {
     }
 }
 
+/// Writes node `id`'s config (`peers`: the `[peers]` table's lines) into
+/// `dir`; returns the node, not started.
+fn write_node_config(
+    dir: &Path,
+    id: NodeId,
+    address: &str,
+    peers: &str,
+    settings: &ClusterSettings,
+) -> std::io::Result<LocalNode> {
+    let data_dir = dir.join(format!("data-{id}"));
+    let mut config = format!(
+        "node_id = {id}\nlisten = \"{address}\"\ndata_dir = \"{}\"\ntick_interval_ms = {}\n\n[peers]\n{peers}\n[raft]\nheartbeat_ms = {}\nelection_min_ms = {}\nelection_max_ms = {}\nwrite_timeout_ms = {}\nsnapshot_every_entries = {}\nlogs_kept_after_snapshot = {}\n",
+        data_dir.display(),
+        settings.tick_interval_ms,
+        settings.heartbeat_ms,
+        settings.election_min_ms,
+        settings.election_max_ms,
+        settings.write_timeout_ms,
+        settings.snapshot_every_entries,
+        settings.logs_kept_after_snapshot,
+    );
+    if let Some(ProberTargets {
+        interval_ms,
+        failures_to_unhealthy: failures,
+        targets,
+    }) = &settings.prober
+    {
+        config.push_str(&format!(
+            "\n[prober]\ninterval_ms = {interval_ms}\ntimeout_ms = 500\nfailures_to_unhealthy = {failures}\n"
+        ));
+        for (region, url) in targets {
+            config.push_str(&format!(
+                "[[prober.region]]\nregion = \"{region}\"\nhealth = \"{url}\"\n"
+            ));
+        }
+    }
+    let config_path = dir.join(format!("allocator-{id}.toml"));
+    std::fs::write(&config_path, config)?;
+    Ok(LocalNode {
+        address: address.to_string(),
+        config_path,
+        data_dir,
+        log_path: dir.join(format!("node-{id}.log")),
+        child: None,
+        frozen: false,
+    })
+}
+
 impl LocalCluster {
     /// Writes the configs of `settings.nodes` nodes on free loopback ports
     /// into a new temporary directory. Starts nothing.
@@ -119,55 +168,38 @@ impl LocalCluster {
             .collect();
         let mut nodes = BTreeMap::new();
         for (id, address) in &addresses {
-            let data_dir = dir.join(format!("data-{id}"));
-            let config = format!(
-                "node_id = {id}\nlisten = \"{address}\"\ndata_dir = \"{}\"\ntick_interval_ms = {}\n\n[peers]\n{peers}\n[raft]\nheartbeat_ms = {}\nelection_min_ms = {}\nelection_max_ms = {}\nwrite_timeout_ms = {}\nsnapshot_every_entries = {}\nlogs_kept_after_snapshot = {}\n",
-                data_dir.display(),
-                settings.tick_interval_ms,
-                settings.heartbeat_ms,
-                settings.election_min_ms,
-                settings.election_max_ms,
-                settings.write_timeout_ms,
-                settings.snapshot_every_entries,
-                settings.logs_kept_after_snapshot,
-            );
-            let mut config = config;
-            if let Some(ProberTargets {
-                interval_ms,
-                failures_to_unhealthy: failures,
-                targets,
-            }) = &settings.prober
-            {
-                config.push_str(&format!(
-                    "\n[prober]\ninterval_ms = {interval_ms}\ntimeout_ms = 500\nfailures_to_unhealthy = {failures}\n"
-                ));
-                for (region, url) in targets {
-                    config.push_str(&format!(
-                        "[[prober.region]]\nregion = \"{region}\"\nhealth = \"{url}\"\n"
-                    ));
-                }
-            }
-            let config_path = dir.join(format!("allocator-{id}.toml"));
-            std::fs::write(&config_path, config)?;
             nodes.insert(
                 *id,
-                LocalNode {
-                    address: address.clone(),
-                    config_path,
-                    data_dir,
-                    log_path: dir.join(format!("node-{id}.log")),
-                    child: None,
-                    frozen: false,
-                },
+                write_node_config(&dir, *id, address, &peers, settings)?,
             );
         }
         let cluster = LocalCluster {
             binary: binary.to_path_buf(),
             dir,
             nodes,
+            settings: settings.clone(),
         };
         std::fs::write(cluster.dir.join("RUST_LOG"), &settings.log_filter)?;
         Ok(cluster)
+    }
+
+    /// Writes the config of one more node (the next id, a free loopback
+    /// port) whose `[peers]` lists every node so far and itself. Starts
+    /// nothing. Started without `--init`, it never initializes a cluster of
+    /// its own (it is not the lowest id): it waits to be added (AddNode).
+    pub fn add_joiner(&mut self) -> std::io::Result<NodeId> {
+        let id = self.nodes.keys().next_back().map_or(1, |last| last + 1);
+        let address = format!("127.0.0.1:{}", free_port()?);
+        let peers: String = self
+            .nodes
+            .iter()
+            .map(|(id, node)| (*id, node.address.as_str()))
+            .chain(std::iter::once((id, address.as_str())))
+            .map(|(id, address)| format!("{id} = \"{address}\"\n"))
+            .collect();
+        let node = write_node_config(&self.dir, id, &address, &peers, &self.settings)?;
+        self.nodes.insert(id, node);
+        Ok(id)
     }
 
     pub fn dir(&self) -> &Path {
