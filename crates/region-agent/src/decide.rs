@@ -48,10 +48,10 @@ pub struct Decider {
     pub clock: Arc<dyn Clock>,
 }
 
-/// How a rule turned into a store call.
+/// How rules turned into a store call (the call itself is returned beside it,
+/// so the batch is built without copying keys and arguments).
 struct Planned<'b> {
     rules: Vec<&'b Rule>,
-    call: ScriptCall,
     /// multi_rule (remaining per rule after 3 fields) or single-rule reply.
     multi: bool,
     idempotent: bool,
@@ -106,14 +106,18 @@ impl Decider {
             resolved.checked.iter().copied().partition(|r| !r.shadow);
 
         let mut plans = Vec::new();
+        let mut calls = Vec::new();
         if !enforcing.is_empty() {
-            plans.push(self.plan(&enforcing, &target, &decision_id, cost, true)?);
+            let (plan, call) = self.plan(&enforcing, &target, &decision_id, cost, true)?;
+            plans.push(plan);
+            calls.push(call);
         }
         for rule in &shadow {
             // No record for shadow calls: they never answer a replay.
-            plans.push(self.plan(&[*rule], &target, &decision_id, cost, false)?);
+            let (plan, call) = self.plan(&[*rule], &target, &decision_id, cost, false)?;
+            plans.push(plan);
+            calls.push(call);
         }
-        let calls: Vec<ScriptCall> = plans.iter().map(|p| p.call.clone()).collect();
         let mut replies = self.run(&calls).await;
 
         let mut decision = if enforcing.is_empty() {
@@ -123,10 +127,7 @@ impl Decider {
             if matches!(main, Err(StoreError::Ambiguous(_))) && plans[0].idempotent {
                 // The record makes a resend safe: a run that did happen answers from it.
                 tracing::debug!(decision_id = %decision_id, "ambiguous store outcome: retrying idempotent decision");
-                main = self
-                    .run(std::slice::from_ref(&plans[0].call))
-                    .await
-                    .remove(0);
+                main = self.run(std::slice::from_ref(&calls[0])).await.remove(0);
             }
             self.interpret(&bundle, &plans[0], main, &target, &decision_id, cost)
         };
@@ -190,7 +191,7 @@ impl Decider {
         decision_id: &str,
         cost: u64,
         record: bool,
-    ) -> Result<Planned<'b>, InvalidField> {
+    ) -> Result<(Planned<'b>, ScriptCall), InvalidField> {
         let first = rules[0];
         if rules.len() == 1 && first.algorithm != Algorithm::TokenBucket {
             return self.plan_single(first, target, decision_id, cost);
@@ -222,12 +223,12 @@ impl Decider {
                 .arg(rule.rate.period_ms)
                 .arg(rule_cost_millitokens(rule, cost)?);
         }
-        Ok(Planned {
+        let plan = Planned {
             rules: rules.to_vec(),
-            call,
             multi: true,
             idempotent: ttl > 0,
-        })
+        };
+        Ok((plan, call))
     }
 
     fn plan_single<'b>(
@@ -236,7 +237,7 @@ impl Decider {
         target: &RequestTarget,
         decision_id: &str,
         cost: u64,
-    ) -> Result<Planned<'b>, InvalidField> {
+    ) -> Result<(Planned<'b>, ScriptCall), InvalidField> {
         let key = self.bucket_key(rule, target)?;
         let units = rule.cost_tokens.saturating_mul(cost);
         let rate = rule.rate;
@@ -286,12 +287,12 @@ impl Decider {
                 ));
             }
         };
-        Ok(Planned {
+        let plan = Planned {
             rules: vec![rule],
-            call,
             multi: false,
             idempotent: rule.algorithm == Algorithm::SlidingLog,
-        })
+        };
+        Ok((plan, call))
     }
 
     /// No enforcing rule applies: allowed.

@@ -13,6 +13,7 @@
 //! retry then runs to the stored window's end. Window starts never move back.
 
 use super::bucket::{lua_number, wrong_type};
+use super::Verdict;
 use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
@@ -50,15 +51,6 @@ pub struct WindowState {
     pub n: u64,
 }
 
-/// The decision of one call (before `now_ms` is appended).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowDecision {
-    pub allowed: bool,
-    pub remaining: u64,
-    /// 0 when allowed; ms to the window's end when denied; -1 = never.
-    pub retry_after_ms: i64,
-}
-
 /// The window a call at `now_ms` counts in, with its count so far. A stale
 /// window (stored start before the current one) counts 0; a stored window
 /// starting after the current one (clock back) is kept as it is, so the
@@ -79,14 +71,9 @@ pub fn decide(
     params: &WindowParams,
     cost: u64,
     now_ms: i64,
-) -> (WindowDecision, Option<WindowState>) {
+) -> (Verdict, Option<WindowState>) {
     if cost > params.limit {
-        let never = WindowDecision {
-            allowed: false,
-            remaining: 0,
-            retry_after_ms: -1,
-        };
-        return (never, None);
+        return (Verdict::NEVER, None);
     }
     let state = current(stored, params, now_ms);
     let n_after = state.n.saturating_add(cost);
@@ -95,14 +82,14 @@ pub fn decide(
             n: n_after,
             ..state
         };
-        let decision = WindowDecision {
+        let decision = Verdict {
             allowed: true,
             remaining: params.limit - n_after,
             retry_after_ms: 0,
         };
         return (decision, Some(after));
     }
-    let decision = WindowDecision {
+    let decision = Verdict {
         allowed: false,
         remaining: params.limit.saturating_sub(state.n),
         retry_after_ms: ms_to_end(&state, params, now_ms),
@@ -169,12 +156,7 @@ pub fn eval(
         let ttl = ms_to_end(&state, &params, now_ms).saturating_add(slack as i64);
         space.pexpire(key, ttl, now_ms);
     }
-    Ok(vec![
-        i64::from(decision.allowed),
-        decision.remaining as i64,
-        decision.retry_after_ms,
-        now_ms,
-    ])
+    Ok(decision.reply(now_ms))
 }
 
 #[cfg(test)]

@@ -11,18 +11,10 @@
 //! denied; cost > capacity → `{0, 0, -1, now}`. A denial writes nothing.
 
 use super::bucket::{self, BucketParams};
+use super::Verdict;
 use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
-
-/// The decision of one GCRA call (before `now_ms` is appended).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GcraDecision {
-    pub allowed: bool,
-    pub remaining_millitokens: u64,
-    /// 0 when allowed; -1 when the cost exceeds the capacity.
-    pub retry_after_ms: i64,
-}
 
 /// Millitokens a meter at `tat` holds at `now_ms`: floor((burst − (tat −
 /// now)) × refill / period), never below 0 nor above the capacity.
@@ -45,14 +37,9 @@ pub fn decide(
     params: &BucketParams,
     cost_millitokens: u64,
     now_ms: i64,
-) -> (GcraDecision, Option<i64>) {
+) -> (Verdict, Option<i64>) {
     if cost_millitokens > params.capacity_millitokens {
-        let never = GcraDecision {
-            allowed: false,
-            remaining_millitokens: 0,
-            retry_after_ms: -1,
-        };
-        return (never, None);
+        return (Verdict::NEVER, None);
     }
     let inc = params.retry_after_ms(cost_millitokens) as i64;
     let burst = params.full_refill_ms() as i64;
@@ -60,16 +47,16 @@ pub fn decide(
     let level = start + inc - now_ms;
     if level <= burst {
         let tat = start + inc;
-        let decision = GcraDecision {
+        let decision = Verdict {
             allowed: true,
-            remaining_millitokens: remaining_at(params, tat, now_ms),
+            remaining: remaining_at(params, tat, now_ms),
             retry_after_ms: 0,
         };
         return (decision, Some(tat));
     }
-    let decision = GcraDecision {
+    let decision = Verdict {
         allowed: false,
-        remaining_millitokens: remaining_at(params, start, now_ms),
+        remaining: remaining_at(params, start, now_ms),
         retry_after_ms: level - burst,
     };
     (decision, None)
@@ -103,12 +90,7 @@ pub fn eval(
             .map_err(bucket::wrong_type)?;
         space.pexpire(key, tat - now_ms + slack as i64, now_ms);
     }
-    Ok(vec![
-        i64::from(decision.allowed),
-        decision.remaining_millitokens as i64,
-        decision.retry_after_ms,
-        now_ms,
-    ])
+    Ok(decision.reply(now_ms))
 }
 
 #[cfg(test)]
@@ -129,15 +111,12 @@ mod tests {
         for i in 0..20 {
             let (d, t) = decide(tat, &P_READ, 1_000, 0);
             assert!(d.allowed, "call {i}");
-            assert_eq!(d.remaining_millitokens, 19_000 - 1_000 * i);
+            assert_eq!(d.remaining, 19_000 - 1_000 * i);
             tat = t;
         }
         assert_eq!(tat, Some(10_000));
         let (d, t) = decide(tat, &P_READ, 1_000, 0);
-        assert_eq!(
-            (d.allowed, d.remaining_millitokens, d.retry_after_ms),
-            (false, 0, 500)
-        );
+        assert_eq!((d.allowed, d.remaining, d.retry_after_ms), (false, 0, 500));
         assert!(t.is_none(), "a denial writes nothing");
     }
 
@@ -147,7 +126,7 @@ mod tests {
         let (d, t) = decide(Some(10_000), &P_READ, 1_000, 5_000);
         assert!(d.allowed);
         assert_eq!(t, Some(10_500));
-        assert_eq!(d.remaining_millitokens, 9_000);
+        assert_eq!(d.remaining, 9_000);
         assert_eq!(remaining_at(&P_READ, 10_000, 5_000), 10_000);
     }
 

@@ -32,3 +32,36 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::Gcra => gcra::eval(space, keys, argv, now_ms),
     }
 }
+
+/// The answer of the single-key admission scripts (`token_bucket`, `gcra`,
+/// `fixed_window`, `sliding_counter`); their reply is
+/// `{allowed, remaining, retry_after_ms, now_ms}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// In the algorithm's unit: millitokens for `token_bucket` and `gcra`,
+    /// units of the limit for the window algorithms.
+    pub remaining: u64,
+    /// 0 when allowed; -1 = can never succeed (cost above capacity or
+    /// limit); otherwise the algorithm's retry hint in ms.
+    pub retry_after_ms: i64,
+}
+
+impl Verdict {
+    /// A cost above the capacity (or limit): refused, nothing read or written.
+    pub const NEVER: Verdict = Verdict {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms: -1,
+    };
+
+    /// The script's reply: the verdict, then the store time it used.
+    pub fn reply(&self, now_ms: i64) -> Vec<i64> {
+        vec![
+            i64::from(self.allowed),
+            self.remaining as i64,
+            self.retry_after_ms,
+            now_ms,
+        ]
+    }
+}

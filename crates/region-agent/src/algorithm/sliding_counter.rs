@@ -26,6 +26,7 @@
 
 use super::bucket::{lua_number, wrong_type};
 use super::fixed_window::WindowParams;
+use super::Verdict;
 use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
@@ -36,15 +37,6 @@ pub struct CounterState {
     pub w_ms: i64,
     pub cur: u64,
     pub prev: u64,
-}
-
-/// The decision of one call (before `now_ms` is appended).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CounterDecision {
-    pub allowed: bool,
-    pub remaining: u64,
-    /// 0 when allowed; ms until the same request would pass; -1 = never.
-    pub retry_after_ms: i64,
 }
 
 /// The state a call at `now_ms` decides on: rolled to the current window as
@@ -87,14 +79,9 @@ pub fn decide(
     params: &WindowParams,
     cost: u64,
     now_ms: i64,
-) -> (CounterDecision, Option<CounterState>) {
+) -> (Verdict, Option<CounterState>) {
     if cost > params.limit {
-        let never = CounterDecision {
-            allowed: false,
-            remaining: 0,
-            retry_after_ms: -1,
-        };
-        return (never, None);
+        return (Verdict::NEVER, None);
     }
     let state = rolled(stored, params, now_ms);
     let window = u128::from(params.window_ms);
@@ -109,7 +96,7 @@ pub fn decide(
     let spare = (u128::from(params.limit - cur_after) * window).saturating_sub(prev_part);
     let remaining = (spare / window) as u64;
     if allowed {
-        let decision = CounterDecision {
+        let decision = Verdict {
             allowed,
             remaining,
             retry_after_ms: 0,
@@ -120,7 +107,7 @@ pub fn decide(
         };
         return (decision, Some(after));
     }
-    let decision = CounterDecision {
+    let decision = Verdict {
         allowed,
         remaining,
         retry_after_ms: retry_at(&state, params, room).saturating_sub(now_ms),
@@ -216,12 +203,7 @@ pub fn eval(
             .map_err(wrong_type)?;
         space.pexpire(key, ttl_ms(&state, &params, now_ms), now_ms);
     }
-    Ok(vec![
-        i64::from(decision.allowed),
-        decision.remaining as i64,
-        decision.retry_after_ms,
-        now_ms,
-    ])
+    Ok(decision.reply(now_ms))
 }
 
 #[cfg(test)]

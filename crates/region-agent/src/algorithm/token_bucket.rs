@@ -2,18 +2,10 @@
 //! nothing. Reply `{allowed, remaining, retry_after_ms, now_ms}`.
 
 use super::bucket::{self, BucketParams, BucketState};
+use super::Verdict;
 use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
-
-/// The decision of one token-bucket call (before `now_ms` is appended).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenDecision {
-    pub allowed: bool,
-    pub remaining_millitokens: u64,
-    /// 0 when allowed; -1 when the cost exceeds the capacity (never succeeds).
-    pub retry_after_ms: i64,
-}
 
 /// Pure decision: returns the decision and the state to store (None: write nothing).
 pub fn decide(
@@ -21,14 +13,9 @@ pub fn decide(
     params: &BucketParams,
     cost_millitokens: u64,
     now_ms: i64,
-) -> (TokenDecision, Option<BucketState>) {
+) -> (Verdict, Option<BucketState>) {
     if cost_millitokens > params.capacity_millitokens {
-        let never = TokenDecision {
-            allowed: false,
-            remaining_millitokens: 0,
-            retry_after_ms: -1,
-        };
-        return (never, None);
+        return (Verdict::NEVER, None);
     }
     let state = BucketState::refilled(stored, params, now_ms);
     if state.tokens_millitokens >= cost_millitokens {
@@ -36,17 +23,17 @@ pub fn decide(
             tokens_millitokens: state.tokens_millitokens - cost_millitokens,
             ..state
         };
-        let decision = TokenDecision {
+        let decision = Verdict {
             allowed: true,
-            remaining_millitokens: after.tokens_millitokens,
+            remaining: after.tokens_millitokens,
             retry_after_ms: 0,
         };
         return (decision, Some(after));
     }
     let deficit = cost_millitokens - state.tokens_millitokens;
-    let decision = TokenDecision {
+    let decision = Verdict {
         allowed: false,
-        remaining_millitokens: state.tokens_millitokens,
+        remaining: state.tokens_millitokens,
         retry_after_ms: params.retry_after_ms(deficit) as i64,
     };
     (decision, None)
@@ -74,12 +61,7 @@ pub fn eval(
     if let Some(state) = write {
         bucket::store(space, key, state, params.full_refill_ms() + slack, now_ms)?;
     }
-    Ok(vec![
-        i64::from(decision.allowed),
-        decision.remaining_millitokens as i64,
-        decision.retry_after_ms,
-        now_ms,
-    ])
+    Ok(decision.reply(now_ms))
 }
 
 #[cfg(test)]
@@ -101,10 +83,7 @@ mod tests {
             state = s;
         }
         let (d, s) = decide(state, &P_READ, 1_000, 0);
-        assert_eq!(
-            (d.allowed, d.remaining_millitokens, d.retry_after_ms),
-            (false, 0, 500)
-        );
+        assert_eq!((d.allowed, d.remaining, d.retry_after_ms), (false, 0, 500));
         assert!(s.is_none(), "a denial writes nothing");
     }
 
@@ -139,7 +118,7 @@ mod tests {
             ..P_READ
         };
         let (d, _) = decide(Some(stored), &lower, 1_000, 0);
-        assert_eq!(d.remaining_millitokens, 4_000);
+        assert_eq!(d.remaining, 4_000);
     }
 
     #[test]
