@@ -63,3 +63,20 @@ local function lh_bucket(key, capacity, refill, period, now)
   local elapsed = math.min(math.max(0, now - ts), full_ms)
   return math.min(capacity, tokens + math.floor(elapsed * refill / period)), math.max(ts, now), full_ms
 end
+
+-- A chunk counter (a string of millitokens) as seen at now: its value and
+-- absolute expiry in ms (-1: none), or nil when missing. Expiry is judged on
+-- the script's clock (expired when now > expiry, as Redis decides), not on
+-- Redis's own snapshot taken a little earlier, so the twin sees the same
+-- keys. A value that is not a canonical integer in [0, 2^40] (what DECRBY
+-- could not parse, or what no chunk_credit wrote) reads as 0. PEXPIRETIME
+-- needs Redis 7.0 or later.
+local function lh_counter(key, now)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  local at = redis.call('PEXPIRETIME', key)
+  if at >= 0 and now > at then return nil end
+  local n = lh_int(v, 0, LH_MAX)
+  if not n or (#v > 1 and string.sub(v, 1, 1) == '0') then n = 0 end
+  return n, at
+end

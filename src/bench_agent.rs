@@ -59,6 +59,7 @@ pub async fn run(concurrency: usize, seconds: u64) -> anyhow::Result<()> {
         policy_poll: Duration::from_secs(60),
         fallback_max_keys: 1_000,
         clock: Arc::new(SystemClock),
+        global: None,
     })
     .await?;
     let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;

@@ -6,8 +6,9 @@ mod allocator_cli;
 mod bench;
 mod bench_agent;
 mod bench_allocator;
+mod dev;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -22,8 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Embedded 3-Region cluster on loopback (not yet available).
-    Dev,
+    /// Embedded cluster on loopback: 3 allocator nodes and 3 Region agents
+    /// (eu, us, ap) in one process; `--demo` adds traffic and a report.
+    Dev(dev::DevArgs),
     /// Run an allocator node (openraft + sled; serves leasehold.allocator.v1).
     Allocator(allocator_cli::AllocatorArgs),
     /// Run a Region agent.
@@ -90,7 +92,14 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
-        Command::Dev => not_yet("dev"),
+        Command::Dev(args) => {
+            if let Err(message) = args.validate() {
+                Cli::command()
+                    .error(clap::error::ErrorKind::ArgumentConflict, message)
+                    .exit();
+            }
+            dev::run(args).await
+        }
         Command::Allocator(args) => allocator_cli::run_node(args).await,
         Command::Agent { config } => run_agent(&config).await,
         Command::Pool { command } => allocator_cli::pool(command).await,

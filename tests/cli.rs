@@ -27,7 +27,7 @@ fn help_lists_every_component_command() {
 
 #[test]
 fn commands_not_yet_built_say_so_and_fail() {
-    let out = leasehold().arg("dev").output().unwrap();
+    let out = leasehold().arg("lease").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not yet available"));
 }

@@ -89,6 +89,7 @@ pub async fn start_counting(
         policy_poll: Duration::from_secs(1),
         fallback_max_keys: 1_000,
         clock: Arc::new(SystemClock),
+        global: None,
     })
     .await
     .expect("agent starts");

@@ -24,14 +24,15 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
 use crate::config::PoolConfig;
-use crate::raft::network::lazy_channel;
 use crate::raft::node::MAX_API_MESSAGE_BYTES;
+use crate::transport::{self, Connector};
 use crate::wire;
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::allocator_client::AllocatorClient as RawClient;
@@ -113,6 +114,7 @@ struct Shared {
     channels: Mutex<HashMap<String, Channel>>,
     leader: Mutex<Option<String>>,
     settings: ClientSettings,
+    connector: Arc<dyn Connector>,
 }
 
 /// A cluster client; cheap to clone (clones share channels and the leader hint).
@@ -158,6 +160,17 @@ impl AllocatorClient {
         addresses: &[S],
         settings: ClientSettings,
     ) -> Result<Self, ClientError> {
+        Self::with_connector(addresses, settings, transport::tcp())
+    }
+
+    /// A client that opens its channels through `connector` (real TCP in
+    /// [`AllocatorClient::with_settings`]; a simulated network in the
+    /// simulation). Build it on the runtime that will drive its calls.
+    pub fn with_connector<S: AsRef<str>>(
+        addresses: &[S],
+        settings: ClientSettings,
+        connector: Arc<dyn Connector>,
+    ) -> Result<Self, ClientError> {
         let addresses: Vec<String> = addresses
             .iter()
             .map(|a| a.as_ref().trim().trim_start_matches("http://").to_string())
@@ -171,10 +184,12 @@ impl AllocatorClient {
         }
         let mut channels = HashMap::new();
         for address in &addresses {
-            let channel = lazy_channel(address).map_err(|e| ClientError::Address {
-                address: address.clone(),
-                message: e.to_string(),
-            })?;
+            let channel = connector
+                .channel(address)
+                .map_err(|e| ClientError::Address {
+                    address: address.clone(),
+                    message: e.message,
+                })?;
             channels.insert(address.clone(), channel);
         }
         Ok(AllocatorClient {
@@ -183,6 +198,7 @@ impl AllocatorClient {
                 channels: Mutex::new(channels),
                 leader: Mutex::new(None),
                 settings,
+                connector,
             }),
         })
     }
@@ -216,7 +232,11 @@ impl AllocatorClient {
         if channels.len() >= MAX_ADDRESSES {
             return Err(format!("more than {MAX_ADDRESSES} node addresses"));
         }
-        let channel = lazy_channel(address).map_err(|e| e.to_string())?;
+        let channel = self
+            .shared
+            .connector
+            .channel(address)
+            .map_err(|e| e.message)?;
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
     }

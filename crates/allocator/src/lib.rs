@@ -19,6 +19,15 @@
 //! ([`render`]) and a process cluster for tests and benches
 //! ([`local_cluster`]).
 //!
+//! **Simulation seams:** a node runs unchanged in a deterministic turmoil
+//! simulation. Every outgoing connection goes through a
+//! [`transport::Connector`], a node serves any stream of connections
+//! ([`transport::Listen`]), keeps its log in sled or in memory, reads wall
+//! time only through its [`clock::WallClock`], and openraft's RNG (the
+//! election timeout) can be seeded per node ([`raft::runtime`]); all of it
+//! is chosen in [`raft::node::NodeParts`] for [`raft::node::start_with`].
+//! The turmoil network and clock are in `sim_net` (feature `turmoil`).
+//!
 //! **Does not own:** Region-local buckets, block leasing and fallback
 //! enforcement (`leasehold-region-agent`); the wire types (`leasehold-proto`).
 //!
@@ -60,6 +69,7 @@
 
 pub mod apportion;
 pub mod client;
+pub mod clock;
 pub mod command;
 pub mod config;
 pub mod fence;
@@ -76,7 +86,10 @@ pub mod region;
 pub mod render;
 pub mod service;
 pub mod share;
+#[cfg(feature = "turmoil")]
+pub mod sim_net;
 pub mod snapshot;
+pub mod transport;
 pub mod wire;
 
 pub use command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};

@@ -10,8 +10,10 @@
 //! machine holds, so all replicas agree and a steady Region costs no entries.
 //!
 //! The rule ([`Tracker`]) is pure — outcomes and time in, a verdict to
-//! propose out; the I/O (one bounded TCP exchange per probe, [`probe`]) and
-//! the loop ([`run`]) are thin shells around it.
+//! propose out; the I/O (one bounded exchange per probe over a stream the
+//! node's [`Connector`] opens, [`probe_with`]; real TCP: [`probe`]) and the
+//! loop ([`run_with`]; real TCP: [`run`]) are thin shells around it. The
+//! resend pacing reads the node's clock ([`ProberHost::now_ms`]).
 //!
 //! Bounds: one probe per Region per interval, all Regions probed
 //! concurrently, each bounded by `timeout_ms` (connect, write and read
@@ -20,12 +22,13 @@
 //! committed state has not caught up.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::node_config::{ProbeTarget, ProberSettings};
+use crate::transport::{Connector, TcpConnector};
 
 /// Most bytes of a health answer read.
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024;
@@ -120,19 +123,27 @@ pub fn parse_health_response(response: &[u8]) -> ProbeOutcome {
     }
 }
 
-/// One probe: connect, send the GET, read the answer to its end (the agent
-/// closes: `Connection: close`), all within `timeout`.
+/// One probe over real TCP: connect, send the GET, read the answer to its
+/// end (the agent closes: `Connection: close`), all within `timeout`.
 pub async fn probe(target: &ProbeTarget, timeout: Duration) -> ProbeOutcome {
-    match tokio::time::timeout(timeout, exchange(target)).await {
+    probe_with(&TcpConnector, target, timeout).await
+}
+
+/// [`probe`] over a stream `connector` opens.
+pub async fn probe_with(
+    connector: &dyn Connector,
+    target: &ProbeTarget,
+    timeout: Duration,
+) -> ProbeOutcome {
+    match tokio::time::timeout(timeout, exchange(connector, target)).await {
         Ok(Ok(response)) => parse_health_response(&response),
         Ok(Err(error)) => ProbeOutcome::Failed(error.to_string()),
         Err(_) => ProbeOutcome::Failed(format!("no answer within {} ms", timeout.as_millis())),
     }
 }
 
-async fn exchange(target: &ProbeTarget) -> std::io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(&target.host_port).await?;
-    stream.set_nodelay(true)?;
+async fn exchange(connector: &dyn Connector, target: &ProbeTarget) -> std::io::Result<Vec<u8>> {
+    let mut stream = connector.stream(&target.host_port).await?;
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
         target.path, target.host_port
@@ -167,16 +178,26 @@ pub trait ProberHost: Send + Sync + 'static {
         region: String,
         healthy: bool,
     ) -> impl std::future::Future<Output = Result<(), String>> + Send;
-    /// Allocator-independent wall clock, ms (only for the resend pacing).
+    /// The node's wall clock, ms (only for the resend pacing).
     fn now_ms(&self) -> u64;
 }
 
-/// The prober loop: returns when `stop` turns true. Trackers are reset
-/// whenever this node is not the leader, so a new leader judges from fresh
-/// observations.
+/// The prober loop over real TCP (see [`run_with`]).
 pub async fn run<H: ProberHost>(
-    host: std::sync::Arc<H>,
+    host: Arc<H>,
     settings: ProberSettings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    run_with(host, settings, Arc::new(TcpConnector), stop).await
+}
+
+/// The prober loop, probing through `connector`: returns when `stop` turns
+/// true. Trackers are reset whenever this node is not the leader, so a new
+/// leader judges from fresh observations.
+pub async fn run_with<H: ProberHost>(
+    host: Arc<H>,
+    settings: ProberSettings,
+    connector: Arc<dyn Connector>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     if settings.targets.is_empty() {
@@ -208,8 +229,9 @@ pub async fn run<H: ProberHost>(
                 continue;
             };
             let target = target.clone();
+            let connector = Arc::clone(&connector);
             probes.spawn(async move {
-                let outcome = probe(&target, timeout).await;
+                let outcome = probe_with(connector.as_ref(), &target, timeout).await;
                 (target.region, committed, outcome)
             });
         }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::breaker::BreakerConfig;
 use crate::fallback::DEFAULT_MAX_KEYS;
+use crate::global::settings::GlobalSettings;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +31,9 @@ pub struct AgentConfig {
     pub store: StoreSettings,
     #[serde(default)]
     pub fallback: FallbackSettings,
+    /// Global pools synced with the allocator (absent: none).
+    #[serde(default)]
+    pub global: Option<GlobalSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -98,6 +102,13 @@ pub enum ConfigError {
         line: usize,
         message: String,
     },
+    #[error("{file}:{line}: field {field}: {message}")]
+    InvalidGlobal {
+        file: String,
+        line: usize,
+        field: String,
+        message: String,
+    },
     #[error("{file}: field {field}: {message}")]
     Invalid {
         file: String,
@@ -130,6 +141,16 @@ impl AgentConfig {
                 .unwrap_or(1),
             message: e.message().to_string(),
         })?;
+        if let Some(global) = &config.global {
+            if let Err((field, message)) = global.validate() {
+                return Err(ConfigError::InvalidGlobal {
+                    file: file.to_string(),
+                    line: line_of_key(text, field.rsplit('.').next().unwrap_or(&field)),
+                    field,
+                    message,
+                });
+            }
+        }
         if crate::key::Tenant::parse(&config.region).is_err() {
             return Err(ConfigError::Invalid {
                 file: file.to_string(),
@@ -139,6 +160,20 @@ impl AgentConfig {
         }
         Ok(config)
     }
+}
+
+/// The line where `key` (a field name, without its index) is first set;
+/// 1 when not found. Good enough to point at a `[global]` field.
+fn line_of_key(text: &str, key: &str) -> usize {
+    let key = key.split('[').next().unwrap_or(key);
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            line.starts_with(key) && line[key.len()..].trim_start().starts_with('=')
+                || line == format!("[{key}]")
+                || line == format!("[[global.{key}]]")
+        })
+        .map_or(1, |i| i + 1)
 }
 
 #[cfg(test)]
@@ -171,6 +206,25 @@ policy_file = "policy.toml"
             .to_string();
         assert!(e.starts_with("eu.toml:"), "{e}");
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn global_section_is_read_and_bad_values_name_file_line_and_field() {
+        let with = format!(
+            "{GOOD}\n[global]\nallocators = [\"http://127.0.0.1:7301\"]\n[[global.pool]]\nid = \"api-rate\"\n"
+        );
+        let c = AgentConfig::parse("eu.toml", &with).unwrap();
+        let global = c.global.unwrap();
+        assert_eq!(global.pools[0].id, "api-rate");
+        let bad = with.replace("http://127.0.0.1:7301", "127.0.0.1");
+        let e = AgentConfig::parse("eu.toml", &bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("eu.toml:9: field global.allocators[0]"),
+            "{e}"
+        );
+        let bad = with.replace("\"api-rate\"", "\"api rate\"");
+        let e = AgentConfig::parse("eu.toml", &bad).unwrap_err().to_string();
+        assert!(e.starts_with("eu.toml:11: field global.pool[0].id"), "{e}");
     }
 
     #[test]

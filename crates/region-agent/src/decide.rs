@@ -8,11 +8,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use leasehold_proto::agent::v1 as pb;
 
+use crate::algorithm::bucket::BucketParams;
 use crate::fallback::{LocalCharge, LocalFallback};
+use crate::global::room::{GlobalRoom, HeldChunk, Room};
 use crate::key::{KeyBuilder, Tenant};
 use crate::memory::Clock;
 use crate::metrics::AgentMetrics;
@@ -46,6 +48,24 @@ pub struct Decider {
     pub metrics: AgentMetrics,
     pub counters: Counters,
     pub clock: Arc<dyn Clock>,
+    /// The room this Region holds in each global pool (empty without `[global]`).
+    pub global: Arc<GlobalRoom>,
+}
+
+/// Retry hint when a pool rule's Region holds no room right now.
+pub const NO_ROOM_RETRY_MS: i64 = 1_000;
+
+/// Why a rule set could not become a store call.
+pub(crate) enum PlanError<'b> {
+    Invalid(InvalidField),
+    /// A pool rule whose Region holds no room: deny without a store call.
+    NoRoom(&'b Rule),
+}
+
+impl From<InvalidField> for PlanError<'_> {
+    fn from(e: InvalidField) -> Self {
+        PlanError::Invalid(e)
+    }
 }
 
 /// How rules turned into a store call (the call itself is returned beside it,
@@ -55,6 +75,8 @@ struct Planned<'b> {
     /// multi_rule (remaining per rule after 3 fields) or single-rule reply.
     multi: bool,
     idempotent: bool,
+    /// A window-pool spend: its cost, reported to the sync loop when allowed.
+    chunk_cost_millitokens: Option<u64>,
 }
 
 impl Decider {
@@ -105,18 +127,44 @@ impl Decider {
         let (enforcing, shadow): (Vec<&Rule>, Vec<&Rule>) =
             resolved.checked.iter().copied().partition(|r| !r.shadow);
 
+        self.count_pool_demand(&enforcing, 1);
         let mut plans = Vec::new();
         let mut calls = Vec::new();
         if !enforcing.is_empty() {
-            let (plan, call) = self.plan(&enforcing, &target, &decision_id, cost, true)?;
-            plans.push(plan);
-            calls.push(call);
+            match self.plan(&enforcing, &target, &decision_id, cost, true) {
+                Ok((plan, call)) => {
+                    plans.push(plan);
+                    calls.push(call);
+                }
+                Err(PlanError::Invalid(e)) => return Err(e),
+                Err(PlanError::NoRoom(rule)) => {
+                    let mut decision = self.decision(
+                        &bundle,
+                        rule,
+                        &decision_id,
+                        false,
+                        0,
+                        NO_ROOM_RETRY_MS,
+                        false,
+                    );
+                    decision.leased = self.leased_rules(&resolved.leased, &target)?;
+                    self.count_pool_outcome(&enforcing, false, None);
+                    self.count(&decision, &bundle);
+                    return Ok(decision);
+                }
+            }
         }
+        let mut shadow_no_room = Vec::new();
         for rule in &shadow {
             // No record for shadow calls: they never answer a replay.
-            let (plan, call) = self.plan(&[*rule], &target, &decision_id, cost, false)?;
-            plans.push(plan);
-            calls.push(call);
+            match self.plan(&[*rule], &target, &decision_id, cost, false) {
+                Ok((plan, call)) => {
+                    plans.push(plan);
+                    calls.push(call);
+                }
+                Err(PlanError::Invalid(e)) => return Err(e),
+                Err(PlanError::NoRoom(rule)) => shadow_no_room.push(rule),
+            }
         }
         let mut replies = self.run(&calls).await;
 
@@ -146,17 +194,17 @@ impl Decider {
                 }
             }
         }
-        decision.leased = resolved
-            .leased
-            .iter()
-            .map(|r| {
-                Ok(pb::LeasedRule {
-                    rule_id: r.id.as_str().to_string(),
-                    block_tokens: r.block_tokens().unwrap_or(0),
-                    bucket: bucket_id(&self.bucket_key(r, &target)?),
-                })
-            })
-            .collect::<Result<_, InvalidField>>()?;
+        for rule in shadow_no_room {
+            let id = rule.id.as_str();
+            self.metrics.shadow_denials.with_label_values(&[id]).inc();
+            self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
+            decision.shadow_denied.push(id.to_string());
+        }
+        if !enforcing.is_empty() && !decision.fallback {
+            let spent = plans[0].chunk_cost_millitokens;
+            self.count_pool_outcome(&enforcing, decision.allowed, spent);
+        }
+        decision.leased = self.leased_rules(&resolved.leased, &target)?;
         decision.leased_only = enforcing.is_empty() && !decision.leased.is_empty();
         self.count(&decision, &bundle);
         tracing::debug!(
@@ -191,7 +239,7 @@ impl Decider {
         decision_id: &str,
         cost: u64,
         record: bool,
-    ) -> Result<(Planned<'b>, ScriptCall), InvalidField> {
+    ) -> Result<(Planned<'b>, ScriptCall), PlanError<'b>> {
         let first = rules[0];
         if rules.len() == 1 && first.algorithm != Algorithm::TokenBucket {
             return self.plan_single(first, target, decision_id, cost);
@@ -217,16 +265,18 @@ impl Decider {
         }
         call = call.arg(slack).arg(ttl);
         for rule in rules {
+            let params = self.bucket_params(rule).ok_or(PlanError::NoRoom(rule))?;
             call = call
-                .arg(rule.rate.capacity_tokens * MILLI)
-                .arg(rule.rate.refill_tokens * MILLI)
-                .arg(rule.rate.period_ms)
+                .arg(params.capacity_millitokens)
+                .arg(params.refill_millitokens)
+                .arg(params.period_ms)
                 .arg(rule_cost_millitokens(rule, cost)?);
         }
         let plan = Planned {
             rules: rules.to_vec(),
             multi: true,
             idempotent: ttl > 0,
+            chunk_cost_millitokens: None,
         };
         Ok((plan, call))
     }
@@ -237,7 +287,10 @@ impl Decider {
         target: &RequestTarget,
         decision_id: &str,
         cost: u64,
-    ) -> Result<(Planned<'b>, ScriptCall), InvalidField> {
+    ) -> Result<(Planned<'b>, ScriptCall), PlanError<'b>> {
+        if rule.pool.is_some() && rule.algorithm == Algorithm::FixedWindow {
+            return self.plan_chunk_spend(rule, cost);
+        }
         let key = self.bucket_key(rule, target)?;
         let units = rule.cost_tokens.saturating_mul(cost);
         let rate = rule.rate;
@@ -248,11 +301,12 @@ impl Decider {
                 } else {
                     ScriptKind::TokenBucket
                 };
+                let params = self.bucket_params(rule).ok_or(PlanError::NoRoom(rule))?;
                 ScriptCall::new(kind)
                     .key(key)
-                    .arg(rate.capacity_tokens * MILLI)
-                    .arg(rate.refill_tokens * MILLI)
-                    .arg(rate.period_ms)
+                    .arg(params.capacity_millitokens)
+                    .arg(params.refill_millitokens)
+                    .arg(params.period_ms)
                     .arg(rule_cost_millitokens(rule, cost)?)
                     .arg(rule.slack_ms)
             }
@@ -272,7 +326,8 @@ impl Decider {
                     return Err(InvalidField::new(
                         "cost",
                         "sliding_log rules count requests: cost must be 1",
-                    ));
+                    )
+                    .into());
                 }
                 ScriptCall::new(ScriptKind::SlidingLog)
                     .key(key)
@@ -284,15 +339,136 @@ impl Decider {
                 return Err(InvalidField::new(
                     "target",
                     "concurrency rules are acquired with AcquireConcurrency",
-                ));
+                )
+                .into());
             }
         };
         let plan = Planned {
             rules: vec![rule],
             multi: false,
             idempotent: rule.algorithm == Algorithm::SlidingLog,
+            chunk_cost_millitokens: None,
         };
         Ok((plan, call))
+    }
+
+    /// A window-pool rule spends from the chunks the Region holds
+    /// (`chunk_spend.lua`, all or nothing, earliest expiry first).
+    fn plan_chunk_spend<'b>(
+        &self,
+        rule: &'b Rule,
+        cost: u64,
+    ) -> Result<(Planned<'b>, ScriptCall), PlanError<'b>> {
+        let chunks = match self.room(rule) {
+            Room::Chunks(chunks) if !chunks.is_empty() => chunks,
+            _ => return Err(PlanError::NoRoom(rule)),
+        };
+        let cost_millitokens = rule_cost_millitokens(rule, cost)?;
+        let mut call = ScriptCall::new(ScriptKind::ChunkSpend);
+        for chunk in chunks {
+            call = call.key(chunk.key);
+        }
+        call = call.arg(cost_millitokens);
+        let plan = Planned {
+            rules: vec![rule],
+            multi: false,
+            idempotent: false,
+            chunk_cost_millitokens: Some(cost_millitokens),
+        };
+        Ok((plan, call))
+    }
+
+    /// The room a pool rule's pool holds now.
+    pub fn room(&self, rule: &Rule) -> Room {
+        match &rule.pool {
+            Some(pool) => self.global.room(
+                pool,
+                rule.algorithm == Algorithm::FixedWindow,
+                u64::try_from(self.clock.now_ms()).unwrap_or(0),
+            ),
+            None => Room::None,
+        }
+    }
+
+    /// The token bucket a rule charges: its own rate, or for a rate-pool
+    /// rule the Region's share (`None` while the share is 0 or unknown).
+    pub fn bucket_params(&self, rule: &Rule) -> Option<BucketParams> {
+        if rule.pool.is_none() {
+            return Some(BucketParams {
+                capacity_millitokens: rule.rate.capacity_tokens * MILLI,
+                refill_millitokens: rule.rate.refill_tokens * MILLI,
+                period_ms: rule.rate.period_ms,
+            });
+        }
+        match self.room(rule) {
+            Room::Bucket(params) => params,
+            _ => None,
+        }
+    }
+
+    /// Block size of a leased rule: its static size, or for a rate-pool rule
+    /// r × 0.25 s over N gateways at the Region's current share (0 while
+    /// the share is 0).
+    pub fn block_tokens(&self, rule: &Rule) -> u64 {
+        if rule.pool.is_none() {
+            return rule.block_tokens().unwrap_or(0);
+        }
+        let Some(params) = self.bucket_params(rule) else {
+            return 0;
+        };
+        let gateways = u64::from(rule.leased.map_or(1, |l| l.gateways.max(1)));
+        // refill is millitokens per 1,000 ms: tokens per second × 0.25 s.
+        let block =
+            (params.refill_millitokens / MILLI / 4 / gateways).max(crate::policy::MIN_BLOCK_TOKENS);
+        // Never above the bucket: a block that cannot fit is never granted.
+        block.min(params.capacity_millitokens / MILLI)
+    }
+
+    fn leased_rules(
+        &self,
+        leased: &[&Rule],
+        target: &RequestTarget,
+    ) -> Result<Vec<pb::LeasedRule>, InvalidField> {
+        leased
+            .iter()
+            .map(|r| {
+                Ok(pb::LeasedRule {
+                    rule_id: r.id.as_str().to_string(),
+                    block_tokens: self.block_tokens(r),
+                    bucket: bucket_id(&self.bucket_key(r, target)?),
+                })
+            })
+            .collect()
+    }
+
+    /// Demand for the pools of `rules` (requests received, allowed or not).
+    pub(crate) fn count_pool_demand(&self, rules: &[&Rule], requests: u64) {
+        for rule in rules {
+            if let Some(slot) = rule.pool.as_deref().and_then(|p| self.global.slot(p)) {
+                slot.counters
+                    .demand_requests
+                    .fetch_add(requests, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Admissions of pool rules, and chunk spends for the sync loop.
+    pub(crate) fn count_pool_outcome(&self, rules: &[&Rule], allowed: bool, spent: Option<u64>) {
+        for rule in rules {
+            if let Some(slot) = rule.pool.as_deref().and_then(|p| self.global.slot(p)) {
+                let counter = if allowed {
+                    &slot.counters.admitted
+                } else {
+                    &slot.counters.refused
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if let (true, Some(spent)) = (allowed, spent) {
+                    slot.counters
+                        .spent_millitokens
+                        .fetch_add(spent, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// No enforcing rule applies: allowed.
@@ -356,11 +532,16 @@ impl Decider {
             let denied_by = get(1) as usize;
             let idx = denied_by.saturating_sub(1).min(plan.rules.len() - 1);
             (idx, get(2), get(3 + idx))
+        } else if plan.chunk_cost_millitokens.is_some() {
+            // {allowed, available, expires_in_ms, now}: a refused spend waits
+            // for the next chunk, not for a refill.
+            (0, NO_ROOM_RETRY_MS, get(1))
         } else {
             (0, get(2), get(1))
         };
         let rule = plan.rules[reported];
-        let in_millitokens = matches!(rule.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        let in_millitokens = matches!(rule.algorithm, Algorithm::TokenBucket | Algorithm::Gcra)
+            || plan.chunk_cost_millitokens.is_some();
         let remaining_tokens = if in_millitokens {
             remaining / MILLI as i64
         } else {
@@ -403,18 +584,39 @@ impl Decider {
             } else {
                 pb::Reason::RateExceeded
             } as i32,
-            limit: rule.rate.capacity_tokens as i64,
+            limit: self.limit_tokens(rule),
             remaining,
             retry_after_ms,
             fallback,
             scope: rule.scope.as_str().to_string(),
-            window_ms: window_ms(rule),
+            window_ms: if rule.pool.is_some() {
+                0
+            } else {
+                window_ms(rule)
+            },
             ..Default::default()
         }
     }
 
     /// The store could not decide: closed rules refuse, local rules decide
     /// on local buckets (all or none), open rules admit.
+    /// The limit a decision reports: the rule's capacity, or what the
+    /// Region holds of its pool now (bucket capacity or chunk tokens).
+    fn limit_tokens(&self, rule: &Rule) -> i64 {
+        if rule.pool.is_none() {
+            return rule.rate.capacity_tokens as i64;
+        }
+        let millitokens = match self.room(rule) {
+            Room::Bucket(Some(params)) => params.capacity_millitokens,
+            Room::Chunks(chunks) => chunks
+                .iter()
+                .map(|c: &HeldChunk| c.granted_millitokens)
+                .fold(0, u64::saturating_add),
+            _ => 0,
+        };
+        i64::try_from(millitokens / MILLI).unwrap_or(i64::MAX)
+    }
+
     fn degrade(
         &self,
         bundle: &Bundle,

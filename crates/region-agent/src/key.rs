@@ -16,6 +16,8 @@ pub const MAX_ID_LEN: usize = 64;
 pub const MAX_PRINCIPAL_LEN: usize = 256;
 /// Shortest pepper accepted: 16 bytes.
 pub const MIN_PEPPER_LEN: usize = 16;
+/// Longest global pool id (the allocator's `PoolId` cap).
+pub const MAX_POOL_LEN: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -29,6 +31,8 @@ pub enum KeyError {
     Principal,
     #[error("pepper must be at least 16 bytes")]
     Pepper,
+    #[error("pool id must match [a-z0-9-]{{1,64}}")]
+    Pool,
 }
 
 /// A validated tenant (or pool) id: the hash tag.
@@ -152,6 +156,24 @@ impl KeyBuilder {
             check_id(lease_id)?
         ))
     }
+
+    /// The regional counter of one chunk grant of a window pool (§4.2):
+    /// `lh:v1:{g-<pool>}:_chunk:<lease_id>`. Tagged by the pool, so every
+    /// chunk of one pool shares a slot and one `chunk_spend` call can span
+    /// them. The pool id is the allocator's (`[a-z0-9-]{1,64}`); the lease
+    /// id (`[A-Za-z0-9._:-]{1,64}`, [`check_id`]) is the last segment and
+    /// is kept as it is: its `:` cannot be mistaken for a separator, as
+    /// the segments before it are fixed, and no `{`/`}` can move the tag.
+    pub fn chunk_counter(&self, pool: &str, lease_id: &str) -> Result<String, KeyError> {
+        let pool_ok = (1..=MAX_POOL_LEN).contains(&pool.len())
+            && pool
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !pool_ok {
+            return Err(KeyError::Pool);
+        }
+        Ok(format!("lh:v1:{{g-{pool}}}:_chunk:{}", check_id(lease_id)?))
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +220,41 @@ mod tests {
         let decision = b.decision(&t, "d-1").unwrap();
         for key in [&user, &tenant, &decision] {
             assert!(key.starts_with("lh:v1:{atlas}:"), "{key}");
+        }
+    }
+
+    #[test]
+    fn chunk_counter_is_tagged_by_the_pool_and_keeps_the_lease_id() {
+        let b = builder();
+        assert_eq!(
+            b.chunk_counter("checkout", "eu-west.7:42").unwrap(),
+            "lh:v1:{g-checkout}:_chunk:eu-west.7:42"
+        );
+        let longest_pool = "p".repeat(MAX_POOL_LEN);
+        let longest_id = format!("A._:-{}", "9".repeat(MAX_ID_LEN - 5));
+        let key = b.chunk_counter(&longest_pool, &longest_id).unwrap();
+        assert!(key.starts_with(&format!("lh:v1:{{g-{longest_pool}}}:_chunk:")));
+        assert!(key.ends_with(&longest_id));
+    }
+
+    #[test]
+    fn chunk_counter_refuses_bad_pools_and_lease_ids() {
+        let b = builder();
+        let too_long = "p".repeat(MAX_POOL_LEN + 1);
+        for pool in ["", "Checkout", "a_b", "a}b", "a:b", too_long.as_str()] {
+            assert_eq!(
+                b.chunk_counter(pool, "l-1"),
+                Err(KeyError::Pool),
+                "{pool:?}"
+            );
+        }
+        let too_long = "l".repeat(MAX_ID_LEN + 1);
+        for lease in ["", "a b", "a{b}", "a/b", too_long.as_str()] {
+            assert_eq!(
+                b.chunk_counter("pool", lease),
+                Err(KeyError::Id),
+                "{lease:?}"
+            );
         }
     }
 

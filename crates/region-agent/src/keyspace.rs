@@ -223,6 +223,21 @@ impl Keyspace {
         );
     }
 
+    /// SET key value KEEPTTL: replaces the value and keeps the key's expiry
+    /// (what DECRBY does to an integer string). A missing or expired key is
+    /// created without one.
+    pub fn set_keep_ttl(&mut self, key: &str, value: String, now_ms: i64) {
+        self.expire_if_due(key, now_ms);
+        let expires_at_ms = self.entries.get(key).and_then(|e| e.expires_at_ms);
+        self.entries.insert(
+            key.to_string(),
+            Entry {
+                value: Value::String(value),
+                expires_at_ms,
+            },
+        );
+    }
+
     /// Mutable access to a sorted set, created empty when missing. The caller
     /// must not leave it empty: call [`Keyspace::drop_if_empty_set`] after
     /// removals, as Redis deletes empty sets.
@@ -260,6 +275,18 @@ mod tests {
         space.pexpire("k", 10, 100);
         assert!(space.exists("k", 110));
         assert!(!space.exists("k", 111));
+    }
+
+    #[test]
+    fn set_keep_ttl_keeps_the_expiry_and_a_new_key_gets_none() {
+        let mut space = Keyspace::new();
+        space.set("c", "9".into(), Some(50), 100);
+        space.set_keep_ttl("c", "4".into(), 120);
+        assert_eq!(space.get("c", 150), Ok(Some("4".into())));
+        assert_eq!(space.pttl("c", 120), Some(30));
+        space.set_keep_ttl("d", "1".into(), 120);
+        assert_eq!(space.pttl("d", 120), None);
+        assert!(space.exists("d", 120));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use leasehold_proto::agent::v1 as pb;
 
-use crate::decide::{resolve, Decider, MILLI};
+use crate::decide::{resolve, Decider, MILLI, NO_ROOM_RETRY_MS};
 use crate::fallback::LocalCharge;
 use crate::policy::{FailMode, Rule};
 use crate::request::{self, InvalidField, RequestTarget};
@@ -43,14 +43,28 @@ impl Decider {
         let lease_id = request::id("lease_id", &req.lease_id)?;
         let target = RequestTarget::from_proto(req.target, &self.keys)?;
         let (bundle, rule) = self.leased_rule(&target, &req.rule_id)?;
-        let block_tokens = rule.block_tokens().unwrap_or(0);
+        let block_tokens = self.block_tokens(&rule);
         let gateways = rule.leased.map(|l| l.gateways).unwrap_or(1);
         let key = self.bucket_key(&rule, &target)?;
+        // A block's worth of demand for the pool's next Rebalance (the
+        // smallest block while the Region holds no share, so a starved
+        // Region's demand still shows).
+        self.count_pool_demand(&[&rule], block_tokens.max(crate::policy::MIN_BLOCK_TOKENS));
+        let Some(params) = self.bucket_params(&rule).filter(|_| block_tokens > 0) else {
+            // A rate-pool rule whose Region holds no share: nothing to lease.
+            self.count_pool_outcome(&[&rule], false, None);
+            return Ok(pb::LeaseBlockResponse {
+                lease_id,
+                policy_version: bundle.version,
+                retry_after_ms: NO_ROOM_RETRY_MS,
+                ..Default::default()
+            });
+        };
         let call = ScriptCall::new(ScriptKind::LeaseBlock)
             .key(key.clone())
-            .arg(rule.rate.capacity_tokens * MILLI)
-            .arg(rule.rate.refill_tokens * MILLI)
-            .arg(rule.rate.period_ms)
+            .arg(params.capacity_millitokens)
+            .arg(params.refill_millitokens)
+            .arg(params.period_ms)
             .arg(block_tokens * MILLI)
             .arg(gateways)
             .arg(rule.slack_ms);
@@ -65,6 +79,7 @@ impl Decider {
             Ok(reply) => {
                 let v = reply.decision();
                 let granted = v.first().copied().unwrap_or(0);
+                self.count_pool_outcome(&[&rule], granted > 0, None);
                 if granted > 0 {
                     response.granted_tokens = block_tokens;
                     self.metrics
@@ -155,12 +170,16 @@ impl Decider {
             .keys
             .give_back(&tag, &lease_id)
             .map_err(|e| InvalidField::new("lease_id", e.to_string()))?;
+        let Some(params) = self.bucket_params(&rule) else {
+            // The Region holds no share now: unused tokens lapse (safe).
+            return Ok(pb::ReturnBlockResponse::default());
+        };
         let call = ScriptCall::new(ScriptKind::GiveBack)
             .key(self.bucket_key(&rule, &target)?)
             .key(record)
-            .arg(rule.rate.capacity_tokens * MILLI)
-            .arg(rule.rate.refill_tokens * MILLI)
-            .arg(rule.rate.period_ms)
+            .arg(params.capacity_millitokens)
+            .arg(params.refill_millitokens)
+            .arg(params.period_ms)
             .arg(unused)
             .arg(rule.slack_ms)
             .arg(GIVE_BACK_RECORD_TTL_MS);

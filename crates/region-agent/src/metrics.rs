@@ -27,6 +27,11 @@ pub struct AgentMetrics {
     pub lease_blocks: IntCounterVec,
     pub local_fallback_keys: IntGauge,
     pub invalid_requests: IntCounterVec,
+    /// Per global pool: the rate the Region enforces (rate pools) or the
+    /// tokens its chunks still hold (window pools), and its mode.
+    pub global_room: IntGaugeVec,
+    pub global_mode: IntGaugeVec,
+    pub allocator_reachable: IntGauge,
 }
 
 impl AgentMetrics {
@@ -75,6 +80,27 @@ impl AgentMetrics {
             ),
             &["field"],
         )?;
+        let global_room = IntGaugeVec::new(
+            Opts::new(
+                "global_room_millitokens",
+                "Room held per global pool: enforced rate (millitokens/s) or chunk tokens left",
+            ),
+            &["pool", "kind"],
+        )?;
+        let global_mode = IntGaugeVec::new(
+            Opts::new(
+                "global_mode",
+                "Global pool mode: 0 normal, 1 fallback allowance, 2 fenced, 3 unknown",
+            ),
+            &["pool"],
+        )?;
+        let allocator_reachable = IntGauge::new(
+            "allocator_reachable",
+            "1 when the latest allocator call was answered",
+        )?;
+        registry.register(Box::new(global_room.clone()))?;
+        registry.register(Box::new(global_mode.clone()))?;
+        registry.register(Box::new(allocator_reachable.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(store_latency.clone()))?;
         registry.register(Box::new(breaker_state.clone()))?;
@@ -93,6 +119,9 @@ impl AgentMetrics {
             lease_blocks,
             local_fallback_keys,
             invalid_requests,
+            global_room,
+            global_mode,
+            allocator_reachable,
         })
     }
 

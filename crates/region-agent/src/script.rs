@@ -21,10 +21,12 @@ pub enum ScriptKind {
     SlidingLog,
     SlidingCounter,
     Gcra,
+    ChunkCredit,
+    ChunkSpend,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 9] = [
+    pub const ALL: [ScriptKind; 11] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -34,6 +36,8 @@ impl ScriptKind {
         ScriptKind::SlidingLog,
         ScriptKind::SlidingCounter,
         ScriptKind::Gcra,
+        ScriptKind::ChunkCredit,
+        ScriptKind::ChunkSpend,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -48,6 +52,8 @@ impl ScriptKind {
             ScriptKind::SlidingLog => "sliding_log",
             ScriptKind::SlidingCounter => "sliding_counter",
             ScriptKind::Gcra => "gcra",
+            ScriptKind::ChunkCredit => "chunk_credit",
+            ScriptKind::ChunkSpend => "chunk_spend",
         }
     }
 
@@ -62,6 +68,8 @@ impl ScriptKind {
             ScriptKind::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
             ScriptKind::SlidingCounter => include_str!("../../../lua/sliding_counter.lua"),
             ScriptKind::Gcra => include_str!("../../../lua/gcra.lua"),
+            ScriptKind::ChunkCredit => include_str!("../../../lua/chunk_credit.lua"),
+            ScriptKind::ChunkSpend => include_str!("../../../lua/chunk_spend.lua"),
         }
     }
 
@@ -175,6 +183,17 @@ mod tests {
             assert!(kind.source().starts_with(PRELUDE), "{}", kind.name());
             assert!(kind.source().len() > PRELUDE.len() + 10, "{}", kind.name());
         }
+    }
+
+    #[test]
+    fn all_lists_every_kind_once_in_declaration_order() {
+        // source() and script() index their tables by `kind as usize`.
+        for (index, kind) in ScriptKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, index, "{}", kind.name());
+        }
+        let names: std::collections::BTreeSet<_> =
+            ScriptKind::ALL.iter().map(|kind| kind.name()).collect();
+        assert_eq!(names.len(), ScriptKind::ALL.len());
     }
 
     #[test]

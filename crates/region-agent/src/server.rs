@@ -18,6 +18,9 @@ use crate::config::AgentConfig;
 use crate::decide::{Counters, Decider};
 use crate::envoy::EnvoyRateLimitService;
 use crate::fallback::LocalFallback;
+use crate::global::room::{GlobalRoom, PoolView};
+use crate::global::settings::GlobalSettings;
+use crate::global::sync::{GlobalSync, SyncError};
 use crate::key::KeyBuilder;
 use crate::memory::{Clock, MemoryStore, SystemClock};
 use crate::metrics::{breaker_gauge, AgentMetrics};
@@ -39,6 +42,8 @@ pub struct AgentSpec {
     pub policy_poll: Duration,
     pub fallback_max_keys: usize,
     pub clock: Arc<dyn Clock>,
+    /// Global pools to sync with the allocator (none without `[global]`).
+    pub global: Option<GlobalSettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +56,8 @@ pub enum StartError {
     Pepper(String),
     #[error("store: {0}")]
     Store(String),
+    #[error("global pools: {0}")]
+    Global(#[from] SyncError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("bind {addr}: {source}")]
@@ -103,6 +110,7 @@ impl AgentSpec {
             policy_poll: Duration::from_millis(config.fallback.policy_poll_ms.max(10)),
             fallback_max_keys: config.fallback.max_keys,
             clock: Arc::new(SystemClock),
+            global: config.global.clone(),
         })
     }
 }
@@ -130,6 +138,22 @@ impl RunningAgent {
 pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     let keys = KeyBuilder::new(&spec.pepper).map_err(|e| StartError::Pepper(e.to_string()))?;
     let policy = Arc::new(PolicyHolder::new(spec.policy));
+    let global = Arc::new(GlobalRoom::new(
+        spec.global
+            .iter()
+            .flat_map(|g| g.pools.iter().map(|p| p.id.clone())),
+    ));
+    let sync = match spec.global {
+        Some(settings) => Some(Arc::new(GlobalSync::new(
+            spec.region.clone(),
+            settings,
+            global.clone(),
+            spec.store.clone(),
+            keys.clone(),
+            spec.clock.clone(),
+        )?)),
+        None => None,
+    };
     let decider = Arc::new(Decider {
         region: spec.region.clone(),
         store: spec.store,
@@ -139,6 +163,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         metrics: AgentMetrics::new()?,
         counters: Counters::default(),
         clock: spec.clock,
+        global,
     });
     let grpc = TcpListener::bind(spec.listen)
         .await
@@ -197,6 +222,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
                         .with_label_values(&[d.store.name()])
                         .set(breaker_gauge(state));
                     d.metrics.local_fallback_keys.set(d.fallback.len() as i64);
+                    set_global_gauges(&d);
                     d.metrics.render()
                 }
             }),
@@ -207,11 +233,27 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
                 let d = for_health.clone();
                 async move {
                     let h = d.health();
+                    let pools: Vec<serde_json::Value> = d
+                        .global_pool_status()
+                        .into_iter()
+                        .map(|p| {
+                            serde_json::json!({
+                                "pool": p.pool,
+                                "kind": p.kind,
+                                "mode": p.mode,
+                                "incarnation": p.incarnation,
+                                "enforced_rate_millitokens_per_s": p.enforced_rate_millitokens_per_s,
+                                "available_millitokens": p.available_millitokens,
+                            })
+                        })
+                        .collect();
                     axum::Json(serde_json::json!({
                         "serving": h.serving,
                         "region": h.region,
                         "store_reachable": h.store_reachable,
                         "policy_version": d.policy.current().version,
+                        "allocator_reachable": d.global.allocator_reachable(),
+                        "global_pools": pools,
                     }))
                 }
             }),
@@ -226,6 +268,9 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         }
     }));
 
+    if let Some(sync) = sync {
+        tasks.extend(sync.spawn(signal.clone()));
+    }
     if let Some(path) = spec.policy_file {
         tasks.push(policy::spawn_file_watch(path, policy, spec.policy_poll));
     }
@@ -237,4 +282,35 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         shutdown,
         tasks,
     })
+}
+
+/// Refreshes the global-pool gauges from the room (at scrape time).
+fn set_global_gauges(decider: &Decider) {
+    let metrics = &decider.metrics;
+    metrics
+        .allocator_reachable
+        .set(i64::from(decider.global.allocator_reachable()));
+    for (pool, slot) in decider.global.pools() {
+        let view = slot.view();
+        let (room, mode) = match &view {
+            PoolView::Rate(rate) => (
+                rate.bucket.refill_millitokens_per_s,
+                match rate.mode {
+                    crate::global::share_sync::Mode::Normal => 0,
+                    crate::global::share_sync::Mode::Fallback => 1,
+                    crate::global::share_sync::Mode::Fenced => 2,
+                },
+            ),
+            PoolView::Window(window) => (
+                window.available_millitokens,
+                if window.fenced { 2 } else { 0 },
+            ),
+            PoolView::Unknown => (0, 3),
+        };
+        metrics
+            .global_room
+            .with_label_values(&[pool, view.kind()])
+            .set(i64::try_from(room).unwrap_or(i64::MAX));
+        metrics.global_mode.with_label_values(&[pool]).set(mode);
+    }
 }

@@ -8,6 +8,8 @@ use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
+use crate::global::room::PoolView;
+
 use crate::decide::Decider;
 use crate::policy;
 
@@ -151,6 +153,44 @@ impl Decider {
             fail_open_decisions: self.counters.fail_open_decisions.load(Ordering::Relaxed),
             local_fallback_keys: self.fallback.len() as u64,
             shadow_denials: self.counters.shadow_denials.load(Ordering::Relaxed),
+            allocator_reachable: self.global.allocator_reachable(),
+            global_pools: self.global_pool_status(),
         }
+    }
+
+    /// The room held in each global pool, for Status, `/health` and metrics.
+    pub fn global_pool_status(&self) -> Vec<pb::GlobalPoolStatus> {
+        self.global
+            .pools()
+            .map(|(pool, slot)| {
+                let view = slot.view();
+                let mut status = pb::GlobalPoolStatus {
+                    pool: pool.to_string(),
+                    kind: view.kind().to_string(),
+                    mode: view.mode().to_string(),
+                    admitted: slot.counters.admitted.load(Ordering::Relaxed),
+                    refused: slot.counters.refused.load(Ordering::Relaxed),
+                    ..Default::default()
+                };
+                match view {
+                    PoolView::Rate(rate) => {
+                        status.incarnation = rate.incarnation;
+                        status.epoch = rate.epoch;
+                        status.share_version = rate.share_version;
+                        status.enforced_rate_millitokens_per_s =
+                            rate.bucket.refill_millitokens_per_s;
+                        status.bucket_capacity_millitokens = rate.bucket.capacity_millitokens;
+                    }
+                    PoolView::Window(window) => {
+                        status.incarnation = window.incarnation;
+                        status.epoch = window.epoch;
+                        status.held_chunks = window.chunks.len() as u32;
+                        status.available_millitokens = window.available_millitokens;
+                    }
+                    PoolView::Unknown => {}
+                }
+                status
+            })
+            .collect()
     }
 }

@@ -1,7 +1,9 @@
-//! The deterministic simulation.
+//! The deterministic simulation (ARCHITECTURE §5–§6).
 //!
-//! Owns (as later work lands): turmoil scenarios (`scenario`), fault schedules
-//! (`fault`), the bound checker (`checker`, one function per bound of the
-//! spec) and reports (`report`). Runs the real allocator and agent code.
-//!
-//! Nothing is implemented here yet; see the open simulation issue.
+//! Owns scenario files ([`scenario`]), what a run records ([`trace`]), the
+//! bound checker ([`checker`], one function per bound of §5) and reports.
+//! Runs the real allocator and agent code on turmoil hosts (see `run`).
+
+pub mod checker;
+pub mod scenario;
+pub mod trace;

@@ -9,10 +9,14 @@
 //!   ([`MemLogStore`]).
 //! - [`state_machine`]: [`StateMachineStore`], applying committed entries to
 //!   the machine, and its snapshots.
+//! - [`runtime`]: openraft's Tokio runtime with a per-node seedable RNG.
+//! - [`network`]: the raft RPCs over tonic, through the node's connector.
+//! - [`node`]: a running node ([`node::start`], [`node::start_with`]).
 
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod runtime;
 pub mod state_machine;
 pub mod storage;
 pub mod types;

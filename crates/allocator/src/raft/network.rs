@@ -5,7 +5,8 @@
 //! `Result<Response, RaftError>`, so a remote raft error comes back typed.
 //!
 //! Client side ([`Network`], [`Connection`]): one lazily connected channel per
-//! target per openraft stream (TCP_NODELAY, connect timeout), every call
+//! target per openraft stream, opened through the node's
+//! [`Connector`] (real TCP: TCP_NODELAY, connect timeout), every call
 //! bounded by openraft's own per-RPC deadline (`RPCOption::hard_ttl`: the
 //! heartbeat interval for append-entries, the election timeout for votes).
 //! An unreachable node is reported `Unreachable` (openraft then backs off
@@ -14,6 +15,8 @@
 //! Server side ([`RaftRpcService`]): decodes, hands the request to the local
 //! `Raft`, encodes its answer; plus `NodeStatus` for cluster initialization.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -27,10 +30,12 @@ use openraft::raft::{
 use openraft::{BasicNode, RPCTypes};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::raft::types::{NodeId, Raft, TypeConfig};
+pub use crate::transport::{lazy_channel, CONNECT_TIMEOUT};
+use crate::transport::{Connector, TcpConnector};
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::raft_client::RaftClient;
 
@@ -39,31 +44,42 @@ use leasehold_proto::allocator::v1::raft_client::RaftClient;
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Pause before openraft retries a node it could not reach.
 pub const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(250);
-/// Connect timeout of a channel to a peer.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Bound on the server side of `NodeStatus` (asks the local raft core).
 const NODE_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A lazily connected channel to `address` (`host:port`).
-pub fn lazy_channel(address: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        .connect_lazy())
-}
-
 /// Builds a [`Connection`] per target, as openraft asks.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Network {
     /// This node: the `id` of the timeouts it reports.
     pub source: NodeId,
+    /// How channels to peers are opened.
+    pub connector: Arc<dyn Connector>,
+}
+
+impl Network {
+    /// Peers over real TCP.
+    pub fn new(source: NodeId) -> Self {
+        Self::with_connector(source, Arc::new(TcpConnector))
+    }
+
+    pub fn with_connector(source: NodeId, connector: Arc<dyn Connector>) -> Self {
+        Network { source, connector }
+    }
+}
+
+impl fmt::Debug for Network {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Network")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
-        let client = match lazy_channel(&node.addr) {
+        let client = match self.connector.channel(&node.addr) {
             Ok(channel) => Some(
                 RaftClient::new(channel)
                     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -301,9 +317,19 @@ impl pb::raft_server::Raft for RaftRpcService {
     }
 }
 
-/// Asks the node at `address` who it is, bounded by `timeout`.
+/// Asks the node at `address` who it is over real TCP, bounded by `timeout`.
 pub async fn node_status(address: &str, timeout: Duration) -> Result<pb::NodeStatusReply, String> {
-    let channel = lazy_channel(address).map_err(|e| e.to_string())?;
+    node_status_with(&TcpConnector, address, timeout).await
+}
+
+/// Asks the node at `address` who it is, through `connector`, bounded by
+/// `timeout`.
+pub async fn node_status_with(
+    connector: &dyn Connector,
+    address: &str,
+    timeout: Duration,
+) -> Result<pb::NodeStatusReply, String> {
+    let channel = connector.channel(address).map_err(|e| e.to_string())?;
     let mut client = RaftClient::new(channel);
     match tokio::time::timeout(timeout, client.node_status(pb::NodeStatusRequest {})).await {
         Ok(Ok(reply)) => Ok(reply.into_inner()),

@@ -1,9 +1,15 @@
-//! One allocator node: sled storage, the openraft `Raft`, the `Allocator`
+//! One allocator node: its storage, the openraft `Raft`, the `Allocator`
 //! and `Raft` gRPC services on one port, and the leader's duties.
 //!
 //! - **Start** ([`start`]): opens the node's sled Db in its data directory
 //!   (the log and the state machine's snapshot), builds the `Raft`, binds
 //!   the listener (TCP_NODELAY on accepted sockets) and serves.
+//!   [`start_with`] is the same node from explicit parts ([`NodeParts`]):
+//!   sled or in-memory storage ([`NodeStorage`], [`MemoryDisk`]), a TCP
+//!   listener or any stream of connections ([`Listen`]), the
+//!   [`Connector`] every outgoing connection goes through, the
+//!   [`WallClock`] and the seed of openraft's RNG — what the simulation
+//!   needs to run the same node on a simulated network, clock and RNG.
 //! - **Initialization**: a node whose log is empty initializes the cluster
 //!   with the configured peers only when asked (`--init`:
 //!   [`InitMode::Explicit`]) or, without it, when every configured peer
@@ -14,7 +20,8 @@
 //! - **Proposals** ([`Node::propose`]): only the leader proposes. It refuses
 //!   input the state machine would refuse *before* proposing
 //!   (`Machine::validate`: nothing is appended), stamps its clock into the
-//!   proposal (§2, the only place a clock is read for the machine) and
+//!   proposal (§2, the only place a clock is read for the machine; the
+//!   node's [`WallClock`]) and
 //!   waits for the committed answer at most `write_timeout_ms` (an isolated
 //!   0.9 leader's `client_write` can hang). A refusal is only given on an
 //!   applied state that has caught up with the leader's log (else the
@@ -40,8 +47,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
@@ -50,16 +57,19 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::clock::{self, SystemClock, WallClock};
 use crate::command::{Command, CommandError, Rejection, Reply};
-use crate::machine::{Machine, MAX_TIME_MS};
+use crate::machine::Machine;
 use crate::node_config::{NodeConfig, RaftSettings};
 use crate::pool::Pool;
 use crate::prober::{self, ProberHost};
 use crate::raft::network::{self, Network, RaftRpcService, MAX_RAFT_MESSAGE_BYTES};
+use crate::raft::runtime::with_rng_seed;
 use crate::raft::storage::{open_node_storage, StoreError};
 use crate::raft::types::{NodeId, Proposal, Raft, MAX_COMMANDS_PER_ENTRY};
-use crate::raft::StateMachineStore;
+use crate::raft::{MemLogStore, StateMachineStore};
 use crate::service::AllocatorService;
+use crate::transport::{self, Connector, Incoming, Listen};
 use crate::wire::ErrorInfo;
 use leasehold_proto::allocator::v1::allocator_server::AllocatorServer;
 use leasehold_proto::allocator::v1::raft_server::RaftServer;
@@ -199,6 +209,9 @@ struct NodeInner {
     peers: BTreeMap<NodeId, String>,
     /// The batcher's queue (bounded: [`MAX_QUEUED_COMMANDS`]).
     queue: mpsc::Sender<Queued>,
+    /// Every outgoing connection of the node goes through it.
+    connector: Arc<dyn Connector>,
+    clock: Arc<dyn WallClock>,
 }
 
 /// A handle on a running node: cheap to clone.
@@ -207,14 +220,10 @@ pub struct Node {
     inner: Arc<NodeInner>,
 }
 
-/// The leader's clock, ms since the Unix epoch, at most [`MAX_TIME_MS`].
+/// The system clock, ms since the Unix epoch, at most
+/// [`crate::machine::MAX_TIME_MS`] (a node reads its [`WallClock`]).
 pub fn wall_clock_ms() -> u64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(since_epoch.as_millis())
-        .unwrap_or(MAX_TIME_MS)
-        .min(MAX_TIME_MS)
+    SystemClock.now_ms()
 }
 
 fn unconfirmed(timeout: Duration) -> ProposeError {
@@ -230,7 +239,12 @@ fn unconfirmed(timeout: Duration) -> ProposeError {
 /// already gave up are not proposed. Ends when every queue sender is gone
 /// (after its writes finish) or when aborted (its writes are aborted too:
 /// their callers are answered "outcome unknown").
-async fn run_batcher(raft: Raft, mut queue: mpsc::Receiver<Queued>, timeout: Duration) {
+async fn run_batcher(
+    raft: Raft,
+    mut queue: mpsc::Receiver<Queued>,
+    timeout: Duration,
+    clock: Arc<dyn WallClock>,
+) {
     let window = Arc::new(Semaphore::new(MAX_ENTRIES_IN_FLIGHT));
     let mut writes = JoinSet::new();
     loop {
@@ -250,18 +264,25 @@ async fn run_batcher(raft: Raft, mut queue: mpsc::Receiver<Queued>, timeout: Dur
         }
         batch.retain(|queued| !queued.answer.is_closed());
         if !batch.is_empty() {
-            writes.spawn(write_batch(raft.clone(), batch, timeout, slot));
+            writes.spawn(write_batch(
+                raft.clone(),
+                batch,
+                Arc::clone(&clock),
+                timeout,
+                slot,
+            ));
         }
     }
     while writes.join_next().await.is_some() {}
 }
 
-/// Proposes `batch` as one entry, bounded by `timeout`, and answers each
-/// caller with its command's result (every caller with the error if the
-/// write failed). Holds `_slot` until done.
+/// Proposes `batch` as one entry stamped with `clock`, bounded by
+/// `timeout`, and answers each caller with its command's result (every
+/// caller with the error if the write failed). Holds `_slot` until done.
 async fn write_batch(
     raft: Raft,
     batch: Vec<Queued>,
+    clock: Arc<dyn WallClock>,
     timeout: Duration,
     _slot: OwnedSemaphorePermit,
 ) {
@@ -270,7 +291,7 @@ async fn write_batch(
         .map(|queued| (queued.command, queued.answer))
         .unzip();
     let proposal = Proposal {
-        stamped_time_ms: wall_clock_ms(),
+        stamped_time_ms: clock.now_ms(),
         commands,
     };
     let response = match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
@@ -336,6 +357,16 @@ impl Node {
 
     pub fn settings(&self) -> &RaftSettings {
         &self.inner.settings
+    }
+
+    /// The node's wall clock (the leader's stamp on proposals).
+    pub fn clock(&self) -> &Arc<dyn WallClock> {
+        &self.inner.clock
+    }
+
+    /// How the node opens connections.
+    pub fn connector(&self) -> &Arc<dyn Connector> {
+        &self.inner.connector
     }
 
     /// The leader this node knows of: its id and address.
@@ -595,7 +626,7 @@ impl ProberHost for Node {
     }
 
     fn now_ms(&self) -> u64 {
-        wall_clock_ms()
+        self.inner.clock.now_ms()
     }
 }
 
@@ -687,32 +718,177 @@ fn openraft_config(settings: &RaftSettings) -> Result<openraft::Config, NodeErro
         .map_err(|e| NodeError::RaftConfig(e.to_string()))
 }
 
+/// Where a node keeps its raft log and state machine.
+pub enum NodeStorage {
+    /// One sled Db in the config's `data_dir` (created if missing).
+    Sled,
+    /// In memory: no disk, no OS thread, no blocking pool (the
+    /// simulation's). A fresh pair starts pristine; [`MemoryDisk`] keeps a
+    /// node's across restarts.
+    Memory {
+        log: MemLogStore,
+        state: StateMachineStore,
+    },
+}
+
+impl NodeStorage {
+    /// A fresh, empty in-memory log and state machine.
+    pub fn in_memory() -> Self {
+        NodeStorage::Memory {
+            log: MemLogStore::default(),
+            state: StateMachineStore::in_memory(),
+        }
+    }
+}
+
+impl std::fmt::Debug for NodeStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeStorage::Sled => f.write_str("Sled"),
+            NodeStorage::Memory { .. } => f.write_str("Memory"),
+        }
+    }
+}
+
+/// An in-memory node's "disk": what survives a crash and restart of the
+/// node (every write of [`MemLogStore`] is durable at once). Clones share
+/// it. Each [`MemoryDisk::storage`] is one boot: the log as it is, and a
+/// state machine restored from the last snapshot (openraft re-applies the
+/// committed log after it), as a sled node recovers from its Db.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryDisk {
+    log: MemLogStore,
+    /// The state machine of the latest boot.
+    state: Arc<std::sync::Mutex<StateMachineStore>>,
+}
+
+impl MemoryDisk {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Storage for the next boot of the node (see the type docs).
+    pub async fn storage(&self) -> Result<NodeStorage, StoreError> {
+        let state = self.state().restarted().await?;
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state.clone();
+        Ok(NodeStorage::Memory {
+            log: self.log.clone(),
+            state,
+        })
+    }
+
+    /// The state machine of the latest boot (read it with
+    /// [`StateMachineStore::read`]).
+    pub fn state(&self) -> StateMachineStore {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The log (shared with the running node).
+    pub fn log(&self) -> &MemLogStore {
+        &self.log
+    }
+}
+
+/// Everything a node is started from ([`start_with`]).
+pub struct NodeParts {
+    pub config: NodeConfig,
+    pub init: InitMode,
+    pub storage: NodeStorage,
+    /// What to serve on; [`NodeParts::real`] binds `config.listen`.
+    pub listen: Listen,
+    /// Every outgoing connection: raft peers, peer status queries, probes.
+    pub connector: Arc<dyn Connector>,
+    /// The leader's stamp on proposals, the Tick check, the prober's pacing.
+    pub clock: Arc<dyn WallClock>,
+    /// Seed of openraft's RNG (the election timeout); None: from entropy.
+    pub rng_seed: Option<u64>,
+}
+
+impl NodeParts {
+    /// A real node: sled in `data_dir`, a TCP listener on `listen`, TCP
+    /// connections, the system clock, openraft's RNG from entropy.
+    pub fn real(config: NodeConfig, init: InitMode) -> Self {
+        let listen = Listen::Tcp(config.listen);
+        NodeParts {
+            config,
+            init,
+            storage: NodeStorage::Sled,
+            listen,
+            connector: transport::tcp(),
+            clock: clock::system(),
+            rng_seed: None,
+        }
+    }
+}
+
 /// Starts a node from its config: storage, raft, the gRPC server and the
 /// leader's duties; then initializes as `init` allows.
 pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, NodeError> {
-    std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
-        dir: config.data_dir.display().to_string(),
-        source,
-    })?;
-    let (log_store, state_machine) = open_node_storage(&config.data_dir)?;
-    let raft_config = Arc::new(openraft_config(&config.raft)?);
-    let network = Network {
-        source: config.node_id,
+    start_with(NodeParts::real(config, init)).await
+}
+
+/// What a node serves on, once bound.
+enum Bound {
+    Tcp(TcpListener),
+    Incoming(Incoming),
+}
+
+/// Starts a node from its parts (see [`NodeParts`]; [`start`] is the real
+/// one): storage, raft, the gRPC server and the leader's duties; then
+/// initializes as `parts.init` allows.
+pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
+    let NodeParts {
+        config,
+        init,
+        storage,
+        listen,
+        connector,
+        clock,
+        rng_seed,
+    } = parts;
+    let network = Network::with_connector(config.node_id, Arc::clone(&connector));
+    let (raft, state_machine) = match storage {
+        NodeStorage::Sled => {
+            std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
+                dir: config.data_dir.display().to_string(),
+                source,
+            })?;
+            let (log_store, state_machine) = open_node_storage(&config.data_dir)?;
+            let raft_config = Arc::new(openraft_config(&config.raft)?);
+            let raft = new_raft(
+                config.node_id,
+                raft_config,
+                network,
+                log_store,
+                state_machine.clone(),
+                rng_seed,
+            )
+            .await?;
+            (raft, state_machine)
+        }
+        NodeStorage::Memory { log, state } => {
+            let raft_config = Arc::new(openraft_config(&config.raft)?);
+            let raft = new_raft(
+                config.node_id,
+                raft_config,
+                network,
+                log,
+                state.clone(),
+                rng_seed,
+            )
+            .await?;
+            (raft, state)
+        }
     };
-    let raft = Raft::new(
-        config.node_id,
-        raft_config,
-        network,
-        log_store,
-        state_machine.clone(),
-    )
-    .await
-    .map_err(|e| NodeError::Raft(e.to_string()))?;
     let (queue, queued) = mpsc::channel(MAX_QUEUED_COMMANDS);
     let batcher = tokio::spawn(run_batcher(
         raft.clone(),
         queued,
         config.raft.write_timeout(),
+        Arc::clone(&clock),
     ));
     let node = Node {
         inner: Arc::new(NodeInner {
@@ -722,20 +898,24 @@ pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, No
             settings: config.raft.clone(),
             peers: config.peers.clone(),
             queue,
+            connector: Arc::clone(&connector),
+            clock,
         }),
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| NodeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let address = listener.local_addr().map_err(|source| NodeError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let (bound, address) = match listen {
+        Listen::Tcp(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| NodeError::Bind { addr, source })?;
+            let address = listener
+                .local_addr()
+                .map_err(|source| NodeError::Bind { addr, source })?;
+            (Bound::Tcp(listener), address)
+        }
+        Listen::Incoming { local, incoming } => (Bound::Incoming(incoming), local),
+    };
     let (shutdown, stop) = watch::channel(false);
-    let mut tasks = vec![batcher, serve(&node, &config, listener, stop.clone())];
+    let mut tasks = vec![batcher, serve(&node, &config, bound, stop.clone())];
     tasks.push(tokio::spawn(initialize(
         node.clone(),
         config.clone(),
@@ -747,9 +927,10 @@ pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, No
         config.clone(),
         stop.clone(),
     )));
-    tasks.push(tokio::spawn(prober::run(
+    tasks.push(tokio::spawn(prober::run_with(
         Arc::new(node.clone()),
         config.prober.clone(),
+        connector,
         stop,
     )));
     tracing::info!(node = config.node_id, %address, data_dir = %config.data_dir.display(), "allocator node serving");
@@ -761,10 +942,31 @@ pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, No
     })
 }
 
+/// Builds the `Raft` (openraft draws the node's election timeout here: from
+/// `rng_seed` when given, see [`crate::raft::runtime`]).
+async fn new_raft<LS>(
+    id: NodeId,
+    config: Arc<openraft::Config>,
+    network: Network,
+    log_store: LS,
+    state_machine: StateMachineStore,
+    rng_seed: Option<u64>,
+) -> Result<Raft, NodeError>
+where
+    LS: openraft::storage::RaftLogStorage<crate::raft::TypeConfig>,
+{
+    let build = Raft::new(id, config, network, log_store, state_machine);
+    let raft = match rng_seed {
+        Some(seed) => with_rng_seed(seed, build).await,
+        None => build.await,
+    };
+    raft.map_err(|e| NodeError::Raft(e.to_string()))
+}
+
 fn serve(
     node: &Node,
     config: &NodeConfig,
-    listener: TcpListener,
+    bound: Bound,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let allocator = AllocatorServer::new(AllocatorService::new(node.clone()))
@@ -781,14 +983,22 @@ fn serve(
         .add_service(allocator)
         .add_service(raft);
     tokio::spawn(async move {
-        // No Nagle: raft messages and replies are small frames that must
-        // not wait for an ACK.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let stopped = async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        if let Err(error) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+        let served = match bound {
+            Bound::Tcp(listener) => {
+                // No Nagle: raft messages and replies are small frames that
+                // must not wait for an ACK.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router.serve_with_incoming_shutdown(incoming, stopped).await
+            }
+            Bound::Incoming(incoming) => {
+                router.serve_with_incoming_shutdown(incoming, stopped).await
+            }
+        };
+        if let Err(error) = served {
             tracing::error!(%error, "gRPC server stopped");
         }
     })
@@ -828,7 +1038,7 @@ async fn initialize(
         }
         let go = match mode {
             InitMode::Explicit => true,
-            InitMode::Auto => peers_ready(&config, attempts).await,
+            InitMode::Auto => peers_ready(&config, node.connector().as_ref(), attempts).await,
         };
         if go {
             match tokio::time::timeout(CORE_CALL_TIMEOUT, raft.initialize(members.clone())).await {
@@ -850,7 +1060,7 @@ async fn initialize(
 
 /// Auto-initialization's condition (see the module docs). Logs why not,
 /// now and then.
-async fn peers_ready(config: &NodeConfig, attempt: u64) -> bool {
+async fn peers_ready(config: &NodeConfig, connector: &dyn Connector, attempt: u64) -> bool {
     let lowest = config.peers.keys().next().copied();
     if lowest != Some(config.node_id) {
         return false;
@@ -860,7 +1070,8 @@ async fn peers_ready(config: &NodeConfig, attempt: u64) -> bool {
         if *id == config.node_id {
             continue;
         }
-        let why_not = match network::node_status(address, PEER_STATUS_TIMEOUT).await {
+        let why_not = match network::node_status_with(connector, address, PEER_STATUS_TIMEOUT).await
+        {
             Err(error) => Some(format!("unreachable: {error}")),
             Ok(status) if status.node_id != *id => {
                 Some(format!("answers as node {}", status.node_id))
@@ -922,7 +1133,7 @@ async fn leader_duties(node: Node, config: NodeConfig, mut stop: watch::Receiver
             }
         }
         if config.tick_interval_ms > 0 {
-            let now_ms = wall_clock_ms();
+            let now_ms = node.clock().now_ms();
             let due = node
                 .state_machine()
                 .read(|state| tick_due(&state.machine, now_ms));

@@ -8,6 +8,10 @@
 //! (`single-term-leader` makes a term name one leader) for every command of
 //! the entry, so every replica computes the same [`crate::StampedCommand`]s,
 //! in the same order, from the same entry.
+//!
+//! The async runtime is Tokio with a seedable RNG
+//! ([`crate::raft::runtime::SeededRuntime`]): election timeouts are
+//! reproducible in the simulation, from entropy otherwise.
 
 use serde::{Deserialize, Serialize};
 
@@ -55,7 +59,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = std::io::Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = crate::raft::runtime::SeededRuntime,
 );
 
 pub type NodeId = u64;

@@ -4,6 +4,7 @@
 //! [`ScriptCall`] at a given store time; the reply ends with that `now_ms`.
 
 pub mod bucket;
+pub mod chunk_counter;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -30,6 +31,8 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::SlidingLog => sliding_log::eval(space, keys, argv, now_ms),
         ScriptKind::SlidingCounter => sliding_counter::eval(space, keys, argv, now_ms),
         ScriptKind::Gcra => gcra::eval(space, keys, argv, now_ms),
+        ScriptKind::ChunkCredit => chunk_counter::eval_credit(space, keys, argv, now_ms),
+        ScriptKind::ChunkSpend => chunk_counter::eval_spend(space, keys, argv, now_ms),
     }
 }
 

@@ -1,14 +1,18 @@
-//! The agent's side of global pools (ARCHITECTURE §4.1–§4.4), pure.
+//! The agent's side of global pools (ARCHITECTURE §4.1–§4.4).
 //!
 //! Owns the per-pool state machines that turn allocator replies into the
 //! room a Region may enforce: [`share_sync::ShareSync`] for rate pools
 //! (Rebalance / AckShare, epochs, incarnation fencing, the `lease` policy's
 //! fallback allowance) and [`chunk::ChunkHolder`] for window pools (chunk
 //! grants with deterministic lease ids, retries with the same id, expiry).
-//! No I/O and no clock reads: time is an argument (the agent's monotonic
-//! clock, in ms). Sending requests, talking to Redis and to the allocator is
-//! the caller's job; the allocator's wire types are mirrored by the few
-//! fields used here, so this crate does not depend on the allocator.
+//! Those two are pure: no I/O and no clock reads, time is an argument.
+//! [`room::GlobalRoom`] is what the decider reads on every request (the room
+//! each pool holds now); [`sync`] is the I/O that feeds it from the
+//! allocator (through `leasehold_allocator::client`) and credits chunks into
+//! the regional store; [`settings`] is the `[global]` config.
 
 pub mod chunk;
+pub mod room;
+pub mod settings;
 pub mod share_sync;
+pub mod sync;

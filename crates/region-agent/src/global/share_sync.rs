@@ -172,6 +172,12 @@ impl ShareSync {
         phase.saturating_add(k.saturating_mul(interval))
     }
 
+    pub fn interval_ms(&self) -> u64 {
+        self.config.interval_ms
+    }
+    pub fn fallback_allowance_millitokens_per_s(&self) -> u64 {
+        self.config.fallback_allowance_millitokens_per_s
+    }
     pub fn incarnation(&self) -> u64 {
         self.incarnation
     }
@@ -196,7 +202,12 @@ impl ShareSync {
 
     /// One request received for the pool, allowed or refused.
     pub fn record_request(&mut self) {
-        self.demand = self.demand.saturating_add(1);
+        self.record_requests(1);
+    }
+
+    /// `count` requests received for the pool, allowed or refused.
+    pub fn record_requests(&mut self, count: u64) {
+        self.demand = self.demand.saturating_add(count);
     }
 
     /// A Rebalance when one is due (never while fenced); resets the demand.

@@ -126,7 +126,20 @@ pub struct Rule {
     pub concurrency: Option<ConcurrencyCap>,
     /// Extra TTL beyond the full-refill time.
     pub slack_ms: u64,
+    /// The allocator's global pool whose room this rule enforces: a
+    /// `token_bucket` rule names a rate pool, a `fixed_window` rule a window
+    /// pool. Its `rate` is then [`POOL_RATE`], never charged against.
+    pub pool: Option<String>,
 }
+
+/// The placeholder rate of a pool rule: wide enough that the static checks
+/// (cost and block within capacity) never refuse what the pool's room
+/// decides at request time.
+pub const POOL_RATE: Rate = Rate {
+    capacity_tokens: 1 << 30,
+    refill_tokens: 1 << 30,
+    period_ms: 1_000,
+};
 
 /// Smallest block handed to a gateway, in tokens (§3.5).
 pub const MIN_BLOCK_TOKENS: u64 = 10;

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use super::error::{Collector, PolicyError, PolicyErrors, Problem};
 use super::model::{
     Algorithm, Bundle, ConcurrencyCap, Domain, FailMode, Leased, Match, Rate, Rule, Scope,
+    POOL_RATE,
 };
 use super::node::{self, Lines, Node, Value};
 use super::validate::{
@@ -48,6 +49,7 @@ const RULE_FIELDS: &[&str] = &[
     "leased",
     "concurrency",
     "slack_ms",
+    "pool",
 ];
 const MATCH_FIELDS: &[&str] = &["route_group", "method", "descriptors"];
 const LOCAL_FIELDS: &[&str] = &["capacity", "refill", "period_ms"];
@@ -570,7 +572,11 @@ impl RuleReader<'_> {
         let leased = self.leased(table);
         let concurrency = self.concurrency(table, algorithm);
         let slack_ms = self.int(table, "", "slack_ms", (0, DURATION_MS_MAX), false);
-        let rate = self.rate(table, algorithm, concurrency.flatten());
+        let pool = self.pool(table);
+        let rate = match &pool {
+            Some(Some(_)) => self.pool_rate(table),
+            _ => self.rate(table, algorithm, concurrency.flatten()),
+        };
         if !self.problems.is_empty() {
             return (id, None);
         }
@@ -589,6 +595,7 @@ impl RuleReader<'_> {
                 leased: leased?,
                 concurrency: concurrency?,
                 slack_ms: slack_ms.unwrap_or(DEFAULT_SLACK_MS),
+                pool: pool?,
             })
         })();
         debug_assert!(rule.is_some(), "no problem reported, yet a field is unset");
@@ -707,6 +714,44 @@ impl RuleReader<'_> {
             max_in_flight: max_in_flight?,
             lease_ttl_ms: lease_ttl_ms?,
         }))
+    }
+
+    /// Optional `pool = "id"`: the allocator's global pool whose room this
+    /// rule enforces. Some(None) when absent.
+    fn pool(&mut self, table: &Table) -> Option<Option<String>> {
+        if !table.contains_key("pool") {
+            return Some(None);
+        }
+        let raw = self.string(table, "", "pool", true)?;
+        let valid = !raw.is_empty()
+            && raw.len() <= 64
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !valid {
+            self.fail(
+                "",
+                "pool",
+                Problem::Charset {
+                    pattern: "[a-z0-9-]{1,64}",
+                },
+            );
+            return None;
+        }
+        Some(Some(raw.to_string()))
+    }
+
+    /// A pool rule's room comes from the allocator: capacity / refill /
+    /// period_ms are refused, and the rule carries [`POOL_RATE`], which the
+    /// decider never charges against.
+    fn pool_rate(&mut self, table: &Table) -> Option<Rate> {
+        for key in ["capacity", "refill", "period_ms"] {
+            if self.get(table, "", key).is_some() {
+                let reason = "not for a pool rule: its room comes from the allocator";
+                self.fail("", key, Problem::NotAllowed(reason));
+            }
+        }
+        Some(POOL_RATE)
     }
 
     /// capacity / refill / period_ms as the algorithm wants them: all three

@@ -243,6 +243,7 @@ pub(crate) fn rule_findings(rule: &Rule) -> Vec<(String, Problem)> {
     rate_and_cost_findings(rule, &mut out);
     concurrency_findings(rule, &mut out);
     leased_findings(rule, &mut out);
+    pool_findings(rule, &mut out);
     if let FailMode::Local(local) = &rule.fail_mode {
         rate_findings(local, "fail_mode.local.", &mut out);
         if rule.cost_tokens > local.capacity_tokens {
@@ -361,6 +362,48 @@ pub(crate) fn concurrency_rate(max_in_flight: u64, lease_ttl_ms: u64) -> Rate {
         capacity_tokens: max_in_flight,
         refill_tokens: max_in_flight,
         period_ms: lease_ttl_ms,
+    }
+}
+
+/// A pool rule enforces a Region's room of a global pool: it is global in
+/// scope, a token bucket (rate pool) or fixed window (window pool), and never
+/// fails open (that would admit beyond every Region's room at once).
+fn pool_findings(rule: &Rule, out: &mut Vec<(String, Problem)>) {
+    if rule.pool.is_none() {
+        return;
+    }
+    if rule.scope != Scope::Global {
+        out.push((
+            "scope".into(),
+            Problem::NotAllowed(
+                "a pool rule must have scope = \"global\": the pool is Region-wide",
+            ),
+        ));
+    }
+    if !matches!(
+        rule.algorithm,
+        Algorithm::TokenBucket | Algorithm::FixedWindow
+    ) {
+        out.push((
+            "algorithm".into(),
+            Problem::NotAllowed(
+                "a pool rule is token_bucket (rate pool) or fixed_window (window pool)",
+            ),
+        ));
+    }
+    if rule.fail_mode == FailMode::Open {
+        out.push((
+            "fail_mode".into(),
+            Problem::NotAllowed(
+                "a pool rule cannot fail open: use \"closed\" or a local allowance",
+            ),
+        ));
+    }
+    if rule.idempotent_ttl_ms.is_some() && rule.algorithm == Algorithm::FixedWindow {
+        out.push((
+            "idempotent_ttl_ms".into(),
+            Problem::NotAllowed("window pool spends are not recorded per decision"),
+        ));
     }
 }
 
@@ -580,6 +623,7 @@ mod tests {
             leased: None,
             concurrency: None,
             slack_ms: DEFAULT_SLACK_MS,
+            pool: None,
         }
     }
 

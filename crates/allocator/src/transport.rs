@@ -1,0 +1,208 @@
+//! The network seams of a node: how it dials out ([`Connector`]) and what
+//! it serves on ([`Listen`]), so the same node runs over real TCP or over a
+//! simulated network (`sim_net`, feature `turmoil`).
+//!
+//! - **Outgoing**: every connection this crate opens goes through a
+//!   [`Connector`]: gRPC channels to peers (raft), to nodes (the
+//!   [`crate::client::AllocatorClient`], auto-initialization's status
+//!   queries) and the prober's byte streams to agents' health endpoints.
+//!   [`TcpConnector`] is the real one: lazily connected tonic channels
+//!   (TCP_NODELAY, [`CONNECT_TIMEOUT`]) and tokio TCP streams.
+//! - **Incoming**: [`Listen::Tcp`] binds a tokio listener (TCP_NODELAY on
+//!   accepted sockets); [`Listen::Incoming`] serves any stream of accepted
+//!   connections ([`Conn`]: a byte stream and its addresses).
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::codegen::tokio_stream::Stream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::{Channel, Endpoint};
+
+/// Connect timeout of a channel to a node.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A connected byte stream (a TCP connection, real or simulated).
+pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {}
+
+/// A boxed [`ByteStream`].
+pub type BoxedStream = Box<dyn ByteStream>;
+
+/// The future of [`Connector::stream`].
+pub type StreamFuture = Pin<Box<dyn Future<Output = io::Result<BoxedStream>> + Send>>;
+
+/// Why no channel could be built for an address (it cannot make a URI).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("address {address:?}: {message}")]
+pub struct ConnectError {
+    pub address: String,
+    pub message: String,
+}
+
+/// How a node (and a client) opens connections.
+pub trait Connector: Send + Sync + 'static {
+    /// A lazily connected gRPC channel to `address` (`host:port`): nothing
+    /// is dialled until the first call.
+    fn channel(&self, address: &str) -> Result<Channel, ConnectError>;
+
+    /// A byte stream to `host_port` (the prober's HTTP exchange).
+    fn stream(&self, host_port: &str) -> StreamFuture;
+}
+
+/// A lazily connected channel to `address` (`host:port`) over real TCP
+/// (TCP_NODELAY, [`CONNECT_TIMEOUT`]).
+pub fn lazy_channel(address: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{address}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// The endpoint every channel of this crate uses: `http://{address}`, the
+/// connect timeout.
+pub fn endpoint(address: &str) -> Result<Endpoint, ConnectError> {
+    Endpoint::from_shared(format!("http://{address}"))
+        .map(|endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT))
+        .map_err(|error| ConnectError {
+            address: address.to_string(),
+            message: error.to_string(),
+        })
+}
+
+/// Real TCP (tokio sockets, TCP_NODELAY).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TcpConnector;
+
+impl Connector for TcpConnector {
+    fn channel(&self, address: &str) -> Result<Channel, ConnectError> {
+        lazy_channel(address).map_err(|error| ConnectError {
+            address: address.to_string(),
+            message: error.to_string(),
+        })
+    }
+
+    fn stream(&self, host_port: &str) -> StreamFuture {
+        let host_port = host_port.to_string();
+        Box::pin(async move {
+            let stream = tokio::net::TcpStream::connect(&host_port).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream) as BoxedStream)
+        })
+    }
+}
+
+/// The real connector, shared.
+pub fn tcp() -> Arc<dyn Connector> {
+    Arc::new(TcpConnector)
+}
+
+/// One accepted connection: its byte stream and addresses (what a service
+/// sees as `remote_addr`).
+pub struct Conn {
+    io: BoxedStream,
+    local: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+}
+
+impl Conn {
+    pub fn new(io: BoxedStream, local: Option<SocketAddr>, remote: Option<SocketAddr>) -> Self {
+        Conn { io, local, remote }
+    }
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Conn")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: self.local,
+            remote_addr: self.remote,
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// A stream of accepted connections. An `Err` item is logged by the server
+/// and does not stop it; the stream ending stops serving.
+pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Conn>> + Send>>;
+
+/// What a node serves on.
+pub enum Listen {
+    /// Bind this address with a tokio TCP listener (port 0: any free port).
+    Tcp(SocketAddr),
+    /// Serve these connections; `local` is the address the node reports as
+    /// bound (its listen address on the simulated network).
+    Incoming {
+        local: SocketAddr,
+        incoming: Incoming,
+    },
+}
+
+impl fmt::Debug for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Tcp(address) => f.debug_tuple("Tcp").field(address).finish(),
+            Listen::Incoming { local, .. } => f
+                .debug_struct("Incoming")
+                .field("local", local)
+                .finish_non_exhaustive(),
+        }
+    }
+}

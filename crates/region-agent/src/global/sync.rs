@@ -1,0 +1,617 @@
+//! The I/O around the pure global-pool state machines: one task per pool
+//! that learns the pool from the allocator, registers, and then keeps the
+//! Region's room in step — `Rebalance` / `AckShare` for rate pools (§4.3),
+//! chunk grants credited into the regional store for window pools (§4.2).
+//!
+//! Bounds: one allocator call in flight per pool; each call has the
+//! client's deadline and leader-hop cap; failures are retried on the next
+//! tick (rate pools: at the next interval slot; window pools: the same lease
+//! id), with a capped backoff while the pool is being learned or registered.
+//! When the allocator is unreachable the Region keeps enforcing what it
+//! holds; under `lease` the share falls to the fallback allowance after
+//! `share_ttl`, measured on a monotonic clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+// tokio's clock: simulated under turmoil, so the lease clock is too.
+use tokio::time::Instant;
+
+use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
+use leasehold_proto::allocator::v1 as pb;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::global::chunk::{
+    ChunkConfig, ChunkHolder, GrantOutcome, GrantReplyIn, LeaseIdError, LeaseIds,
+};
+use crate::global::room::{GlobalRoom, HeldChunk, PoolSlot, PoolView, RateView, WindowView};
+use crate::global::settings::{GlobalPoolSettings, GlobalSettings};
+use crate::global::share_sync::{
+    AgentReclaim, ShareOutcome, ShareReplyIn, ShareSync, ShareSyncConfig,
+};
+use crate::key::KeyBuilder;
+use crate::memory::Clock;
+use crate::script::{ScriptCall, ScriptKind};
+use crate::store::BucketStore;
+
+/// Longest pause between attempts to learn or register a pool.
+const MAX_BACKOFF_MS: u64 = 2_000;
+/// Cap on chunks waiting to be credited into the store (oldest dropped).
+const MAX_PENDING_CREDITS: usize = 16;
+
+/// Everything the sync tasks share.
+pub struct GlobalSync {
+    pub region: String,
+    pub settings: GlobalSettings,
+    pub client: AllocatorClient,
+    pub room: Arc<GlobalRoom>,
+    pub store: Arc<dyn BucketStore>,
+    pub keys: KeyBuilder,
+    /// The decider's clock (wall ms): chunk expiry is compared on it.
+    pub clock: Arc<dyn Clock>,
+    /// Distinguishes this process's lease ids from an earlier run's.
+    pub boot_id: u64,
+    started: Instant,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("allocator client: {0}")]
+    Client(#[from] ClientError),
+    #[error("lease ids: {0}")]
+    LeaseIds(#[from] LeaseIdError),
+}
+
+impl GlobalSync {
+    pub fn new(
+        region: String,
+        settings: GlobalSettings,
+        room: Arc<GlobalRoom>,
+        store: Arc<dyn BucketStore>,
+        keys: KeyBuilder,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, SyncError> {
+        let timeout = Duration::from_millis(settings.request_timeout_ms.max(1));
+        let client = AllocatorClient::with_settings(
+            &settings.allocators,
+            ClientSettings {
+                call_timeout: timeout,
+                leader_wait: timeout * 2,
+                max_attempts: 16,
+                retry_pause: Duration::from_millis(100),
+            },
+        )?;
+        let boot_id = u64::try_from(clock.now_ms()).unwrap_or(0);
+        Ok(GlobalSync {
+            region,
+            settings,
+            client,
+            room,
+            store,
+            keys,
+            clock,
+            boot_id,
+            started: Instant::now(),
+        })
+    }
+
+    /// Monotonic ms since the agent started (the `lease` clock).
+    fn mono_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn wall_ms(&self) -> u64 {
+        u64::try_from(self.clock.now_ms()).unwrap_or(0)
+    }
+
+    /// One task per configured pool; they end when `stop` turns true.
+    pub fn spawn(self: Arc<Self>, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        self.settings
+            .pools
+            .clone()
+            .into_iter()
+            .map(|pool| {
+                let sync = self.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move { sync.run_pool(pool, stop).await })
+            })
+            .collect()
+    }
+
+    fn reached<T>(&self, result: &Result<T, ClientError>) {
+        let reachable = match result {
+            Ok(_) => true,
+            // A refusal is an answer: the allocator is there.
+            Err(ClientError::Refused { code, .. }) => *code != tonic::Code::Unavailable,
+            Err(_) => false,
+        };
+        self.room.set_allocator_reachable(reachable, self.wall_ms());
+    }
+
+    async fn run_pool(self: Arc<Self>, pool: GlobalPoolSettings, mut stop: watch::Receiver<bool>) {
+        let Some(slot) = self.room.slot(&pool.id) else {
+            return;
+        };
+        let mut backoff = Backoff::default();
+        let config = loop {
+            let result = self
+                .client
+                .inspect(pb::InspectRequest {
+                    pool: pool.id.clone(),
+                    include_grants: false,
+                    allow_stale: true,
+                })
+                .await;
+            self.reached(&result);
+            let found = result.map(|reply| {
+                reply
+                    .state
+                    .and_then(|s| s.pools.into_iter().find(|p| p.pool == pool.id))
+                    .and_then(|p| p.kind)
+            });
+            match found {
+                Ok(Some(kind)) => break kind,
+                Ok(None) => {
+                    tracing::warn!(pool = %pool.id, "pool not found at the allocator; retrying")
+                }
+                Err(e) => tracing::warn!(pool = %pool.id, error = %e, "cannot learn pool"),
+            }
+            if sleep_or_stop(backoff.next(), &mut stop).await {
+                return;
+            }
+        };
+        match config {
+            pb::pool_state::Kind::Rate(state) => {
+                let Some(config) = state.config else {
+                    tracing::error!(pool = %pool.id, "rate pool without config");
+                    return;
+                };
+                self.run_rate_pool(&pool, slot, config, stop).await;
+            }
+            pb::pool_state::Kind::Window(_) => {
+                if let Err(e) = self.run_window_pool(&pool, slot, stop).await {
+                    tracing::error!(pool = %pool.id, error = %e, "window pool sync stopped");
+                }
+            }
+        }
+    }
+
+    /// Registers until it works (or stop): the incarnation and, for rate
+    /// pools, the share to start from.
+    async fn register(
+        &self,
+        pool: &str,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Option<(u64, pb::RegisterReply)> {
+        let mut backoff = Backoff::default();
+        loop {
+            let sent = self.mono_ms();
+            let result = self.client.register(pool, &self.region).await;
+            self.reached(&result);
+            match result {
+                Ok(reply) => {
+                    tracing::info!(pool, region = %self.region, incarnation = reply.incarnation, epoch = reply.epoch, "registered");
+                    return Some((sent, reply));
+                }
+                Err(e) => tracing::warn!(pool, error = %e, "register failed; retrying"),
+            }
+            if sleep_or_stop(backoff.next(), stop).await {
+                return None;
+            }
+        }
+    }
+
+    async fn run_rate_pool(
+        &self,
+        pool: &GlobalPoolSettings,
+        slot: &PoolSlot,
+        config: pb::RatePoolConfig,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let interval_ms = config.interval_ms.max(1);
+        let reclaim = match config.reclaim.and_then(|r| r.policy) {
+            Some(pb::reclaim_policy::Policy::Lease(lease)) => AgentReclaim::Lease {
+                share_ttl_ms: lease.share_ttl_ms,
+            },
+            Some(pb::reclaim_policy::Policy::TwoSignal(_)) => AgentReclaim::TwoSignal,
+            _ => AgentReclaim::Freeze,
+        };
+        let sync_config = ShareSyncConfig {
+            interval_ms,
+            phase_ms: pool.phase_ms(&self.region, interval_ms),
+            burst_seconds: config.burst_seconds.max(1),
+            reclaim,
+            fallback_allowance_millitokens_per_s: config.fallback_allowance_millitokens_per_s,
+        };
+        let Some((sent, reply)) = self.register(&pool.id, &mut stop).await else {
+            return;
+        };
+        let mut sync = ShareSync::new(sync_config, reply.incarnation, self.mono_ms());
+        let mut epoch = reply.epoch;
+        if let Some(share) = reply.share {
+            self.take_share(
+                &pool.id,
+                slot,
+                &mut sync,
+                reply.epoch,
+                share,
+                sent,
+                &mut stop,
+            )
+            .await;
+        }
+        loop {
+            let now = self.mono_ms();
+            self.publish_rate(slot, &sync, epoch);
+            if sleep_or_stop(self.tick(), &mut stop).await {
+                return;
+            }
+            let demand = slot
+                .counters
+                .demand_requests
+                .swap(0, std::sync::atomic::Ordering::Relaxed);
+            sync.record_requests(demand);
+            if sync.needs_register() {
+                let Some((sent, reply)) = self.register(&pool.id, &mut stop).await else {
+                    return;
+                };
+                sync.on_registered(reply.incarnation);
+                epoch = epoch.max(reply.epoch);
+                if let Some(share) = reply.share {
+                    self.take_share(
+                        &pool.id,
+                        slot,
+                        &mut sync,
+                        reply.epoch,
+                        share,
+                        sent,
+                        &mut stop,
+                    )
+                    .await;
+                }
+                continue;
+            }
+            let Some(request) = sync.poll(now) else {
+                continue;
+            };
+            let result = self
+                .client
+                .rebalance(pb::RebalanceRequest {
+                    pool: pool.id.clone(),
+                    region: self.region.clone(),
+                    incarnation: request.incarnation,
+                    demand_requests: request.demand_requests,
+                    applied_share_millitokens_per_s: request.applied_share_millitokens_per_s,
+                    applied_share_version: request.applied_share_version,
+                })
+                .await;
+            self.reached(&result);
+            match result {
+                Ok(reply) => {
+                    epoch = epoch.max(reply.epoch);
+                    if let Some(share) = reply.share {
+                        self.take_share(
+                            &pool.id,
+                            slot,
+                            &mut sync,
+                            reply.epoch,
+                            share,
+                            now,
+                            &mut stop,
+                        )
+                        .await;
+                    }
+                }
+                Err(e) => self.on_share_error(&pool.id, slot, &mut sync, &e),
+            }
+        }
+    }
+
+    /// Applies a share (publishing the bucket before anything else) and,
+    /// when it went down, acknowledges at once.
+    #[allow(clippy::too_many_arguments)]
+    async fn take_share(
+        &self,
+        pool: &str,
+        slot: &PoolSlot,
+        sync: &mut ShareSync,
+        epoch: u64,
+        share: pb::Share,
+        sent_at_ms: u64,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        let outcome = sync.on_share_reply(
+            ShareReplyIn {
+                epoch,
+                incarnation: share.incarnation,
+                share_millitokens_per_s: share.share_millitokens_per_s,
+                share_version: share.share_version,
+            },
+            sent_at_ms,
+            self.mono_ms(),
+        );
+        let ack = match outcome {
+            ShareOutcome::Applied(applied) => {
+                tracing::debug!(pool, region = %self.region, share = sync.applied_share_millitokens_per_s(), version = sync.applied_share_version(), epoch, "share applied");
+                applied.ack
+            }
+            ShareOutcome::Dropped(reason) => {
+                tracing::info!(pool, ?reason, epoch, "share reply dropped");
+                None
+            }
+        };
+        // The lowered bucket is in force before the allocator hears of it.
+        self.publish_rate(slot, sync, epoch);
+        let Some(ack) = ack else {
+            return;
+        };
+        if *stop.borrow() {
+            return;
+        }
+        let sent = self.mono_ms();
+        let result = self
+            .client
+            .ack_share(pb::AckShareRequest {
+                pool: pool.to_string(),
+                region: self.region.clone(),
+                incarnation: ack.incarnation,
+                applied_share_millitokens_per_s: ack.applied_share_millitokens_per_s,
+                applied_share_version: ack.applied_share_version,
+            })
+            .await;
+        self.reached(&result);
+        match result {
+            Ok(reply) => {
+                if let Some(share) = reply.share {
+                    // The AckShare reply never lowers further (it only
+                    // confirms); applying it renews the lease clock.
+                    let _ = sync.on_share_reply(
+                        ShareReplyIn {
+                            epoch: reply.epoch,
+                            incarnation: share.incarnation,
+                            share_millitokens_per_s: share.share_millitokens_per_s,
+                            share_version: share.share_version,
+                        },
+                        sent,
+                        self.mono_ms(),
+                    );
+                }
+            }
+            Err(e) => self.on_share_error(pool, slot, sync, &e),
+        }
+    }
+
+    fn on_share_error(
+        &self,
+        pool: &str,
+        slot: &PoolSlot,
+        sync: &mut ShareSync,
+        error: &ClientError,
+    ) {
+        if let Some(current) = fenced(error) {
+            tracing::warn!(pool, region = %self.region, incarnation = sync.incarnation(), current, "fenced: dropping the pool to 0 and re-registering");
+            let _ = sync.on_fenced(current.max(sync.incarnation().saturating_add(1)));
+            self.publish_rate(slot, sync, sync.highest_epoch());
+        } else {
+            tracing::warn!(pool, error = %error, "share sync call failed; holding the applied share");
+        }
+    }
+
+    fn publish_rate(&self, slot: &PoolSlot, sync: &ShareSync, epoch: u64) {
+        let now = self.mono_ms();
+        slot.set(PoolView::Rate(RateView {
+            bucket: sync.effective_rate(now),
+            mode: sync.mode(now),
+            incarnation: sync.incarnation(),
+            share_version: sync.applied_share_version(),
+            epoch,
+            interval_ms: sync.interval_ms(),
+            fallback_allowance_millitokens_per_s: sync.fallback_allowance_millitokens_per_s(),
+        }));
+    }
+
+    fn tick(&self) -> u64 {
+        self.settings.tick_ms.max(10)
+    }
+
+    async fn run_window_pool(
+        &self,
+        pool: &GlobalPoolSettings,
+        slot: &PoolSlot,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), SyncError> {
+        // Region (≤ 32 bytes) + '.' + 10 digits fits the lease id prefix cap.
+        let prefix = format!("{}.{}", self.region, self.boot_id % 10_000_000_000);
+        let mut holder = ChunkHolder::new(
+            ChunkConfig {
+                want_millitokens: pool.chunk_millitokens(),
+                low_water_millitokens: pool.low_water_millitokens(),
+            },
+            LeaseIds::new(&prefix, 0)?,
+        );
+        let Some((_, reply)) = self.register(&pool.id, &mut stop).await else {
+            return Ok(());
+        };
+        let mut incarnation = reply.incarnation;
+        let mut fenced_now = false;
+        // Chunks granted but not yet credited into the store (store down).
+        let mut uncredited: Vec<(HeldChunk, u64)> = Vec::new();
+        loop {
+            let now = self.wall_ms();
+            let spent = slot
+                .counters
+                .spent_millitokens
+                .swap(0, std::sync::atomic::Ordering::Relaxed);
+            if spent > 0 {
+                // Fails only when the chunks already expired: nothing to track.
+                let _ = holder.spend(spent, now);
+            }
+            if fenced_now {
+                let Some((_, reply)) = self.register(&pool.id, &mut stop).await else {
+                    return Ok(());
+                };
+                incarnation = reply.incarnation;
+                fenced_now = false;
+            } else if let Some(request) = holder.poll(now) {
+                let sent = self.wall_ms();
+                let result = self
+                    .client
+                    .grant(
+                        &pool.id,
+                        &self.region,
+                        incarnation,
+                        &request.lease_id,
+                        request.want_millitokens,
+                    )
+                    .await;
+                self.reached(&result);
+                match result {
+                    Ok(reply) => {
+                        let received = self.wall_ms();
+                        if let Some(grant) = reply.grant {
+                            // Allocator times → agent clock, from the send
+                            // time: never later than the allocator's instant.
+                            let local = |t: u64| {
+                                sent.saturating_add(t.saturating_sub(reply.applied_time_ms))
+                            };
+                            let outcome = holder.on_grant(
+                                GrantReplyIn {
+                                    epoch: reply.epoch,
+                                    lease_id: grant.lease_id.clone(),
+                                    granted_millitokens: grant.granted_millitokens,
+                                    expires_at_ms: local(grant.expires_at_ms),
+                                    window_end_ms: local(grant.window_end_ms),
+                                },
+                                received,
+                            );
+                            if let GrantOutcome::Taken {
+                                granted_millitokens,
+                            } = outcome
+                            {
+                                tracing::debug!(pool = %pool.id, lease_id = %grant.lease_id, granted_millitokens, epoch = reply.epoch, "chunk granted");
+                                if granted_millitokens > 0 {
+                                    // Pool and lease ids were validated at start and by
+                                    // the allocator; a refusal here is a bug, logged.
+                                    let key = self.keys.chunk_counter(&pool.id, &grant.lease_id);
+                                    if let Err(e) = &key {
+                                        tracing::error!(pool = %pool.id, error = %e, "no chunk key");
+                                    }
+                                    if let Ok(key) = key {
+                                        let chunk = HeldChunk {
+                                            lease_id: grant.lease_id.clone(),
+                                            key,
+                                            granted_millitokens,
+                                            expires_at_ms: local(grant.expires_at_ms),
+                                        };
+                                        if uncredited.len() >= MAX_PENDING_CREDITS {
+                                            uncredited.remove(0);
+                                        }
+                                        uncredited.push((chunk, granted_millitokens));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if fenced(&e).is_some() {
+                            tracing::warn!(pool = %pool.id, region = %self.region, incarnation, "fenced: dropping held chunks and re-registering");
+                            holder.on_fenced();
+                            uncredited.clear();
+                            fenced_now = true;
+                        } else {
+                            tracing::warn!(pool = %pool.id, lease_id = %request.lease_id, error = %e, "grant failed; retrying with the same lease id");
+                            holder.on_grant_failed(&request.lease_id);
+                        }
+                    }
+                }
+            }
+            self.credit(&mut uncredited).await;
+            let now = self.wall_ms();
+            let chunks: Vec<HeldChunk> = holder
+                .chunks()
+                .iter()
+                .filter(|c| !uncredited.iter().any(|(u, _)| u.lease_id == c.lease_id))
+                .filter_map(|c| {
+                    Some(HeldChunk {
+                        lease_id: c.lease_id.clone(),
+                        key: self.keys.chunk_counter(&pool.id, &c.lease_id).ok()?,
+                        granted_millitokens: c.granted_millitokens,
+                        expires_at_ms: c.expires_at_ms,
+                    })
+                })
+                .collect();
+            slot.set(PoolView::Window(WindowView {
+                chunks,
+                chunk_millitokens: pool.chunk_millitokens(),
+                incarnation,
+                epoch: holder.highest_epoch(),
+                fenced: fenced_now,
+                available_millitokens: holder.available_millitokens(now),
+            }));
+            if sleep_or_stop(self.tick(), &mut stop).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Credits granted chunks into the store; keeps the ones the store did
+    /// not take (retried next tick), drops expired ones.
+    async fn credit(&self, uncredited: &mut Vec<(HeldChunk, u64)>) {
+        if uncredited.is_empty() {
+            return;
+        }
+        let now = self.wall_ms();
+        uncredited.retain(|(c, _)| c.expires_at_ms > now);
+        let calls: Vec<ScriptCall> = uncredited
+            .iter()
+            .map(|(chunk, granted)| {
+                ScriptCall::new(ScriptKind::ChunkCredit)
+                    .key(chunk.key.clone())
+                    .arg(*granted)
+                    .arg(chunk.expires_at_ms.saturating_sub(now).max(1))
+            })
+            .collect();
+        let results = self.store.run_batch(&calls).await;
+        let mut index = 0;
+        uncredited.retain(|(chunk, _)| {
+            let ok = matches!(results.get(index), Some(Ok(_)));
+            if !ok {
+                tracing::warn!(lease_id = %chunk.lease_id, "chunk not yet credited into the store; retrying");
+            }
+            index += 1;
+            !ok
+        });
+    }
+}
+
+/// The current incarnation when the allocator answered FENCED.
+fn fenced(error: &ClientError) -> Option<u64> {
+    let detail = error.detail()?;
+    (detail.code == pb::ErrorCode::Fenced as i32).then_some(detail.current_incarnation)
+}
+
+/// Sleeps `ms`; true when asked to stop meanwhile.
+async fn sleep_or_stop(ms: u64, stop: &mut watch::Receiver<bool>) -> bool {
+    if *stop.borrow() {
+        return true;
+    }
+    let stopped = tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(ms)) => false,
+        _ = stop.wait_for(|s| *s) => true,
+    };
+    stopped || *stop.borrow()
+}
+
+/// 100 ms doubling to [`MAX_BACKOFF_MS`].
+#[derive(Default)]
+struct Backoff {
+    next_ms: u64,
+}
+
+impl Backoff {
+    fn next(&mut self) -> u64 {
+        self.next_ms = (self.next_ms * 2).clamp(100, MAX_BACKOFF_MS);
+        self.next_ms
+    }
+}

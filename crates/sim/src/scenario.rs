@@ -1,0 +1,638 @@
+//! Scenario files (TOML): Regions, pools, demand curves, gateways, the fault
+//! timeline and the sample step. Parsing is strict (unknown fields refused)
+//! and every error names the file and line.
+//!
+//! Units: rates are tokens per second and window capacities tokens per
+//! window (one request costs one token); times are milliseconds from the
+//! start of the simulation unless the field says seconds.
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+
+/// Caps that keep one run bounded.
+pub const MAX_REGIONS: usize = 8;
+pub const MAX_POOLS: usize = 8;
+pub const MAX_GATEWAYS_PER_REGION: u32 = 16;
+pub const MAX_FAULTS: usize = 256;
+pub const MAX_DURATION_MS: u64 = 3_600_000;
+/// Total arrivals per simulated second across Regions (CPU bound).
+pub const MAX_RATE_PER_S: u64 = 20_000;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub duration_ms: u64,
+    /// How often the checker samples enforced rates and counts.
+    #[serde(default = "default_sample_ms")]
+    pub sample_ms: u64,
+    #[serde(default = "default_nodes")]
+    pub allocator_nodes: u64,
+    #[serde(rename = "region")]
+    pub regions: Vec<RegionSpec>,
+    #[serde(rename = "pool")]
+    pub pools: Vec<PoolSpec>,
+    #[serde(default, rename = "demand")]
+    pub demands: Vec<DemandSpec>,
+    #[serde(default, rename = "fault")]
+    pub faults: Vec<Fault>,
+    #[serde(default)]
+    pub network: NetworkSpec,
+    /// What the checker must conclude: `true` for the scenarios that use a
+    /// sim-only unsafe switch (the checker must be able to fail).
+    #[serde(default)]
+    pub expect_violation: bool,
+}
+
+fn default_sample_ms() -> u64 {
+    100
+}
+
+fn default_nodes() -> u64 {
+    3
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegionSpec {
+    pub name: String,
+    #[serde(default = "default_gateways")]
+    pub gateways: u32,
+    /// Sim-only unsafe switch: this Region's agent ignores `share_ttl`
+    /// (keeps its full share when it cannot renew a lease).
+    #[serde(default)]
+    pub unclamped_lease: bool,
+}
+
+fn default_gateways() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum PoolSpec {
+    Rate(RatePoolSpec),
+    Window(WindowPoolSpec),
+}
+
+impl PoolSpec {
+    pub fn id(&self) -> &str {
+        match self {
+            PoolSpec::Rate(p) => &p.id,
+            PoolSpec::Window(p) => &p.id,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RatePoolSpec {
+    pub id: String,
+    /// L, tokens per second.
+    pub limit_per_s: u64,
+    /// b in tokens; default burst_seconds × L.
+    #[serde(default)]
+    pub burst_tokens: Option<u64>,
+    #[serde(default = "default_burst_seconds")]
+    pub burst_seconds: u64,
+    #[serde(default = "default_floor_bp")]
+    pub floor_basis_points: u64,
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: u64,
+    #[serde(default = "default_raise_bp")]
+    pub max_raise_basis_points: u64,
+    #[serde(default)]
+    pub reclaim: ReclaimSpec,
+    /// Tokens per second a Region may admit while its lease lapsed; default
+    /// the floor.
+    #[serde(default)]
+    pub fallback_allowance_per_s: Option<u64>,
+    /// Gateways lease blocks of this pool (B = share × 0.25 s / N).
+    #[serde(default)]
+    pub leased: bool,
+}
+
+fn default_burst_seconds() -> u64 {
+    2
+}
+fn default_floor_bp() -> u64 {
+    500
+}
+fn default_interval_ms() -> u64 {
+    1_000
+}
+fn default_raise_bp() -> u64 {
+    1_000
+}
+
+impl RatePoolSpec {
+    pub fn burst_tokens(&self) -> u64 {
+        self.burst_tokens
+            .unwrap_or(self.burst_seconds.saturating_mul(self.limit_per_s))
+    }
+
+    pub fn floor_per_s(&self) -> u64 {
+        self.limit_per_s * self.floor_basis_points / 10_000
+    }
+
+    /// The allowance under `lease` (0 for other policies: they never fall
+    /// back, they keep enforcing what they hold).
+    pub fn fallback_allowance_per_s(&self) -> u64 {
+        match self.reclaim {
+            ReclaimSpec::Lease { .. } => self
+                .fallback_allowance_per_s
+                .unwrap_or_else(|| self.floor_per_s()),
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, tag = "policy", rename_all = "snake_case")]
+pub enum ReclaimSpec {
+    Freeze,
+    #[default]
+    TwoSignal,
+    Lease {
+        #[serde(default)]
+        share_ttl_ms: Option<u64>,
+        #[serde(default = "default_drift_ms")]
+        max_drift_ms: u64,
+    },
+    /// Sim-only and unsafe: reclaim on silence alone (no health signal).
+    SilenceOnly,
+}
+
+fn default_drift_ms() -> u64 {
+    500
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WindowPoolSpec {
+    pub id: String,
+    /// G, tokens per window.
+    pub capacity_per_window: u64,
+    pub window_ms: u64,
+    pub lease_ttl_ms: u64,
+    #[serde(default = "default_chunk")]
+    pub chunk_tokens: u64,
+}
+
+fn default_chunk() -> u64 {
+    20
+}
+
+/// Arrivals of one Region for one pool: a piecewise curve of steps and
+/// ramps (requests per second), 0 before the first point.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DemandSpec {
+    pub region: String,
+    pub pool: String,
+    /// `[at_s, rate]`: from at_s on, `rate` requests per second.
+    #[serde(default)]
+    pub steps: Vec<(f64, u64)>,
+    /// `[from_s, to_s, from_rate, to_rate]`: a linear ramp.
+    #[serde(default)]
+    pub ramps: Vec<(f64, f64, u64, u64)>,
+}
+
+impl DemandSpec {
+    /// Requests per second at `t_ms` (a later segment overrides an earlier).
+    pub fn rate_at(&self, t_ms: u64) -> u64 {
+        let t = t_ms as f64 / 1_000.0;
+        let mut rate = 0;
+        let mut from = f64::NEG_INFINITY;
+        for &(at, r) in &self.steps {
+            if t >= at && at >= from {
+                rate = r;
+                from = at;
+            }
+        }
+        for &(start, end, r0, r1) in &self.ramps {
+            if t >= start && start >= from {
+                from = start;
+                rate = if t >= end || end <= start {
+                    r1
+                } else {
+                    let f = (t - start) / (end - start);
+                    (r0 as f64 + (r1 as f64 - r0 as f64) * f).round() as u64
+                };
+            }
+        }
+        rate
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub at_ms: u64,
+    pub kind: FaultKind,
+}
+
+// `at_ms` beside an internally tagged kind: serde's `flatten` would accept
+// unknown fields, so the table is split by hand and the kind stays strict.
+impl<'de> Deserialize<'de> for Fault {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(d)?;
+        let at_ms = table
+            .remove("at_ms")
+            .ok_or_else(|| D::Error::missing_field("at_ms"))?
+            .as_integer()
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or_else(|| D::Error::custom("at_ms: a non-negative integer"))?;
+        let kind = FaultKind::deserialize(toml::Value::Table(table)).map_err(D::Error::custom)?;
+        Ok(Fault { at_ms, kind })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FaultKind {
+    /// Cut a Region's agent from every allocator node (the prober still
+    /// reaches it: it is "cut off but healthy").
+    PartitionRegion {
+        region: String,
+    },
+    /// Cut a Region from everyone but the health prober, gateways included.
+    IsolateRegion {
+        region: String,
+    },
+    /// Undo partitions of this Region.
+    HealRegion {
+        region: String,
+    },
+    /// Crash an allocator node (1-based), or the current leader.
+    CrashNode {
+        node: u64,
+    },
+    CrashLeader,
+    RestartNode {
+        node: u64,
+    },
+    /// The Region's agent and gateways are gone for good.
+    LoseRegion {
+        region: String,
+    },
+    /// Shift a host's wall clock ("n1", "agent-eu", …) by `skew_ms`.
+    SkewClock {
+        host: String,
+        skew_ms: i64,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    pub min_latency_ms: u64,
+    pub max_latency_ms: u64,
+    /// Probability (per mille) a message is lost.
+    pub loss_per_mille: u64,
+}
+
+impl Default for NetworkSpec {
+    fn default() -> Self {
+        NetworkSpec {
+            min_latency_ms: 1,
+            max_latency_ms: 5,
+            loss_per_mille: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScenarioError {
+    #[error("{file}:{line}: {message}")]
+    Syntax {
+        file: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        file: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl Scenario {
+    pub fn parse(file: &str, text: &str) -> Result<Scenario, ScenarioError> {
+        let scenario: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Syntax {
+            file: file.to_string(),
+            line: e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].lines().count().max(1))
+                .unwrap_or(1),
+            message: e.message().to_string(),
+        })?;
+        scenario
+            .validate()
+            .map_err(|(field, message)| ScenarioError::Invalid {
+                file: file.to_string(),
+                field,
+                message,
+            })?;
+        Ok(scenario)
+    }
+
+    pub fn region_index(&self, name: &str) -> Option<usize> {
+        self.regions.iter().position(|r| r.name == name)
+    }
+
+    pub fn pool(&self, id: &str) -> Option<&PoolSpec> {
+        self.pools.iter().find(|p| p.id() == id)
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |field: &str, message: &str| Err((field.to_string(), message.to_string()));
+        if !(1_000..=MAX_DURATION_MS).contains(&self.duration_ms) {
+            return bad("duration_ms", "must be in [1000, 3600000]");
+        }
+        if !(10..=10_000).contains(&self.sample_ms) || self.duration_ms % self.sample_ms != 0 {
+            return bad("sample_ms", "must be in [10, 10000] and divide duration_ms");
+        }
+        if !(1..=5).contains(&self.allocator_nodes) {
+            return bad("allocator_nodes", "must be in [1, 5]");
+        }
+        if self.regions.is_empty() || self.regions.len() > MAX_REGIONS {
+            return bad("region", "1 to 8 Regions");
+        }
+        let mut names = BTreeSet::new();
+        for (i, region) in self.regions.iter().enumerate() {
+            let ok = !region.name.is_empty()
+                && region.name.len() <= 32
+                && region
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !ok || !names.insert(region.name.as_str()) {
+                return bad(
+                    &format!("region[{i}].name"),
+                    "a unique [a-z0-9-]{1,32} name",
+                );
+            }
+            if !(1..=MAX_GATEWAYS_PER_REGION).contains(&region.gateways) {
+                return bad(&format!("region[{i}].gateways"), "must be in [1, 16]");
+            }
+        }
+        if self.pools.is_empty() || self.pools.len() > MAX_POOLS {
+            return bad("pool", "1 to 8 pools");
+        }
+        let mut ids = BTreeSet::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            let id = pool.id();
+            let ok = !id.is_empty()
+                && id.len() <= 64
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !ok || !ids.insert(id) {
+                return bad(&format!("pool[{i}].id"), "a unique [a-z0-9-]{1,64} id");
+            }
+            match pool {
+                PoolSpec::Rate(p) => {
+                    if !(1..=1_000_000).contains(&p.limit_per_s) {
+                        return bad(&format!("pool[{i}].limit_per_s"), "must be in [1, 1000000]");
+                    }
+                    if !(100..=60_000).contains(&p.interval_ms) {
+                        return bad(&format!("pool[{i}].interval_ms"), "must be in [100, 60000]");
+                    }
+                    if !(1..=3_600).contains(&p.burst_seconds) {
+                        return bad(&format!("pool[{i}].burst_seconds"), "must be in [1, 3600]");
+                    }
+                    if p.burst_tokens() < p.burst_seconds * p.limit_per_s {
+                        return bad(
+                            &format!("pool[{i}].burst_tokens"),
+                            "at least burst_seconds × limit_per_s",
+                        );
+                    }
+                    if p.floor_basis_points * self.regions.len() as u64 > 10_000 {
+                        return bad(
+                            &format!("pool[{i}].floor_basis_points"),
+                            "the Regions' floors exceed L",
+                        );
+                    }
+                    if !(1..=10_000).contains(&p.max_raise_basis_points) {
+                        return bad(
+                            &format!("pool[{i}].max_raise_basis_points"),
+                            "must be in [1, 10000]",
+                        );
+                    }
+                    if p.fallback_allowance_per_s
+                        .is_some_and(|a| a > p.limit_per_s)
+                    {
+                        return bad(
+                            &format!("pool[{i}].fallback_allowance_per_s"),
+                            "at most limit_per_s",
+                        );
+                    }
+                }
+                PoolSpec::Window(p) => {
+                    if !(1..=1_000_000_000).contains(&p.capacity_per_window) {
+                        return bad(
+                            &format!("pool[{i}].capacity_per_window"),
+                            "must be in [1, 10^9]",
+                        );
+                    }
+                    if !(100..=MAX_DURATION_MS).contains(&p.window_ms)
+                        || !(1..=p.window_ms).contains(&p.lease_ttl_ms)
+                    {
+                        return bad(
+                            &format!("pool[{i}].window_ms"),
+                            "window in [100, 3600000] and lease_ttl_ms in [1, window_ms]",
+                        );
+                    }
+                    if !(1..=p.capacity_per_window).contains(&p.chunk_tokens) {
+                        return bad(
+                            &format!("pool[{i}].chunk_tokens"),
+                            "must be in [1, capacity_per_window]",
+                        );
+                    }
+                }
+            }
+        }
+        let mut peak = 0u64;
+        for (i, demand) in self.demands.iter().enumerate() {
+            if self.region_index(&demand.region).is_none() {
+                return bad(
+                    &format!("demand[{i}].region"),
+                    "not a Region of the scenario",
+                );
+            }
+            if self.pool(&demand.pool).is_none() {
+                return bad(&format!("demand[{i}].pool"), "not a pool of the scenario");
+            }
+            let rates = demand
+                .steps
+                .iter()
+                .map(|s| s.1)
+                .chain(demand.ramps.iter().flat_map(|r| [r.2, r.3]));
+            peak = peak.saturating_add(rates.max().unwrap_or(0));
+            let times_ok = demand.steps.iter().all(|s| s.0 >= 0.0 && s.0.is_finite())
+                && demand
+                    .ramps
+                    .iter()
+                    .all(|r| r.0 >= 0.0 && r.1 >= r.0 && r.1.is_finite());
+            if !times_ok {
+                return bad(
+                    &format!("demand[{i}]"),
+                    "times must be finite, ≥ 0, ramps forward",
+                );
+            }
+        }
+        if peak > MAX_RATE_PER_S {
+            return bad(
+                "demand",
+                "total peak demand above 20000 requests per second",
+            );
+        }
+        if self.faults.len() > MAX_FAULTS {
+            return bad("fault", "at most 256 faults");
+        }
+        for (i, fault) in self.faults.iter().enumerate() {
+            if fault.at_ms > self.duration_ms {
+                return bad(&format!("fault[{i}].at_ms"), "after the end of the run");
+            }
+            let region = match &fault.kind {
+                FaultKind::PartitionRegion { region }
+                | FaultKind::IsolateRegion { region }
+                | FaultKind::HealRegion { region }
+                | FaultKind::LoseRegion { region } => Some(region),
+                _ => None,
+            };
+            if region.is_some_and(|r| self.region_index(r).is_none()) {
+                return bad(
+                    &format!("fault[{i}].region"),
+                    "not a Region of the scenario",
+                );
+            }
+            if let FaultKind::CrashNode { node } | FaultKind::RestartNode { node } = fault.kind {
+                if !(1..=self.allocator_nodes).contains(&node) {
+                    return bad(&format!("fault[{i}].node"), "not an allocator node");
+                }
+            }
+        }
+        let n = &self.network;
+        if n.min_latency_ms > n.max_latency_ms
+            || n.max_latency_ms > 10_000
+            || n.loss_per_mille > 500
+        {
+            return bad(
+                "network",
+                "latency min ≤ max ≤ 10000 ms, loss ≤ 500 per mille",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "demand-shift"
+duration_ms = 30000
+
+[[region]]
+name = "eu"
+gateways = 2
+
+[[region]]
+name = "us"
+
+[[pool]]
+kind = "rate"
+id = "api"
+limit_per_s = 1000
+reclaim = { policy = "lease", share_ttl_ms = 3000 }
+
+[[pool]]
+kind = "window"
+id = "quota"
+capacity_per_window = 500
+window_ms = 10000
+lease_ttl_ms = 2000
+
+[[demand]]
+region = "eu"
+pool = "api"
+steps = [[0, 100], [10, 400]]
+ramps = [[20, 25, 400, 100]]
+
+[[fault]]
+at_ms = 5000
+kind = "partition_region"
+region = "us"
+
+[[fault]]
+at_ms = 6000
+kind = "crash_leader"
+"#;
+
+    #[test]
+    fn a_scenario_reads_with_defaults() {
+        let s = Scenario::parse("s.toml", GOOD).unwrap();
+        assert_eq!(s.sample_ms, 100);
+        assert_eq!(s.allocator_nodes, 3);
+        assert_eq!(s.regions[1].gateways, 1);
+        let PoolSpec::Rate(rate) = &s.pools[0] else {
+            panic!()
+        };
+        assert_eq!(rate.burst_tokens(), 2_000);
+        assert_eq!(rate.fallback_allowance_per_s(), 50);
+        assert_eq!(
+            s.faults[0].kind,
+            FaultKind::PartitionRegion {
+                region: "us".into()
+            }
+        );
+        assert_eq!(s.faults[1].kind, FaultKind::CrashLeader);
+    }
+
+    #[test]
+    fn demand_follows_steps_and_ramps() {
+        let s = Scenario::parse("s.toml", GOOD).unwrap();
+        let d = &s.demands[0];
+        assert_eq!(d.rate_at(0), 100);
+        assert_eq!(d.rate_at(9_999), 100);
+        assert_eq!(d.rate_at(10_000), 400);
+        assert_eq!(d.rate_at(22_500), 250);
+        assert_eq!(d.rate_at(26_000), 100);
+    }
+
+    #[test]
+    fn errors_name_file_line_or_field() {
+        let e = Scenario::parse(
+            "s.toml",
+            &GOOD.replace("duration_ms = 30000", "duration_ms = \"x\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("s.toml:3:"), "{e}");
+        let e = Scenario::parse("s.toml", &format!("bogus = 1\n{GOOD}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+        let e = Scenario::parse(
+            "s.toml",
+            &GOOD.replace("region = \"us\"\n", "region = \"mars\"\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("fault[0].region"), "{e}");
+        let e = Scenario::parse(
+            "s.toml",
+            &GOOD.replace("limit_per_s = 1000", "limit_per_s = 0"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("pool[0].limit_per_s"), "{e}");
+    }
+}

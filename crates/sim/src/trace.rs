@@ -1,0 +1,90 @@
+//! What a run records, sample by sample: the checker's only input and the
+//! report's source. Hashing the whole trace proves determinism (same seed,
+//! same hash).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Where one Region stands in one pool at a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub enum RoomMode {
+    /// Enforcing the share / chunks it holds.
+    Normal,
+    /// `lease` lapsed: enforcing the fallback allowance.
+    Fallback,
+    /// Fenced: nothing until registered again.
+    Fenced,
+    /// The agent is gone (lost or crashed).
+    Down,
+    /// Not yet learned from the allocator.
+    #[default]
+    Unknown,
+}
+
+/// One Region, one pool, at one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct RegionPool {
+    /// Requests admitted since the previous sample.
+    pub admitted: u64,
+    /// Requests refused since the previous sample.
+    pub refused: u64,
+    /// Rate pools: what the Region's bucket enforces now (millitokens/s).
+    pub enforced_millitokens_per_s: u64,
+    /// Rate pools: the largest block a gateway of the Region may hold
+    /// (tokens; 0 when the pool is not leased).
+    pub block_tokens: u64,
+    pub mode: RoomMode,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Sample {
+    pub t_ms: u64,
+    /// `[region][pool]`, in scenario order.
+    pub rooms: Vec<Vec<RegionPool>>,
+    /// Per pool: the committed shares (millitokens/s, scenario Region
+    /// order) read from a replica's applied state; `None` for window pools
+    /// or when no replica answered.
+    pub committed_shares: Vec<Option<Vec<u64>>>,
+}
+
+/// A chunk grant a Region's agent took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, PartialOrd, Ord)]
+pub struct GrantTaken {
+    pub t_ms: u64,
+    pub region: usize,
+    pub pool: usize,
+    pub lease_id: String,
+    pub granted_millitokens: u64,
+    pub epoch: u64,
+}
+
+/// An allocator reply a Region's agent applied (its epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, PartialOrd, Ord)]
+pub struct EpochApplied {
+    pub t_ms: u64,
+    pub region: usize,
+    pub pool: usize,
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Trace {
+    pub samples: Vec<Sample>,
+    /// Window pools: admitted per (pool, window start), counting a request
+    /// that straddled a window boundary in both windows (conservative).
+    pub window_admitted: BTreeMap<(usize, u64), u64>,
+    pub grants: Vec<GrantTaken>,
+    pub epochs: Vec<EpochApplied>,
+    /// Fault timeline as applied: (t_ms, description).
+    pub events: Vec<(u64, String)>,
+}
+
+impl Trace {
+    /// sha256 over the canonical JSON of the whole trace.
+    pub fn hash(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(Sha256::digest(&json))
+    }
+}

@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# Leasehold on loopback as separate processes: three redis-servers
+# (6381-6383), three allocator nodes (allocator-{1,2,3}.toml, 7301-7303) and
+# three Region agents (agent-{eu,us,ap}.toml, each on its own Redis).
+#
+#   deploy/regions/run-local.sh up       start what is not running, wait for every /health
+#   deploy/regions/run-local.sh status   what runs, and each agent's /health
+#   deploy/regions/run-local.sh down     stop everything (idempotent)
+#   deploy/regions/run-local.sh clean    down, then delete target/leasehold-run and the
+#                                        allocators' sled data (target/leasehold-data)
+#
+# Binary: $LEASEHOLD_BIN, else the release build (built with `cargo build
+# --release` when missing; $CARGO_TARGET_DIR is honoured). Pid files, logs,
+# Redis data and the derived agent configs live in target/leasehold-run/.
+# The allocators keep their raft logs in target/leasehold-data/ (their
+# configs say so): a second `up` recovers the same cluster.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+run="$root/target/leasehold-run"
+regions=(eu us ap)
+nodes=(1 2 3)
+# Bound on each wait for a process to answer or to exit, in tenths of a second.
+wait_tenths=300
+
+redis_port() { # eu → 6381, us → 6382, ap → 6383
+  case "$1" in eu) echo 6381 ;; us) echo 6382 ;; ap) echo 6383 ;; esac
+}
+
+config_value() { # config_value FILE KEY: the quoted value of a top-level KEY = "…"
+  sed -n "s/^$2[[:space:]]*=[[:space:]]*\"\([^\"]*\)\".*/\1/p" "$1" | head -n 1
+}
+
+health_url() { # the agent's http_listen, read from its config
+  echo "http://$(config_value "$here/agent-$1.toml" http_listen)/health"
+}
+
+# Refuses to start NAME when something else already listens on ADDR
+# (host:port), e.g. `leasehold dev` on the same default ports.
+require_free() {
+  local name="$1" addr="$2"
+  if port_open "${addr##*:}"; then
+    die "$name: port ${addr##*:} is taken by another process (\`leasehold dev\`? give it --port-offset); nothing more started, \`$0 down\` stops what did"
+  fi
+}
+
+say() { printf 'run-local: %s\n' "$*"; }
+die() { printf 'run-local: %s\n' "$*" >&2; exit 1; }
+
+binary() {
+  if [[ -n "${LEASEHOLD_BIN:-}" ]]; then
+    [[ -x "$LEASEHOLD_BIN" ]] || die "LEASEHOLD_BIN=$LEASEHOLD_BIN is not an executable"
+    echo "$LEASEHOLD_BIN"
+    return
+  fi
+  local bin="${CARGO_TARGET_DIR:-$root/target}/release/leasehold"
+  if [[ ! -x "$bin" ]]; then
+    say "building $bin (cargo build --release)" >&2
+    (cd "$root" && cargo build --release >&2)
+  fi
+  echo "$bin"
+}
+
+# The pid in a pid file if that process is alive (not a zombie) and its
+# command line contains $2 (so a recycled pid is never signalled); empty
+# otherwise.
+live_pid() {
+  local file="$1" expect="$2" pid state
+  [[ -f "$file" ]] || return 0
+  pid="$(tr -dc '0-9' < "$file")"
+  [[ -n "$pid" ]] || return 0
+  state="$(ps -p "$pid" -o stat= 2>/dev/null || true)"
+  [[ -n "$state" && "$state" != Z* ]] || return 0
+  if ps -p "$pid" -o args= 2>/dev/null | grep -q -- "$expect"; then
+    echo "$pid"
+  fi
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+healthy() {
+  if command -v curl >/dev/null; then
+    curl -fsS --max-time 1 "$1" >/dev/null 2>&1
+  else
+    local hostport="${1#http://}"; hostport="${hostport%%/*}"
+    port_open "${hostport##*:}"
+  fi
+}
+
+# wait_until DESCRIPTION LOG COMMAND...: polls COMMAND; on timeout shows LOG.
+wait_until() {
+  local what="$1" log="$2"; shift 2
+  local i
+  for ((i = 0; i < wait_tenths; i++)); do
+    if "$@"; then return 0; fi
+    sleep 0.1
+  done
+  [[ -f "$log" ]] && { echo "--- last lines of $log" >&2; tail -n 20 "$log" >&2; }
+  die "$what: no answer within $((wait_tenths / 10)) s"
+}
+
+start_redis() {
+  local region="$1" port dir pid
+  port="$(redis_port "$region")"
+  dir="$run/redis-$region"
+  pid="$(live_pid "$run/redis-$region.pid" redis-server)"
+  if [[ -n "$pid" ]]; then say "redis $region already running (pid $pid, port $port)"; return; fi
+  command -v redis-server >/dev/null || die "redis-server not on PATH (apt-get install redis-server)"
+  require_free "redis $region" "127.0.0.1:$port"
+  mkdir -p "$dir"
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" \
+    --daemonize yes --pidfile "$run/redis-$region.pid" --logfile "$run/redis-$region.log" >/dev/null
+  wait_until "redis $region on :$port" "$run/redis-$region.log" port_open "$port"
+  say "redis $region: 127.0.0.1:$port (pid $(live_pid "$run/redis-$region.pid" redis-server), data $dir)"
+}
+
+# start_leasehold NAME COMMAND...: in the background, immune to the
+# terminal's hangup and Ctrl-C, stdout+stderr to NAME.log, pid to NAME.pid.
+start_leasehold() {
+  local name="$1"; shift
+  nohup "$@" >"$run/$name.log" 2>&1 </dev/null &
+  echo $! >"$run/$name.pid"
+}
+
+start_allocator() {
+  local n="$1" bin="$2" pid
+  pid="$(live_pid "$run/allocator-$n.pid" leasehold)"
+  if [[ -n "$pid" ]]; then say "allocator $n already running (pid $pid)"; return; fi
+  require_free "allocator $n" "$(config_value "$here/allocator-$n.toml" listen)"
+  start_leasehold "allocator-$n" "$bin" allocator --config "$here/allocator-$n.toml"
+  say "allocator $n: started (pid $(cat "$run/allocator-$n.pid"), log $run/allocator-$n.log)"
+}
+
+# agent-R.toml with redis_url set to this Region's redis-server and
+# pepper_file / policy_file made absolute; every other line kept.
+derive_agent_config() {
+  local region="$1" out="$run/agent-$1.toml"
+  awk -v redis="redis://127.0.0.1:$(redis_port "$region")/" -v dir="$here" '
+    function absolute(line,    key, value, rest) {
+      key = line; sub(/[[:space:]]*=.*/, "", key)
+      if (!match(line, /"[^"]*"/)) return line
+      value = substr(line, RSTART + 1, RLENGTH - 2)
+      rest = substr(line, RSTART + RLENGTH)
+      if (value !~ /^\//) value = dir "/" value
+      gsub(/\\/, "\\\\", value); gsub(/"/, "\\\"", value)
+      return key " = \"" value "\"" rest
+    }
+    /^[[:space:]]*#?[[:space:]]*redis_url[[:space:]]*=/ {
+      if (!done) print "redis_url = \"" redis "\"   # set by run-local.sh"
+      done = 1; next
+    }
+    /^[[:space:]]*(pepper_file|policy_file)[[:space:]]*=/ { print absolute($0); next }
+    /^[[:space:]]*\[/ && !done { print "redis_url = \"" redis "\"   # set by run-local.sh"; done = 1 }
+    { print }
+  ' "$here/agent-$region.toml" >"$out"
+  echo "$out"
+}
+
+start_agent() {
+  local region="$1" bin="$2" pid config
+  pid="$(live_pid "$run/agent-$region.pid" leasehold)"
+  if [[ -n "$pid" ]]; then say "agent $region already running (pid $pid)"; return; fi
+  require_free "agent $region" "$(config_value "$here/agent-$region.toml" listen)"
+  require_free "agent $region" "$(config_value "$here/agent-$region.toml" http_listen)"
+  config="$(derive_agent_config "$region")"
+  start_leasehold "agent-$region" "$bin" agent --config "$config"
+  say "agent $region: started (pid $(cat "$run/agent-$region.pid"), config $config)"
+}
+
+# Waits for the process to stay up and /health to answer.
+wait_agent() {
+  local region="$1" url
+  url="$(health_url "$region")"
+  agent_up() {
+    [[ -n "$(live_pid "$run/agent-$region.pid" leasehold)" ]] \
+      || { tail -n 20 "$run/agent-$region.log" >&2; die "agent $region exited (log $run/agent-$region.log)"; }
+    healthy "$url"
+  }
+  wait_until "agent $region $url" "$run/agent-$region.log" agent_up
+  say "agent $region: $url answers"
+}
+
+check_allocator() {
+  local n="$1"
+  [[ -n "$(live_pid "$run/allocator-$n.pid" leasehold)" ]] && return 0
+  tail -n 20 "$run/allocator-$n.log" >&2
+  die "allocator $n exited (log $run/allocator-$n.log)"
+}
+
+# Before starting anything: every port of a service that is not running
+# must be free.
+preflight() {
+  local region n
+  for region in "${regions[@]}"; do
+    [[ -n "$(live_pid "$run/redis-$region.pid" redis-server)" ]] \
+      || require_free "redis $region" "127.0.0.1:$(redis_port "$region")"
+    [[ -n "$(live_pid "$run/agent-$region.pid" leasehold)" ]] || {
+      require_free "agent $region" "$(config_value "$here/agent-$region.toml" listen)"
+      require_free "agent $region" "$(config_value "$here/agent-$region.toml" http_listen)"
+    }
+  done
+  for n in "${nodes[@]}"; do
+    [[ -n "$(live_pid "$run/allocator-$n.pid" leasehold)" ]] \
+      || require_free "allocator $n" "$(config_value "$here/allocator-$n.toml" listen)"
+  done
+}
+
+up() {
+  local bin region n
+  bin="$(binary)"
+  mkdir -p "$run"
+  preflight
+  for region in "${regions[@]}"; do start_redis "$region"; done
+  for n in "${nodes[@]}"; do start_allocator "$n" "$bin"; done
+  for region in "${regions[@]}"; do start_agent "$region" "$bin"; done
+  for region in "${regions[@]}"; do wait_agent "$region"; done
+  for n in "${nodes[@]}"; do check_allocator "$n"; done
+  cat <<EOF
+run-local: up. Try:
+  $bin pool show api-rate        # shares appear within a few rebalance intervals (5 s each)
+  $bin region list
+  curl -s $(health_url eu)
+  $0 down
+EOF
+}
+
+# stop NAME PATTERN: SIGTERM, wait (bounded), then SIGKILL; removes the pid file.
+stop() {
+  local name="$1" expect="$2" pid i
+  pid="$(live_pid "$run/$name.pid" "$expect")"
+  if [[ -z "$pid" ]]; then rm -f "$run/$name.pid"; return; fi
+  stopped=$((stopped + 1))
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < wait_tenths; i++)); do
+    [[ -n "$(live_pid "$run/$name.pid" "$expect")" ]] || break
+    sleep 0.1
+  done
+  if [[ -n "$(live_pid "$run/$name.pid" "$expect")" ]]; then
+    say "$name (pid $pid) ignored SIGTERM for $((wait_tenths / 10)) s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$run/$name.pid"
+  say "$name stopped (pid $pid)"
+}
+
+down() {
+  local region n
+  stopped=0
+  if [[ -d "$run" ]]; then
+    for region in "${regions[@]}"; do stop "agent-$region" leasehold; done
+    for n in "${nodes[@]}"; do stop "allocator-$n" leasehold; done
+    for region in "${regions[@]}"; do stop "redis-$region" redis-server; done
+  fi
+  if ((stopped == 0)); then say "nothing was running"; fi
+}
+
+status() {
+  local name expect pid region
+  for name in redis-eu redis-us redis-ap allocator-1 allocator-2 allocator-3 agent-eu agent-us agent-ap; do
+    case "$name" in redis-*) expect=redis-server ;; *) expect=leasehold ;; esac
+    pid="$(live_pid "$run/$name.pid" "$expect")"
+    if [[ -n "$pid" ]]; then
+      printf '%-12s running (pid %s)\n' "$name" "$pid"
+    else
+      printf '%-12s stopped\n' "$name"
+    fi
+  done
+  for region in "${regions[@]}"; do
+    if healthy "$(health_url "$region")"; then
+      printf '%-12s %s\n' "health $region" "$(curl -fsS --max-time 1 "$(health_url "$region")" 2>/dev/null || echo answers)"
+    fi
+  done
+}
+
+clean() {
+  down
+  rm -rf "$run" "$root/target/leasehold-data/allocator-1" \
+    "$root/target/leasehold-data/allocator-2" "$root/target/leasehold-data/allocator-3"
+  rmdir "$root/target/leasehold-data" 2>/dev/null || true
+  say "removed $run and target/leasehold-data/allocator-{1,2,3}"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  clean) clean ;;
+  *) echo "usage: $0 up|down|status|clean" >&2; exit 2 ;;
+esac
