@@ -354,7 +354,9 @@ impl Scenario {
         if !(1_000..=MAX_DURATION_MS).contains(&self.duration_ms) {
             return bad("duration_ms", "must be in [1000, 3600000]");
         }
-        if !(10..=10_000).contains(&self.sample_ms) || !self.duration_ms.is_multiple_of(self.sample_ms) {
+        if !(10..=10_000).contains(&self.sample_ms)
+            || !self.duration_ms.is_multiple_of(self.sample_ms)
+        {
             return bad("sample_ms", "must be in [10, 10000] and divide duration_ms");
         }
         if !(1..=5).contains(&self.allocator_nodes) {
