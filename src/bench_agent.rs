@@ -60,6 +60,7 @@ pub async fn run(concurrency: usize, seconds: u64) -> anyhow::Result<()> {
         fallback_max_keys: 1_000,
         clock: Arc::new(SystemClock),
         global: None,
+        connector: None,
     })
     .await?;
     let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;

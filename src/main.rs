@@ -7,6 +7,7 @@ mod bench;
 mod bench_agent;
 mod bench_allocator;
 mod dev;
+mod sim_cli;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -51,8 +52,12 @@ enum Command {
     },
     /// List leases (not yet available).
     Lease,
-    /// Run a simulation scenario (not yet available).
-    Sim,
+    /// Deterministic simulation of partitions, leader loss and Region loss,
+    /// with the overshoot-bound checker.
+    Sim {
+        #[command(subcommand)]
+        command: sim_cli::SimCommand,
+    },
     /// Benchmarks that print ratios against a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -82,16 +87,24 @@ async fn run_agent(path: &std::path::Path) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // A simulation stages faults on purpose: their warnings are the
+    // scenario, not news. RUST_LOG still overrides.
+    let default_filter = if matches!(cli.command, Command::Sim { .. }) {
+        "error"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         // Colour only on a terminal: log files stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Dev(args) => {
             if let Err(message) = args.validate() {
                 Cli::command()
@@ -106,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,
         Command::Lease => not_yet("lease"),
-        Command::Sim => not_yet("sim"),
+        Command::Sim { command } => sim_cli::run(command).await,
         Command::Bench { target } => bench::run(target).await,
     }
 }

@@ -204,7 +204,9 @@ impl World {
                 request_timeout_ms: 3_000,
                 tick_ms: 50,
                 pools,
+                sim_unclamped_lease: false,
             }),
+            connector: None,
         })
         .await
         .expect("agent starts");

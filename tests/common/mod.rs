@@ -90,6 +90,7 @@ pub async fn start_counting(
         fallback_max_keys: 1_000,
         clock: Arc::new(SystemClock),
         global: None,
+        connector: None,
     })
     .await
     .expect("agent starts");

@@ -13,7 +13,7 @@ pub const MAX_VALUE: u64 = 1 << 40;
 pub const BASIS_POINTS_PER_UNIT: u64 = 10_000;
 /// Cap on `burst_seconds`.
 pub const MAX_BURST_SECONDS: u64 = 3_600;
-/// Cap on `two_signal.silent_intervals`.
+/// Cap on `two_signal.silent_intervals` (and `silence_only`'s).
 pub const MAX_SILENT_INTERVALS: u64 = 1_000;
 
 /// A config field outside its range, or two fields that contradict.
@@ -48,6 +48,16 @@ impl PoolConfig {
         match self {
             PoolConfig::Window(config) => config.validate(),
             PoolConfig::Rate(config) => config.validate(),
+        }
+    }
+
+    /// True when the config uses a simulation-only reclaim policy
+    /// ([`ReclaimPolicy::SilenceOnly`]), which config files and the wire
+    /// refuse.
+    pub fn is_simulation_only(&self) -> bool {
+        match self {
+            PoolConfig::Window(_) => false,
+            PoolConfig::Rate(config) => config.reclaim.is_simulation_only(),
         }
     }
 }
@@ -94,6 +104,21 @@ pub enum ReclaimPolicy {
         share_ttl_ms: u64,
         max_drift_ms: u64,
     },
+    /// **Simulation only, unsafe.** Reclaim when the Region has been silent
+    /// for `silent_intervals` of the pool's intervals on allocator time,
+    /// *without* the health signal: `two_signal` minus its second signal. A
+    /// Region cut off from the allocator but healthy keeps enforcing its
+    /// share while its room is handed to the others, so the enforced sum
+    /// exceeds L; the simulation uses it to show that bound breaking.
+    ///
+    /// Unreachable from outside: a pools file refuses it
+    /// ([`crate::node_config::parse_pools`]) and so do `CreatePool` /
+    /// `UpdatePool` on the wire ([`crate::wire::pool_config_from_wire`]);
+    /// only a pool seeded programmatically (`NodeConfig.pools`) carries it.
+    /// It stays serialisable (serde, and `silence_only` on the wire out)
+    /// because the raft log, replication and snapshots carry pool configs
+    /// as JSON. `silent_intervals` in [1, 1,000].
+    SilenceOnly { silent_intervals: u64 },
 }
 
 impl ReclaimPolicy {
@@ -112,10 +137,17 @@ impl ReclaimPolicy {
         }
     }
 
+    /// True for the policies only the simulation may use
+    /// ([`ReclaimPolicy::SilenceOnly`]).
+    pub fn is_simulation_only(&self) -> bool {
+        matches!(self, ReclaimPolicy::SilenceOnly { .. })
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             ReclaimPolicy::Freeze => Ok(()),
-            ReclaimPolicy::TwoSignal { silent_intervals } => in_range(
+            ReclaimPolicy::TwoSignal { silent_intervals }
+            | ReclaimPolicy::SilenceOnly { silent_intervals } => in_range(
                 "reclaim.silent_intervals",
                 silent_intervals,
                 1,
@@ -269,6 +301,15 @@ mod tests {
         let mut config = RatePoolConfig::with_defaults(10_000);
         config.reclaim = ReclaimPolicy::TwoSignal {
             silent_intervals: 0,
+        };
+        assert_eq!(
+            config.validate().unwrap_err().field,
+            "reclaim.silent_intervals"
+        );
+
+        let mut config = RatePoolConfig::with_defaults(10_000);
+        config.reclaim = ReclaimPolicy::SilenceOnly {
+            silent_intervals: MAX_SILENT_INTERVALS + 1,
         };
         assert_eq!(
             config.validate().unwrap_err().field,

@@ -50,7 +50,8 @@
 //! - [`grant`]: §4.2 window pools and idempotent, window-clamped chunk grants.
 //! - [`share`]: §4.3 rate pools: targets, the six rebalance steps, named
 //!   grants, the applied-share handshake, the convergence bound.
-//! - [`reclaim`]: §4.4 freeze / two_signal / lease and the reclaim split.
+//! - [`reclaim`]: §4.4 freeze / two_signal / lease (and the simulation-only,
+//!   unsafe silence_only) and the reclaim split.
 //! - [`fence`]: §4.1 incarnation fencing.
 //! - [`region`]: pool membership and health records.
 //! - [`apportion`]: the exact integer split every rounding goes through.

@@ -474,7 +474,9 @@ struct RawPools {
 
 /// Parses a pools file: `[[pool]]` tables with `id`, `kind` (`window` |
 /// `rate`) and the fields of that kind's config (see [`crate::config`]).
-/// Every pool is validated; errors name the file and the pool's line.
+/// Every pool is validated; errors name the file and the pool's line. The
+/// simulation-only reclaim policy (`silence_only`) is refused: only pools
+/// seeded programmatically (`NodeConfig.pools`) may carry it.
 pub fn parse_pools(file: &str, text: &str) -> Result<Vec<SeedPool>, NodeConfigError> {
     let here = Located { file, text };
     let raw: RawPools = here.parse()?;
@@ -493,6 +495,15 @@ pub fn parse_pools(file: &str, text: &str) -> Result<Vec<SeedPool>, NodeConfigEr
                 .map_err(|e: toml::de::Error| {
                     here.at(span.clone(), format!("pool {id}: {}", e.message()))
                 })?;
+        if config.is_simulation_only() {
+            return Err(here.at(
+                span,
+                format!(
+                    "pool {id}: reclaim: silence_only is simulation only \
+                     (unsafe: it reclaims without the health signal); use two_signal or lease"
+                ),
+            ));
+        }
         config
             .validate()
             .map_err(|e| here.at(span.clone(), format!("pool {id}: {e}")))?;
@@ -599,6 +610,21 @@ fallback_allowance_millitokens_per_s = 500000
         let pools = parse_pools("pools.toml", text).unwrap();
         assert_eq!(pools.len(), 2);
         assert!(matches!(pools[1].config, PoolConfig::Rate(_)));
+
+        let simulated = text.replace(
+            "{ policy = \"two_signal\", silent_intervals = 3 }",
+            "{ policy = \"silence_only\", silent_intervals = 3 }",
+        );
+        assert_ne!(simulated, text);
+        let error = parse_pools("pools.toml", &simulated)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(
+                "pools.toml:9: pool api-rate: reclaim: silence_only is simulation only"
+            ),
+            "{error}"
+        );
 
         let bad = text.replace("window_ms = 60000", "window_ms = 0");
         let error = parse_pools("pools.toml", &bad).unwrap_err().to_string();

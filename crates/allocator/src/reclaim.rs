@@ -9,6 +9,10 @@
 //!   share_ttl on its own clock from *sending* its last acknowledged request
 //!   (no later than the allocator applied it), has dropped to its fallback
 //!   allowance by then even with `max_drift_ms` of clock drift.
+//! - `silence_only` (simulation only, unsafe): silent for `silent_intervals
+//!   × interval_ms`, health verdict ignored — `two_signal` without its second
+//!   signal, so a cut-off but healthy Region, still enforcing its share, is
+//!   reclaimed and its room handed out a second time.
 //!
 //! Reclaiming (automatic or `AdminReclaim`) splits the member's share,
 //! pending release, pool and granted-not-taken equally (largest remainder,
@@ -49,7 +53,8 @@ impl RatePool {
     ) -> Vec<RegionId> {
         let silence_needed_ms = match self.config.reclaim {
             ReclaimPolicy::Freeze => return Vec::new(),
-            ReclaimPolicy::TwoSignal { silent_intervals } => {
+            ReclaimPolicy::TwoSignal { silent_intervals }
+            | ReclaimPolicy::SilenceOnly { silent_intervals } => {
                 silent_intervals.saturating_mul(self.config.interval_ms)
             }
             ReclaimPolicy::Lease {
@@ -57,6 +62,8 @@ impl RatePool {
                 max_drift_ms,
             } => share_ttl_ms.saturating_add(max_drift_ms),
         };
+        // The health signal: two_signal only (silence_only is its unsafe twin
+        // without it).
         let needs_unhealthy = matches!(self.config.reclaim, ReclaimPolicy::TwoSignal { .. });
         self.members
             .iter()
@@ -118,5 +125,116 @@ impl RatePool {
 pub(crate) fn fence_window_member(member: &mut Member) {
     if member.is_live() {
         fence::bump(member);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::command::{Command, Outcome, StampedCommand};
+    use crate::config::{PoolConfig, RatePoolConfig, ReclaimPolicy};
+    use crate::machine::Machine;
+    use crate::pool::Pool;
+
+    const INTERVAL_MS: u64 = 1_000;
+
+    fn apply(machine: &mut Machine, time_ms: u64, command: Command) -> Outcome {
+        let entry = StampedCommand {
+            epoch: 1,
+            stamped_time_ms: time_ms,
+            command,
+        };
+        let reply = machine.apply(&entry).unwrap();
+        machine.check_invariants().unwrap();
+        reply.outcome
+    }
+
+    /// A pool under `reclaim` with members "a" and "b"; "a" is never heard
+    /// again after time 0, "b" talks every interval and is healthy, "a" is
+    /// never judged unhealthy. Returns the Regions reclaimed by Ticks up to
+    /// `until_ms`, as `region@time`.
+    fn a_silent_but_healthy(reclaim: ReclaimPolicy, until_ms: u64) -> (Machine, Vec<String>) {
+        let mut config = RatePoolConfig::with_defaults(10_000_000);
+        config.interval_ms = INTERVAL_MS;
+        config.reclaim = reclaim;
+        let mut machine = Machine::new();
+        apply(
+            &mut machine,
+            0,
+            Command::CreatePool {
+                pool: "rate".into(),
+                config: PoolConfig::Rate(config),
+            },
+        );
+        for region in ["a", "b"] {
+            apply(
+                &mut machine,
+                0,
+                Command::RegisterRegion {
+                    pool: "rate".into(),
+                    region: region.into(),
+                },
+            );
+            apply(
+                &mut machine,
+                0,
+                Command::HealthVerdict {
+                    region: region.into(),
+                    healthy: true,
+                },
+            );
+        }
+        let mut reclaimed = Vec::new();
+        let mut time_ms = 0;
+        while time_ms < until_ms {
+            time_ms = (time_ms + INTERVAL_MS / 2).min(until_ms);
+            apply(
+                &mut machine,
+                time_ms,
+                Command::Rebalance {
+                    pool: "rate".into(),
+                    region: "b".into(),
+                    incarnation: 1,
+                    demand_requests: 1,
+                    applied_share_millitokens_per_s: 0,
+                    applied_share_version: 0,
+                },
+            );
+            if let Outcome::Ticked { reclaimed: now } = apply(&mut machine, time_ms, Command::Tick)
+            {
+                reclaimed.extend(now.into_iter().map(|r| format!("{}@{time_ms}", r.region)));
+            }
+        }
+        (machine, reclaimed)
+    }
+
+    fn incarnation_of(machine: &Machine, region: &str) -> u64 {
+        match machine.pool("rate") {
+            Some(Pool::Rate(rate)) => rate.members[region].member.incarnation,
+            _ => panic!("no rate pool"),
+        }
+    }
+
+    #[test]
+    fn silence_alone_reclaims_under_silence_only() {
+        let policy = ReclaimPolicy::SilenceOnly {
+            silent_intervals: 3,
+        };
+        // Not before 3 intervals of silence…
+        let (_, reclaimed) = a_silent_but_healthy(policy.clone(), 3 * INTERVAL_MS - 1);
+        assert!(reclaimed.is_empty(), "{reclaimed:?}");
+        // …then at once, although the latest verdict says healthy.
+        let (machine, reclaimed) = a_silent_but_healthy(policy, 10 * INTERVAL_MS);
+        assert_eq!(reclaimed, vec![format!("a@{}", 3 * INTERVAL_MS)]);
+        assert_eq!(incarnation_of(&machine, "a"), 2);
+        assert_eq!(incarnation_of(&machine, "b"), 1);
+        assert!(!machine.regions()["a"].is_unhealthy());
+    }
+
+    #[test]
+    fn silence_alone_does_not_reclaim_under_two_signal() {
+        let (machine, reclaimed) =
+            a_silent_but_healthy(ReclaimPolicy::two_signal_default(), 10 * INTERVAL_MS);
+        assert!(reclaimed.is_empty(), "{reclaimed:?}");
+        assert_eq!(incarnation_of(&machine, "a"), 1);
     }
 }

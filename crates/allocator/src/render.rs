@@ -125,6 +125,10 @@ fn reclaim_text(reclaim: Option<&pb::ReclaimPolicy>) -> (String, Value) {
             format!("two_signal({})", p.silent_intervals),
             json!({"policy": "two_signal", "silent_intervals": p.silent_intervals}),
         ),
+        Some(pb::reclaim_policy::Policy::SilenceOnly(p)) => (
+            format!("silence_only({})", p.silent_intervals),
+            json!({"policy": "silence_only", "silent_intervals": p.silent_intervals}),
+        ),
         Some(pb::reclaim_policy::Policy::Lease(p)) => (
             format!("lease({}+{} ms)", p.share_ttl_ms, p.max_drift_ms),
             json!({"policy": "lease", "share_ttl_ms": p.share_ttl_ms, "max_drift_ms": p.max_drift_ms}),

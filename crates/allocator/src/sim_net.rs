@@ -14,7 +14,7 @@
 //! ([`election_band`]): their election periods then differ by at least one
 //! tick, so a split vote is resolved in the next round.
 //!
-//! ```ignore
+//! ```text
 //! let parts = NodeParts {
 //!     listen: sim_net::listen(config.listen).await?,
 //!     connector: sim_net::connector(),

@@ -50,15 +50,20 @@ pub fn pool_config_from_wire(config: Option<pb::PoolConfig>) -> Result<PoolConfi
                 floor_basis_points: rate.floor_basis_points,
                 interval_ms: rate.interval_ms,
                 max_raise_basis_points: rate.max_raise_basis_points,
-                reclaim: reclaim_from_wire(policy),
+                reclaim: reclaim_from_wire(policy)?,
                 fallback_allowance_millitokens_per_s: rate.fallback_allowance_millitokens_per_s,
             })
         }
     })
 }
 
-fn reclaim_from_wire(policy: pb::reclaim_policy::Policy) -> ReclaimPolicy {
-    match policy {
+/// The field a refused simulation-only reclaim policy is reported under.
+pub const SIMULATION_ONLY_RECLAIM_FIELD: &str = "config.rate.reclaim";
+
+/// A wire reclaim policy as the machine's; `silence_only` (simulation
+/// only) is refused INVALID_ARGUMENT naming [`SIMULATION_ONLY_RECLAIM_FIELD`].
+fn reclaim_from_wire(policy: pb::reclaim_policy::Policy) -> Result<ReclaimPolicy, ErrorInfo> {
+    Ok(match policy {
         pb::reclaim_policy::Policy::Freeze(_) => ReclaimPolicy::Freeze,
         pb::reclaim_policy::Policy::TwoSignal(p) => ReclaimPolicy::TwoSignal {
             silent_intervals: p.silent_intervals,
@@ -67,7 +72,16 @@ fn reclaim_from_wire(policy: pb::reclaim_policy::Policy) -> ReclaimPolicy {
             share_ttl_ms: p.share_ttl_ms,
             max_drift_ms: p.max_drift_ms,
         },
-    }
+        pb::reclaim_policy::Policy::SilenceOnly(_) => {
+            return Err(ErrorInfo::invalid(
+                SIMULATION_ONLY_RECLAIM_FIELD,
+                format!(
+                    "{SIMULATION_ONLY_RECLAIM_FIELD}: silence_only is simulation only \
+                     (unsafe: it reclaims without the health signal); use two_signal or lease"
+                ),
+            ))
+        }
+    })
 }
 
 pub fn window_config_to_wire(config: &WindowPoolConfig) -> pb::WindowPoolConfig {
@@ -91,6 +105,10 @@ pub fn rate_config_to_wire(config: &RatePoolConfig) -> pb::RatePoolConfig {
             share_ttl_ms,
             max_drift_ms,
         }),
+        // Reported as it is (Inspect of a simulated pool); never accepted in.
+        ReclaimPolicy::SilenceOnly { silent_intervals } => {
+            pb::reclaim_policy::Policy::SilenceOnly(pb::SilenceOnlyPolicy { silent_intervals })
+        }
     };
     pb::RatePoolConfig {
         limit_millitokens_per_s: config.limit_millitokens_per_s,
@@ -499,6 +517,38 @@ mod tests {
         }
         let missing = pool_config_from_wire(Some(pb::PoolConfig { kind: None })).unwrap_err();
         assert_eq!(missing.detail.field, "config.kind");
+    }
+
+    #[test]
+    fn silence_only_goes_out_but_is_refused_in() {
+        let config = PoolConfig::Rate(RatePoolConfig {
+            reclaim: ReclaimPolicy::SilenceOnly {
+                silent_intervals: 3,
+            },
+            ..RatePoolConfig::with_defaults(1_000)
+        });
+        let wire = pool_config_to_wire(&config);
+        let Some(pb::pool_config::Kind::Rate(rate)) = &wire.kind else {
+            panic!("not a rate config");
+        };
+        assert_eq!(
+            rate.reclaim.as_ref().and_then(|r| r.policy),
+            Some(pb::reclaim_policy::Policy::SilenceOnly(
+                pb::SilenceOnlyPolicy {
+                    silent_intervals: 3
+                }
+            ))
+        );
+        let refused = pool_config_from_wire(Some(wire)).unwrap_err();
+        assert_eq!(refused.code, Code::InvalidArgument);
+        assert_eq!(refused.detail.field, "config.rate.reclaim");
+        let status = refused.into_status();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status.message().contains("config.rate.reclaim"),
+            "{}",
+            status.message()
+        );
     }
 
     #[test]

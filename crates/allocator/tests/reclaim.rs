@@ -1,7 +1,8 @@
 //! A silent Region (§4.4): freeze never frees; two_signal frees only when the
 //! Region is silent for its intervals *and* unhealthy; lease frees only after
-//! share_ttl + max_drift of silence; a fenced Region rejoins at share 0 and
-//! rises only by named grants.
+//! share_ttl + max_drift of silence; silence_only (simulation only) frees on
+//! silence alone; a fenced Region rejoins at share 0 and rises only by named
+//! grants.
 
 mod common;
 
@@ -80,6 +81,27 @@ fn two_signal_does_not_free_a_silent_but_healthy_region() {
     let (mut harness, models) = settled(ReclaimPolicy::two_signal_default());
     let reclaimed = a_silent_until(&mut harness, &models, QUIET_FROM_MS + 100 * INTERVAL_MS);
     assert!(reclaimed.is_empty());
+}
+
+/// The simulation-only, unsafe twin of two_signal: silence alone frees a
+/// healthy Region (which may still be enforcing its share).
+#[test]
+fn silence_only_frees_a_silent_but_healthy_region_after_three_intervals() {
+    let (mut harness, models) = settled(ReclaimPolicy::SilenceOnly {
+        silent_intervals: 3,
+    });
+    let last_heard_ms = harness.rate(POOL).members["a"].member.last_heard_ms;
+    let due_ms = last_heard_ms + 3 * INTERVAL_MS;
+    assert!(a_silent_until(&mut harness, &models, due_ms - 1).is_empty());
+    let reclaimed = a_silent_until(&mut harness, &models, due_ms);
+    assert_eq!(reclaimed, vec![format!("a@{due_ms}")]);
+    let rate = harness.rate(POOL);
+    assert_eq!(rate.members["a"].account.share_millitokens_per_s, 0);
+    assert_eq!(
+        rate.members["b"].account.pooled_millitokens_per_s,
+        5_000_000
+    );
+    assert_eq!(harness.incarnation_of(POOL, "a"), 2);
 }
 
 #[test]

@@ -387,12 +387,11 @@ fn one_seed_gives_one_trace() {
     assert_ne!(first.trace, other.trace);
 }
 
-/// Many seeds (slow: `cargo test --features turmoil --test turmoil_cluster
-/// -- --ignored`).
+/// A sweep of seeds (other latencies, election timeouts and crash timings
+/// than the fixed seeds above); a few seconds in a debug build.
 #[test]
-#[ignore]
 fn every_seed_of_a_sweep_converges() {
-    for seed in 1..=40 {
+    for seed in 1..=8 {
         check_converged(&run(seed));
     }
 }

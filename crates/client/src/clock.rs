@@ -6,7 +6,10 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+
+// tokio's clock: the same as std's in a normal runtime and outside any
+// runtime, paused or simulated (turmoil) where tokio's clock is.
+use tokio::time::Instant;
 
 /// A monotonic clock: `now_ms` never goes backwards.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
@@ -14,8 +17,11 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now_ms(&self) -> u64;
 }
 
-/// The process's monotonic clock (`std::time::Instant`), counted from the
-/// moment the clock was made.
+/// The process's monotonic clock, counted from the moment the clock was
+/// made. Read through `tokio::time::Instant`: the OS monotonic clock in a
+/// normal runtime (and outside any runtime), tokio's paused or simulated
+/// clock under `start_paused` or turmoil, so a simulated gateway sees
+/// simulated time.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     origin: Instant,
@@ -88,9 +94,18 @@ mod tests {
 
     #[test]
     fn monotonic_clock_never_goes_back() {
+        // Outside any runtime: tokio's Instant is the OS clock.
         let clock = MonotonicClock::new();
         let first_ms = clock.now_ms();
         let second_ms = clock.now_ms();
         assert!(second_ms >= first_ms);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn monotonic_clock_follows_tokio_time() {
+        let clock = MonotonicClock::new();
+        assert_eq!(clock.now_ms(), 0);
+        tokio::time::advance(std::time::Duration::from_millis(1_500)).await;
+        assert_eq!(clock.now_ms(), 1_500);
     }
 }

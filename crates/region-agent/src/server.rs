@@ -1,6 +1,11 @@
 //! Starting an agent: the store, the policy holder and its file watch, the
 //! gRPC server (native + Envoy RLS on one port) and the HTTP server
 //! (`/metrics`, `/health`). All I/O wiring; no decisions here.
+//!
+//! [`start`] is [`build`] (the decider and the global-pool sync, nothing
+//! running yet), [`grpc_router`] and [`http_router`] served on real TCP
+//! listeners, and [`Built::spawn_background`] (sync tasks, policy file
+//! watch). The simulation uses the same blocks on its own network.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::get;
+use leasehold_allocator::transport::{self, Connector};
 use leasehold_proto::agent::v1::agent_server::AgentServer;
 use leasehold_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
@@ -44,6 +50,8 @@ pub struct AgentSpec {
     pub clock: Arc<dyn Clock>,
     /// Global pools to sync with the allocator (none without `[global]`).
     pub global: Option<GlobalSettings>,
+    /// How the agent connects to the allocator; `None`: real TCP.
+    pub connector: Option<Arc<dyn Connector>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +119,7 @@ impl AgentSpec {
             fallback_max_keys: config.fallback.max_keys,
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
+            connector: None,
         })
     }
 }
@@ -135,7 +144,42 @@ impl RunningAgent {
     }
 }
 
-pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
+/// An agent built but not running: nothing bound, no task spawned.
+pub struct Built {
+    pub decider: Arc<Decider>,
+    /// The global-pool sync (with `[global]`); spawn it with
+    /// [`GlobalSync::spawn`] or [`Built::spawn_background`].
+    pub sync: Option<Arc<GlobalSync>>,
+    /// Watched for new policy versions when set (see
+    /// [`Built::spawn_background`]).
+    pub policy_file: Option<PathBuf>,
+    pub policy_poll: Duration,
+}
+
+impl Built {
+    /// Spawns the background tasks: one sync task per global pool (they end
+    /// when `stop` turns true) and the policy file watch (aborted by the
+    /// caller).
+    pub fn spawn_background(&self, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        if let Some(sync) = &self.sync {
+            tasks.extend(sync.clone().spawn(stop));
+        }
+        if let Some(path) = &self.policy_file {
+            tasks.push(policy::spawn_file_watch(
+                path.clone(),
+                self.decider.policy.clone(),
+                self.policy_poll,
+            ));
+        }
+        tasks
+    }
+}
+
+/// Builds an agent from its spec: keys, policy holder, global room, the
+/// allocator sync (over `spec.connector`, TCP when `None`) and the decider.
+/// Binds nothing and spawns nothing.
+pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
     let keys = KeyBuilder::new(&spec.pepper).map_err(|e| StartError::Pepper(e.to_string()))?;
     let policy = Arc::new(PolicyHolder::new(spec.policy));
     let global = Arc::new(GlobalRoom::new(
@@ -144,73 +188,52 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             .flat_map(|g| g.pools.iter().map(|p| p.id.clone())),
     ));
     let sync = match spec.global {
-        Some(settings) => Some(Arc::new(GlobalSync::new(
+        Some(settings) => Some(Arc::new(GlobalSync::with_connector(
             spec.region.clone(),
             settings,
             global.clone(),
             spec.store.clone(),
             keys.clone(),
             spec.clock.clone(),
+            spec.connector.unwrap_or_else(transport::tcp),
         )?)),
         None => None,
     };
     let decider = Arc::new(Decider {
-        region: spec.region.clone(),
+        region: spec.region,
         store: spec.store,
         keys,
-        policy: policy.clone(),
+        policy,
         fallback: LocalFallback::new(spec.fallback_max_keys),
         metrics: AgentMetrics::new()?,
         counters: Counters::default(),
         clock: spec.clock,
         global,
     });
-    let grpc = TcpListener::bind(spec.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: spec.listen,
-            source,
-        })?;
-    let http = TcpListener::bind(spec.http_listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: spec.http_listen,
-            source,
-        })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| StartError::Bind {
-        addr: spec.listen,
-        source,
-    })?;
-    let http_addr = http.local_addr().map_err(|source| StartError::Bind {
-        addr: spec.http_listen,
-        source,
-    })?;
-    let (shutdown, signal) = watch::channel(false);
-    let mut tasks = Vec::new();
+    Ok(Built {
+        decider,
+        sync,
+        policy_file: spec.policy_file,
+        policy_poll: spec.policy_poll,
+    })
+}
 
-    let grpc_service = tonic::transport::Server::builder()
+/// The agent's gRPC services on one router: the native agent API and
+/// Envoy's RLS. Serve it on any listener (`serve_with_incoming…`).
+pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
+    tonic::transport::Server::builder()
         .add_service(AgentServer::new(AgentService::new(decider.clone())))
         .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(
             decider.clone(),
-        )));
-    let mut grpc_signal = signal.clone();
-    tasks.push(tokio::spawn(async move {
-        // No Nagle: a limiter answer is one small frame and must not wait for an ACK.
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
-        let stop = async move {
-            let _ = grpc_signal.wait_for(|stop| *stop).await;
-        };
-        if let Err(e) = grpc_service
-            .serve_with_incoming_shutdown(incoming, stop)
-            .await
-        {
-            tracing::error!(error = %e, "gRPC server stopped");
-        }
-    }));
+        )))
+}
 
+/// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`
+/// (JSON, global pools included).
+pub fn http_router(decider: &Arc<Decider>) -> axum::Router {
     let for_http = decider.clone();
     let for_health = decider.clone();
-    let router = axum::Router::new()
+    axum::Router::new()
         .route(
             "/metrics",
             get(move || {
@@ -257,7 +280,52 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
                     }))
                 }
             }),
-        );
+        )
+}
+
+pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
+    let (listen, http_listen) = (spec.listen, spec.http_listen);
+    let built = build(spec)?;
+    let grpc = TcpListener::bind(listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let http = TcpListener::bind(http_listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: http_listen,
+            source,
+        })?;
+    let grpc_addr = grpc.local_addr().map_err(|source| StartError::Bind {
+        addr: listen,
+        source,
+    })?;
+    let http_addr = http.local_addr().map_err(|source| StartError::Bind {
+        addr: http_listen,
+        source,
+    })?;
+    let (shutdown, signal) = watch::channel(false);
+    let mut tasks = Vec::new();
+
+    let grpc_service = grpc_router(&built.decider);
+    let mut grpc_signal = signal.clone();
+    tasks.push(tokio::spawn(async move {
+        // No Nagle: a limiter answer is one small frame and must not wait for an ACK.
+        let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+        let stop = async move {
+            let _ = grpc_signal.wait_for(|stop| *stop).await;
+        };
+        if let Err(e) = grpc_service
+            .serve_with_incoming_shutdown(incoming, stop)
+            .await
+        {
+            tracing::error!(error = %e, "gRPC server stopped");
+        }
+    }));
+
+    let router = http_router(&built.decider);
     let mut http_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
         let stop = async move {
@@ -268,17 +336,12 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         }
     }));
 
-    if let Some(sync) = sync {
-        tasks.extend(sync.spawn(signal.clone()));
-    }
-    if let Some(path) = spec.policy_file {
-        tasks.push(policy::spawn_file_watch(path, policy, spec.policy_poll));
-    }
-    tracing::info!(region = %spec.region, %grpc_addr, %http_addr, "agent serving");
+    tasks.extend(built.spawn_background(signal.clone()));
+    tracing::info!(region = %built.decider.region, %grpc_addr, %http_addr, "agent serving");
     Ok(RunningAgent {
         grpc_addr,
         http_addr,
-        decider,
+        decider: built.decider,
         shutdown,
         tasks,
     })
@@ -312,5 +375,201 @@ fn set_global_gauges(decider: &Decider) {
             .with_label_values(&[pool, view.kind()])
             .set(i64::try_from(room).unwrap_or(i64::MAX));
         metrics.global_mode.with_label_values(&[pool]).set(mode);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use leasehold_allocator::config::{
+        PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig,
+    };
+    use leasehold_allocator::node_config::{NodeConfig, ProberSettings, RaftSettings, SeedPool};
+    use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
+    use leasehold_allocator::transport::{ConnectError, StreamFuture, TcpConnector};
+    use tonic::transport::Channel;
+
+    use super::*;
+    use crate::global::settings::GlobalPoolSettings;
+    use crate::global::sync::SyncObserver;
+
+    const POLICY: &str = r#"
+version = 1
+
+[[domain]]
+name = "pooled"
+
+[[domain.rule]]
+id = "g-rate"
+scope = "global"
+algorithm = "token_bucket"
+pool = "rate"
+match = { route_group = "rate" }
+fail_mode = "closed"
+
+[[domain.rule]]
+id = "g-window"
+scope = "global"
+algorithm = "fixed_window"
+pool = "window"
+match = { route_group = "window" }
+fail_mode = "closed"
+"#;
+
+    /// Real TCP, counting the channels it hands out.
+    #[derive(Default)]
+    struct Counting {
+        channels: AtomicUsize,
+    }
+
+    impl Connector for Counting {
+        fn channel(&self, address: &str) -> Result<Channel, ConnectError> {
+            self.channels.fetch_add(1, Ordering::SeqCst);
+            TcpConnector.channel(address)
+        }
+
+        fn stream(&self, host_port: &str) -> StreamFuture {
+            TcpConnector.stream(host_port)
+        }
+    }
+
+    #[derive(Default)]
+    struct Events(Mutex<Vec<String>>);
+
+    impl SyncObserver for Events {
+        fn epoch_applied(&self, pool: &str, epoch: u64) {
+            self.0.lock().unwrap().push(format!("epoch {pool} {epoch}"));
+        }
+
+        fn grant_taken(&self, pool: &str, lease_id: &str, granted_millitokens: u64, epoch: u64) {
+            assert!(!lease_id.is_empty());
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("grant {pool} {granted_millitokens} {epoch}"));
+        }
+    }
+
+    fn free_port() -> SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    /// One in-process allocator node (memory storage) with a rate and a
+    /// window pool; an agent from [`build`] syncing through its connector.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn built_agent_syncs_through_its_connector_and_tells_its_observer() {
+        let listen = free_port();
+        let mut rate = RatePoolConfig::with_defaults(10_000_000);
+        rate.interval_ms = 500;
+        rate.reclaim = ReclaimPolicy::lease_default(500, 100);
+        let config = NodeConfig {
+            node_id: 1,
+            listen,
+            data_dir: PathBuf::from("unused"),
+            peers: BTreeMap::from([(1, listen.to_string())]),
+            pools: vec![
+                SeedPool {
+                    pool: "rate".into(),
+                    config: PoolConfig::Rate(rate),
+                },
+                SeedPool {
+                    pool: "window".into(),
+                    config: PoolConfig::Window(WindowPoolConfig {
+                        capacity_millitokens_per_window: 1_000_000,
+                        window_ms: 3_600_000,
+                        lease_ttl_ms: 60_000,
+                    }),
+                },
+            ],
+            tick_interval_ms: 0,
+            raft: RaftSettings::default(),
+            prober: ProberSettings::default(),
+        };
+        let disk = MemoryDisk::new();
+        let mut parts = NodeParts::real(config, InitMode::Explicit);
+        parts.storage = disk.storage().await.unwrap();
+        let node = start_with(parts).await.expect("allocator node starts");
+
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let connector = Arc::new(Counting::default());
+        let built = build(AgentSpec {
+            region: "eu".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            http_listen: "127.0.0.1:0".parse().unwrap(),
+            store: Arc::new(MemoryStore::new(clock.clone())),
+            pepper: b"a-test-pepper-of-at-least-32-bytes!".to_vec(),
+            policy: policy::parse("pooled.toml", POLICY, None).unwrap(),
+            policy_file: None,
+            policy_poll: Duration::from_secs(1),
+            fallback_max_keys: 100,
+            clock,
+            global: Some(GlobalSettings {
+                allocators: vec![node.address.to_string()],
+                request_timeout_ms: 3_000,
+                tick_ms: 20,
+                pools: ["rate", "window"]
+                    .into_iter()
+                    .map(|id| GlobalPoolSettings {
+                        id: id.into(),
+                        phase_ms: Some(0),
+                        chunk_millitokens: Some(10_000),
+                        low_water_millitokens: None,
+                    })
+                    .collect(),
+                sim_unclamped_lease: false,
+            }),
+            connector: Some(connector.clone()),
+        })
+        .expect("agent builds");
+        let events = Arc::new(Events::default());
+        built
+            .sync
+            .as_ref()
+            .expect("a sync with [global]")
+            .set_observer(events.clone());
+        let (stop, signal) = watch::channel(false);
+        let tasks = built.spawn_background(signal);
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let seen = loop {
+            let seen = events.0.lock().unwrap().clone();
+            let epoch = seen.iter().any(|e| e.starts_with("epoch rate "));
+            let grant = seen.iter().any(|e| e.starts_with("grant window 10000 "));
+            if (epoch && grant) || tokio::time::Instant::now() > deadline {
+                break seen;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let _ = stop.send(true);
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        node.stop().await;
+
+        assert!(
+            seen.iter().any(|e| e.starts_with("epoch rate ")),
+            "{seen:?}"
+        );
+        assert!(
+            seen.iter().any(|e| e.starts_with("grant window 10000 ")),
+            "{seen:?}"
+        );
+        assert!(
+            !seen
+                .iter()
+                .any(|e| e.contains(" window") && e.starts_with("epoch")),
+            "window pools report grants, not share epochs: {seen:?}"
+        );
+        assert!(connector.channels.load(Ordering::SeqCst) >= 1);
+        // The router builders stand on their own.
+        let _ = grpc_router(&built.decider);
+        let _ = http_router(&built.decider);
     }
 }

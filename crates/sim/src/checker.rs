@@ -65,6 +65,36 @@ pub fn check(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
     out
 }
 
+/// How close a run came to each rate bound: per pool and interval, the most
+/// admitted in any interval of that length and the bound's value there.
+pub fn rate_margins(scenario: &Scenario, trace: &Trace) -> Vec<(String, u64, u64, u64)> {
+    let mut out = Vec::new();
+    for (p, pool) in scenario.pools.iter().enumerate() {
+        let PoolSpec::Rate(rate) = pool else {
+            continue;
+        };
+        for interval in RATE_INTERVALS_MS {
+            let n = (interval / scenario.sample_ms) as usize;
+            if n == 0 || n > trace.samples.len() {
+                continue;
+            }
+            let most = trace
+                .samples
+                .windows(n)
+                .map(|w| {
+                    w.iter()
+                        .flat_map(|s| s.rooms.iter().map(|r| r[p].admitted))
+                        .sum::<u64>()
+                })
+                .max()
+                .unwrap_or(0);
+            let bound = rate.burst_tokens() + rate.limit_per_s * interval / 1_000;
+            out.push((rate.id.clone(), interval, most, bound));
+        }
+    }
+    out
+}
+
 fn capped(mut v: Vec<Violation>) -> Vec<Violation> {
     v.truncate(MAX_VIOLATIONS_PER_BOUND);
     v
@@ -212,7 +242,13 @@ pub fn committed_sum_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<
         .samples
         .iter()
         .filter_map(|s| {
-            let shares = s.committed_shares.get(p)?.as_ref()?;
+            let shares: Vec<u64> = s
+                .committed
+                .get(p)?
+                .as_ref()?
+                .iter()
+                .map(|c| c.share)
+                .collect();
             let sum: u64 = shares.iter().sum();
             (sum > l).then(|| Violation {
                 bound: "committed: Σ committed shares ≤ L",
@@ -340,7 +376,16 @@ lease_ttl_ms = 1000
                 .map(|i| Sample {
                     t_ms: i as u64 * 100,
                     rooms: vec![vec![room, RegionPool::default()]; 2],
-                    committed_shares: vec![Some(vec![enforced, enforced]), None],
+                    committed: vec![
+                        Some(vec![
+                            crate::trace::Committed {
+                                share: enforced,
+                                ..Default::default()
+                            };
+                            2
+                        ]),
+                        None,
+                    ],
                 })
                 .collect(),
             ..Trace::default()

@@ -275,6 +275,8 @@ pub enum FaultKind {
     RestartNode {
         node: u64,
     },
+    /// Restart every allocator node crashed so far (e.g. after `crash_leader`).
+    RestartCrashed,
     /// The Region's agent and gateways are gone for good.
     LoseRegion {
         region: String,

@@ -43,10 +43,19 @@ pub struct Sample {
     pub t_ms: u64,
     /// `[region][pool]`, in scenario order.
     pub rooms: Vec<Vec<RegionPool>>,
-    /// Per pool: the committed shares (millitokens/s, scenario Region
-    /// order) read from a replica's applied state; `None` for window pools
-    /// or when no replica answered.
-    pub committed_shares: Vec<Option<Vec<u64>>>,
+    /// Per pool: each Region's committed account (scenario Region order)
+    /// read from a replica's applied state; `None` for window pools.
+    pub committed: Vec<Option<Vec<Committed>>>,
+}
+
+/// One Region's room in a rate pool as the allocator committed it
+/// (millitokens per second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct Committed {
+    pub share: u64,
+    pub pending_release: u64,
+    pub pooled: u64,
+    pub granted_not_taken: u64,
 }
 
 /// A chunk grant a Region's agent took.
@@ -69,7 +78,7 @@ pub struct EpochApplied {
     pub epoch: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Trace {
     pub samples: Vec<Sample>,
     /// Window pools: admitted per (pool, window start), counting a request
@@ -84,7 +93,16 @@ pub struct Trace {
 impl Trace {
     /// sha256 over the canonical JSON of the whole trace.
     pub fn hash(&self) -> String {
-        let json = serde_json::to_vec(self).unwrap_or_default();
+        // JSON maps need string keys: the window counts go as a list.
+        let canonical = (
+            &self.samples,
+            self.window_admitted.iter().collect::<Vec<_>>(),
+            &self.grants,
+            &self.epochs,
+            &self.events,
+        );
+        // Plain data (integers, strings, lists): serialization cannot fail.
+        let json = serde_json::to_vec(&canonical).expect("a trace serializes");
         hex::encode(Sha256::digest(&json))
     }
 }

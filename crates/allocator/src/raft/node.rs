@@ -634,7 +634,7 @@ impl ProberHost for Node {
 /// says no when it would): a window pool whose window has moved on while it
 /// still counts grants or keeps records, or a live, unfrozen rate-pool
 /// member silent for its policy's reclaim delay (under two_signal: and
-/// judged unhealthy).
+/// judged unhealthy; under silence_only: silence alone).
 pub fn tick_due(machine: &Machine, now_ms: u64) -> bool {
     machine.pools().values().any(|pool| match pool {
         Pool::Window(window) => {
@@ -649,6 +649,10 @@ pub fn tick_due(machine: &Machine, now_ms: u64) -> bool {
                 crate::config::ReclaimPolicy::TwoSignal { silent_intervals } => (
                     silent_intervals.saturating_mul(rate.config.interval_ms),
                     true,
+                ),
+                crate::config::ReclaimPolicy::SilenceOnly { silent_intervals } => (
+                    silent_intervals.saturating_mul(rate.config.interval_ms),
+                    false,
                 ),
                 crate::config::ReclaimPolicy::Lease {
                     share_ttl_ms,
@@ -1231,5 +1235,45 @@ mod tests {
         let mut ticked = machine.clone();
         apply(&mut ticked, Command::Tick, 1_000);
         assert_ne!(ticked.pools(), machine.pools());
+
+        // silence_only: silence alone makes a tick due (no verdict needed);
+        // two_signal waits for the verdict.
+        for (reclaim, due_without_verdict) in [
+            (
+                ReclaimPolicy::SilenceOnly {
+                    silent_intervals: 2,
+                },
+                true,
+            ),
+            (
+                ReclaimPolicy::TwoSignal {
+                    silent_intervals: 2,
+                },
+                false,
+            ),
+        ] {
+            let mut config = RatePoolConfig::with_defaults(1_000);
+            config.interval_ms = 1_000;
+            config.reclaim = reclaim;
+            let mut machine = Machine::new();
+            apply(
+                &mut machine,
+                Command::CreatePool {
+                    pool: "r".into(),
+                    config: PoolConfig::Rate(config),
+                },
+                0,
+            );
+            apply(
+                &mut machine,
+                Command::RegisterRegion {
+                    pool: "r".into(),
+                    region: "eu".into(),
+                },
+                0,
+            );
+            assert!(!tick_due(&machine, 1_999));
+            assert_eq!(tick_due(&machine, 2_000), due_without_verdict);
+        }
     }
 }

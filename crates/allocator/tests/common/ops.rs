@@ -105,6 +105,8 @@ fn policy() -> impl Strategy<Value = ReclaimPolicy> {
     prop_oneof![
         Just(ReclaimPolicy::Freeze),
         (1u64..=3).prop_map(|silent_intervals| ReclaimPolicy::TwoSignal { silent_intervals }),
+        // Simulation only, but the machine's invariants must hold under it too.
+        (1u64..=3).prop_map(|silent_intervals| ReclaimPolicy::SilenceOnly { silent_intervals }),
         (1u64..=20_000, 0u64..=2_000).prop_map(|(share_ttl_ms, max_drift_ms)| {
             ReclaimPolicy::Lease {
                 share_ttl_ms,

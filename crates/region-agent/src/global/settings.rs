@@ -23,6 +23,14 @@ pub struct GlobalSettings {
     pub tick_ms: u64,
     #[serde(default, rename = "pool")]
     pub pools: Vec<GlobalPoolSettings>,
+    /// **Simulation only, unsafe; unreachable from config files** (serde
+    /// skips it, so `deny_unknown_fields` refuses it in a file). When true, a
+    /// rate pool under the `lease` policy never falls to its fallback
+    /// allowance: the agent keeps enforcing its last applied share when it
+    /// cannot renew, as under `two_signal`. The simulation sets it to show
+    /// the bound breaking without the lease clamp.
+    #[serde(skip)]
+    pub sim_unclamped_lease: bool,
 }
 
 fn default_request_timeout_ms() -> u64 {
@@ -180,6 +188,16 @@ mod tests {
         assert_eq!(eu, s.pools[0].phase_ms("eu", 5_000));
         assert!(eu < 5_000);
         assert_ne!(eu, s.pools[0].phase_ms("us", 5_000));
+    }
+
+    #[test]
+    fn sim_unclamped_lease_is_unreachable_from_a_file() {
+        let s = settings("allocators = [\"http://a:1\"]\n");
+        assert!(!s.sim_unclamped_lease);
+        let refused = toml::from_str::<GlobalSettings>(
+            "allocators = [\"http://a:1\"]\nsim_unclamped_lease = true\n",
+        );
+        assert!(refused.is_err());
     }
 
     #[test]

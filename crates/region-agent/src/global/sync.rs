@@ -9,15 +9,23 @@
 //! id), with a capped backoff while the pool is being learned or registered.
 //! When the allocator is unreachable the Region keeps enforcing what it
 //! holds; under `lease` the share falls to the fallback allowance after
-//! `share_ttl`, measured on a monotonic clock.
+//! `share_ttl`, measured on a monotonic clock (unless the simulation-only
+//! [`GlobalSettings::sim_unclamped_lease`] is set).
+//!
+//! Connections to the allocator go through a
+//! [`leasehold_allocator::transport::Connector`]: real TCP by default
+//! ([`GlobalSync::new`]), turmoil's network in the simulation
+//! ([`GlobalSync::with_connector`]). A [`SyncObserver`] (optional) hears of
+//! every share reply applied and every chunk grant taken.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 // tokio's clock: simulated under turmoil, so the lease clock is too.
 use tokio::time::Instant;
 
 use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
+use leasehold_allocator::transport::{self, Connector};
 use leasehold_proto::allocator::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -40,6 +48,18 @@ const MAX_BACKOFF_MS: u64 = 2_000;
 /// Cap on chunks waiting to be credited into the store (oldest dropped).
 const MAX_PENDING_CREDITS: usize = 16;
 
+/// Hears what the sync tasks apply (the simulation traces epochs and grants
+/// with it). Called from the pool tasks, synchronously, right after the pure
+/// state machine took the reply: keep it quick and do not block.
+pub trait SyncObserver: Send + Sync {
+    /// A share reply (Rebalance, AckShare or Register) of `pool` was applied
+    /// ([`ShareOutcome::Applied`]) under `epoch`.
+    fn epoch_applied(&self, pool: &str, epoch: u64);
+    /// A chunk grant of `pool` was taken ([`GrantOutcome::Taken`]) under
+    /// `epoch`; `granted_millitokens` may be 0 (the window was exhausted).
+    fn grant_taken(&self, pool: &str, lease_id: &str, granted_millitokens: u64, epoch: u64);
+}
+
 /// Everything the sync tasks share.
 pub struct GlobalSync {
     pub region: String,
@@ -53,6 +73,7 @@ pub struct GlobalSync {
     /// Distinguishes this process's lease ids from an earlier run's.
     pub boot_id: u64,
     started: Instant,
+    observer: RwLock<Option<Arc<dyn SyncObserver>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +85,7 @@ pub enum SyncError {
 }
 
 impl GlobalSync {
+    /// Sync over real TCP.
     pub fn new(
         region: String,
         settings: GlobalSettings,
@@ -72,8 +94,22 @@ impl GlobalSync {
         keys: KeyBuilder,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, SyncError> {
+        Self::with_connector(region, settings, room, store, keys, clock, transport::tcp())
+    }
+
+    /// Sync whose allocator connections go through `connector` (turmoil's
+    /// network in the simulation).
+    pub fn with_connector(
+        region: String,
+        settings: GlobalSettings,
+        room: Arc<GlobalRoom>,
+        store: Arc<dyn BucketStore>,
+        keys: KeyBuilder,
+        clock: Arc<dyn Clock>,
+        connector: Arc<dyn Connector>,
+    ) -> Result<Self, SyncError> {
         let timeout = Duration::from_millis(settings.request_timeout_ms.max(1));
-        let client = AllocatorClient::with_settings(
+        let client = AllocatorClient::with_connector(
             &settings.allocators,
             ClientSettings {
                 call_timeout: timeout,
@@ -81,6 +117,7 @@ impl GlobalSync {
                 max_attempts: 16,
                 retry_pause: Duration::from_millis(100),
             },
+            connector,
         )?;
         let boot_id = u64::try_from(clock.now_ms()).unwrap_or(0);
         Ok(GlobalSync {
@@ -93,7 +130,31 @@ impl GlobalSync {
             clock,
             boot_id,
             started: Instant::now(),
+            observer: RwLock::new(None),
         })
+    }
+
+    /// Sets (replaces) the observer. Takes `&self` so it works on the
+    /// `Arc<GlobalSync>` of [`crate::server::Built`]; set it before
+    /// [`GlobalSync::spawn`] to hear of everything.
+    pub fn set_observer(&self, observer: Arc<dyn SyncObserver>) {
+        *self
+            .observer
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(observer);
+    }
+
+    fn observer(&self) -> Option<Arc<dyn SyncObserver>> {
+        self.observer
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn observe_epoch(&self, pool: &str, epoch: u64) {
+        if let Some(observer) = self.observer() {
+            observer.epoch_applied(pool, epoch);
+        }
     }
 
     /// Monotonic ms since the agent started (the `lease` clock).
@@ -210,13 +271,10 @@ impl GlobalSync {
         mut stop: watch::Receiver<bool>,
     ) {
         let interval_ms = config.interval_ms.max(1);
-        let reclaim = match config.reclaim.and_then(|r| r.policy) {
-            Some(pb::reclaim_policy::Policy::Lease(lease)) => AgentReclaim::Lease {
-                share_ttl_ms: lease.share_ttl_ms,
-            },
-            Some(pb::reclaim_policy::Policy::TwoSignal(_)) => AgentReclaim::TwoSignal,
-            _ => AgentReclaim::Freeze,
-        };
+        let reclaim = agent_reclaim(
+            config.reclaim.and_then(|r| r.policy),
+            self.settings.sim_unclamped_lease,
+        );
         let sync_config = ShareSyncConfig {
             interval_ms,
             phase_ms: pool.phase_ms(&self.region, interval_ms),
@@ -275,17 +333,15 @@ impl GlobalSync {
             let Some(request) = sync.poll(now) else {
                 continue;
             };
-            let result = self
-                .client
-                .rebalance(pb::RebalanceRequest {
-                    pool: pool.id.clone(),
-                    region: self.region.clone(),
-                    incarnation: request.incarnation,
-                    demand_requests: request.demand_requests,
-                    applied_share_millitokens_per_s: request.applied_share_millitokens_per_s,
-                    applied_share_version: request.applied_share_version,
-                })
-                .await;
+            let call = self.client.rebalance(pb::RebalanceRequest {
+                pool: pool.id.clone(),
+                region: self.region.clone(),
+                incarnation: request.incarnation,
+                demand_requests: request.demand_requests,
+                applied_share_millitokens_per_s: request.applied_share_millitokens_per_s,
+                applied_share_version: request.applied_share_version,
+            });
+            let result = self.publishing(call, slot, &sync, epoch).await;
             self.reached(&result);
             match result {
                 Ok(reply) => {
@@ -334,6 +390,7 @@ impl GlobalSync {
         let ack = match outcome {
             ShareOutcome::Applied(applied) => {
                 tracing::debug!(pool, region = %self.region, share = sync.applied_share_millitokens_per_s(), version = sync.applied_share_version(), epoch, "share applied");
+                self.observe_epoch(pool, epoch);
                 applied.ack
             }
             ShareOutcome::Dropped(reason) => {
@@ -350,23 +407,21 @@ impl GlobalSync {
             return;
         }
         let sent = self.mono_ms();
-        let result = self
-            .client
-            .ack_share(pb::AckShareRequest {
-                pool: pool.to_string(),
-                region: self.region.clone(),
-                incarnation: ack.incarnation,
-                applied_share_millitokens_per_s: ack.applied_share_millitokens_per_s,
-                applied_share_version: ack.applied_share_version,
-            })
-            .await;
+        let call = self.client.ack_share(pb::AckShareRequest {
+            pool: pool.to_string(),
+            region: self.region.clone(),
+            incarnation: ack.incarnation,
+            applied_share_millitokens_per_s: ack.applied_share_millitokens_per_s,
+            applied_share_version: ack.applied_share_version,
+        });
+        let result = self.publishing(call, slot, sync, epoch).await;
         self.reached(&result);
         match result {
             Ok(reply) => {
                 if let Some(share) = reply.share {
                     // The AckShare reply never lowers further (it only
                     // confirms); applying it renews the lease clock.
-                    let _ = sync.on_share_reply(
+                    let outcome = sync.on_share_reply(
                         ShareReplyIn {
                             epoch: reply.epoch,
                             incarnation: share.incarnation,
@@ -376,6 +431,9 @@ impl GlobalSync {
                         sent,
                         self.mono_ms(),
                     );
+                    if let ShareOutcome::Applied(_) = outcome {
+                        self.observe_epoch(pool, reply.epoch);
+                    }
                 }
             }
             Err(e) => self.on_share_error(pool, slot, sync, &e),
@@ -409,6 +467,28 @@ impl GlobalSync {
             interval_ms: sync.interval_ms(),
             fallback_allowance_millitokens_per_s: sync.fallback_allowance_millitokens_per_s(),
         }));
+    }
+
+    /// Awaits an allocator call while republishing the pool's view every
+    /// tick: a lease that lapses while a call hangs (a partition drops
+    /// packets, the call waits out its deadline) falls to the allowance on
+    /// time, not when the call gives up.
+    async fn publishing<T>(
+        &self,
+        call: impl std::future::Future<Output = T>,
+        slot: &PoolSlot,
+        sync: &ShareSync,
+        epoch: u64,
+    ) -> T {
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                out = &mut call => return out,
+                _ = tokio::time::sleep(Duration::from_millis(self.tick())) => {
+                    self.publish_rate(slot, sync, epoch);
+                }
+            }
+        }
     }
 
     fn tick(&self) -> u64 {
@@ -490,6 +570,14 @@ impl GlobalSync {
                             } = outcome
                             {
                                 tracing::debug!(pool = %pool.id, lease_id = %grant.lease_id, granted_millitokens, epoch = reply.epoch, "chunk granted");
+                                if let Some(observer) = self.observer() {
+                                    observer.grant_taken(
+                                        &pool.id,
+                                        &grant.lease_id,
+                                        granted_millitokens,
+                                        reply.epoch,
+                                    );
+                                }
                                 if granted_millitokens > 0 {
                                     // Pool and lease ids were validated at start and by
                                     // the allocator; a refusal here is a bug, logged.
@@ -585,6 +673,29 @@ impl GlobalSync {
     }
 }
 
+/// What the agent does when it cannot renew a rate pool's share, from the
+/// pool's policy (§4.4): `lease` falls to the fallback allowance, the others
+/// keep the last applied share. `sim_unclamped_lease` (simulation only,
+/// unsafe) turns `lease` into keep-the-share as well; `silence_only` (the
+/// allocator's simulation-only policy) keeps the share like `two_signal`.
+fn agent_reclaim(
+    policy: Option<pb::reclaim_policy::Policy>,
+    sim_unclamped_lease: bool,
+) -> AgentReclaim {
+    match policy {
+        Some(pb::reclaim_policy::Policy::Lease(_)) if sim_unclamped_lease => {
+            AgentReclaim::TwoSignal
+        }
+        Some(pb::reclaim_policy::Policy::Lease(lease)) => AgentReclaim::Lease {
+            share_ttl_ms: lease.share_ttl_ms,
+        },
+        Some(
+            pb::reclaim_policy::Policy::TwoSignal(_) | pb::reclaim_policy::Policy::SilenceOnly(_),
+        ) => AgentReclaim::TwoSignal,
+        Some(pb::reclaim_policy::Policy::Freeze(_)) | None => AgentReclaim::Freeze,
+    }
+}
+
 /// The current incarnation when the allocator answered FENCED.
 fn fenced(error: &ClientError) -> Option<u64> {
     let detail = error.detail()?;
@@ -613,5 +724,64 @@ impl Backoff {
     fn next(&mut self) -> u64 {
         self.next_ms = (self.next_ms * 2).clamp(100, MAX_BACKOFF_MS);
         self.next_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_reclaim_follows_the_pool_policy() {
+        use pb::reclaim_policy::Policy;
+        let lease = || {
+            Some(Policy::Lease(pb::LeasePolicy {
+                share_ttl_ms: 15_000,
+                max_drift_ms: 100,
+            }))
+        };
+        assert_eq!(
+            agent_reclaim(lease(), false),
+            AgentReclaim::Lease {
+                share_ttl_ms: 15_000
+            }
+        );
+        assert_eq!(
+            agent_reclaim(
+                Some(Policy::TwoSignal(pb::TwoSignalPolicy {
+                    silent_intervals: 3
+                })),
+                false
+            ),
+            AgentReclaim::TwoSignal
+        );
+        assert_eq!(
+            agent_reclaim(
+                Some(Policy::SilenceOnly(pb::SilenceOnlyPolicy {
+                    silent_intervals: 3
+                })),
+                false
+            ),
+            AgentReclaim::TwoSignal
+        );
+        assert_eq!(
+            agent_reclaim(Some(Policy::Freeze(pb::FreezePolicy {})), false),
+            AgentReclaim::Freeze
+        );
+        assert_eq!(agent_reclaim(None, false), AgentReclaim::Freeze);
+    }
+
+    #[test]
+    fn sim_unclamped_lease_keeps_the_share_under_lease_only() {
+        use pb::reclaim_policy::Policy;
+        let lease = Some(Policy::Lease(pb::LeasePolicy {
+            share_ttl_ms: 15_000,
+            max_drift_ms: 0,
+        }));
+        assert_eq!(agent_reclaim(lease, true), AgentReclaim::TwoSignal);
+        assert_eq!(
+            agent_reclaim(Some(Policy::Freeze(pb::FreezePolicy {})), true),
+            AgentReclaim::Freeze
+        );
     }
 }

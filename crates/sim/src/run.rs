@@ -1,0 +1,881 @@
+//! One seeded run of a scenario on turmoil hosts, all running the real code:
+//!
+//! - `n1..nN`: allocator nodes (`raft::node::start_with`: in-memory log
+//!   store, the real state machine, tonic over turmoil TCP, a seeded
+//!   openraft RNG, the simulated clock plus the host's skew);
+//! - `agent-<region>`: a Region agent (`server::build`: decider on the
+//!   `MemoryStore`, global sync with the allocator, gRPC and `/health` over
+//!   turmoil TCP);
+//! - `gw-<region>-<k>`: gateways (the client library's `Limiter`) turning
+//!   the scenario's demand curves into requests;
+//! - `prober`: the health prober, probing agents' `/health` and reporting
+//!   verdicts (`HealthReport`) — a host of its own so that a Region can be
+//!   cut off from the allocator yet stay reachable by the prober;
+//! - `observer`: learns the leader (for `crash_leader`).
+//!
+//! The driver steps the simulation, applies faults at their times and
+//! samples every `sample_ms` into a [`Trace`]. Everything is seeded from the
+//! scenario seed and runs on simulated time: the same seed gives the same
+//! trace hash.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use leasehold_allocator::client::{AllocatorClient, ClientSettings};
+use leasehold_allocator::clock::WallClock;
+use leasehold_allocator::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
+use leasehold_allocator::node_config::{
+    NodeConfig, ProbeTarget, ProberSettings, RaftSettings, SeedPool,
+};
+use leasehold_allocator::pool::Pool;
+use leasehold_allocator::prober::{self, ProbeOutcome};
+use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
+use leasehold_allocator::sim_net;
+use leasehold_client::{AdmitRequest, FailMode, Limiter, LimiterConfig};
+use leasehold_proto::agent::v1 as agent_pb;
+use leasehold_proto::allocator::v1 as pb;
+use leasehold_region_agent::decide::Decider;
+use leasehold_region_agent::global::room::PoolView;
+use leasehold_region_agent::global::settings::{GlobalPoolSettings, GlobalSettings};
+use leasehold_region_agent::global::share_sync::Mode;
+use leasehold_region_agent::global::sync::SyncObserver;
+use leasehold_region_agent::memory::{Clock, MemoryStore};
+use leasehold_region_agent::policy;
+use leasehold_region_agent::server::{self, AgentSpec};
+
+use crate::checker::{self, Violation};
+use crate::scenario::{FaultKind, PoolSpec, ReclaimSpec, Scenario};
+use crate::trace::{Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace};
+
+/// 2025-01-01T00:00:00Z: every run starts here.
+pub const EPOCH_MS: u64 = 1_735_689_600_000;
+const ALLOCATOR_PORT: u16 = 7301;
+const AGENT_GRPC_PORT: u16 = 7100;
+const AGENT_HTTP_PORT: u16 = 7190;
+const PEPPER: &[u8] = b"simulation-pepper-not-a-secret";
+/// Gateways give up on the agent after this (then their fail mode: closed).
+const GATEWAY_DEADLINE_MS: u64 = 250;
+/// Requests one gateway keeps in flight at most; arrivals beyond are
+/// refused at the gateway (counted as refused).
+const MAX_IN_FLIGHT_PER_GATEWAY: usize = 512;
+const PROBE_INTERVAL_MS: u64 = 500;
+const PROBE_FAILURES_TO_UNHEALTHY: u32 = 2;
+/// Simulated time allowed past the scenario's end before turmoil gives up.
+const GRACE_MS: u64 = 30_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("simulation failed at {at_ms} ms: {message}")]
+    Turmoil { at_ms: u64, message: String },
+    #[error("scenario: {0}")]
+    Scenario(String),
+}
+
+/// What one seeded run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub seed: u64,
+    pub trace: Trace,
+    pub violations: Vec<Violation>,
+    pub hash: String,
+    pub wall: Duration,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+fn node_host(id: u64) -> String {
+    format!("n{id}")
+}
+
+fn agent_host(region: &str) -> String {
+    format!("agent-{region}")
+}
+
+fn gateway_host(region: &str, k: u32) -> String {
+    format!("gw-{region}-{k}")
+}
+
+/// Simulated wall time on `host` (epoch + elapsed + the host's skew).
+fn sim_now_ms(shared: &Shared, host: &str) -> u64 {
+    let elapsed = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+    let skew = shared.lock().skews.get(host).copied().unwrap_or(0);
+    (EPOCH_MS + elapsed).saturating_add_signed(skew)
+}
+
+/// State shared between the driver and the hosts. The simulation runs on
+/// one OS thread; the mutex only satisfies `Send`.
+#[derive(Default)]
+struct World {
+    deciders: Vec<Option<Arc<Decider>>>,
+    /// `[region][pool]` (admitted, refused) since the last sample.
+    counts: Vec<Vec<(u64, u64)>>,
+    window_admitted: BTreeMap<(usize, u64), u64>,
+    grants: Vec<GrantTaken>,
+    epochs: Vec<EpochApplied>,
+    leader: u64,
+    skews: BTreeMap<String, i64>,
+    down: Vec<bool>,
+}
+
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<World>>);
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, World> {
+        // Hosts never panic while holding it; recover the guard regardless.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The allocator's clock on one node.
+struct NodeClock {
+    host: String,
+    shared: Shared,
+}
+
+impl WallClock for NodeClock {
+    fn now_ms(&self) -> u64 {
+        sim_now_ms(&self.shared, &self.host)
+    }
+}
+
+/// The agent's clock (and its `MemoryStore`'s, like Redis's `TIME`).
+#[derive(Debug)]
+struct AgentClock {
+    host: String,
+    shared: Shared,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Shared")
+    }
+}
+
+impl Clock for AgentClock {
+    fn now_ms(&self) -> i64 {
+        sim_now_ms(&self.shared, &self.host) as i64
+    }
+}
+
+/// The gateways' monotonic clock: simulated elapsed ms.
+#[derive(Debug)]
+struct GatewayClock;
+
+impl leasehold_client::Clock for GatewayClock {
+    fn now_ms(&self) -> u64 {
+        turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64
+    }
+}
+
+/// Records what an agent's sync loops apply (epochs, grants taken).
+struct Recorder {
+    region: usize,
+    pools: Vec<String>,
+    shared: Shared,
+}
+
+impl Recorder {
+    fn pool(&self, id: &str) -> Option<usize> {
+        self.pools.iter().position(|p| p == id)
+    }
+    fn t_ms(&self) -> u64 {
+        turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64
+    }
+}
+
+impl SyncObserver for Recorder {
+    fn epoch_applied(&self, pool: &str, epoch: u64) {
+        if let Some(pool) = self.pool(pool) {
+            let t_ms = self.t_ms();
+            self.shared.lock().epochs.push(EpochApplied {
+                t_ms,
+                region: self.region,
+                pool,
+                epoch,
+            });
+        }
+    }
+
+    fn grant_taken(&self, pool: &str, lease_id: &str, granted_millitokens: u64, epoch: u64) {
+        if let Some(pool) = self.pool(pool) {
+            let t_ms = self.t_ms();
+            self.shared.lock().grants.push(GrantTaken {
+                t_ms,
+                region: self.region,
+                pool,
+                lease_id: lease_id.to_string(),
+                granted_millitokens,
+                epoch,
+            });
+        }
+    }
+}
+
+/// The scenario's pools as the allocator's configs.
+fn pool_config(spec: &PoolSpec) -> PoolConfig {
+    match spec {
+        PoolSpec::Window(w) => PoolConfig::Window(WindowPoolConfig {
+            capacity_millitokens_per_window: w.capacity_per_window * 1_000,
+            window_ms: w.window_ms,
+            lease_ttl_ms: w.lease_ttl_ms,
+        }),
+        PoolSpec::Rate(r) => {
+            let mut config = RatePoolConfig::with_defaults(r.limit_per_s * 1_000);
+            config.burst_millitokens = r.burst_tokens() * 1_000;
+            config.burst_seconds = r.burst_seconds;
+            config.floor_basis_points = r.floor_basis_points;
+            config.interval_ms = r.interval_ms;
+            config.max_raise_basis_points = r.max_raise_basis_points;
+            config.reclaim = match r.reclaim {
+                ReclaimSpec::Freeze => ReclaimPolicy::Freeze,
+                ReclaimSpec::TwoSignal => ReclaimPolicy::TwoSignal {
+                    silent_intervals: 3,
+                },
+                ReclaimSpec::Lease {
+                    share_ttl_ms,
+                    max_drift_ms,
+                } => ReclaimPolicy::Lease {
+                    share_ttl_ms: share_ttl_ms.unwrap_or(3 * r.interval_ms),
+                    max_drift_ms,
+                },
+                ReclaimSpec::SilenceOnly => ReclaimPolicy::SilenceOnly {
+                    silent_intervals: 3,
+                },
+            };
+            config.fallback_allowance_millitokens_per_s = r.fallback_allowance_per_s() * 1_000;
+            PoolConfig::Rate(config)
+        }
+    }
+}
+
+/// One rule per pool, in domain "sim", selected by route group = pool id.
+fn policy_text(scenario: &Scenario) -> String {
+    let mut text = String::from("version = 1\n\n[[domain]]\nname = \"sim\"\n");
+    for pool in &scenario.pools {
+        let (algorithm, leased) = match pool {
+            PoolSpec::Rate(r) => ("token_bucket", r.leased),
+            PoolSpec::Window(_) => ("fixed_window", false),
+        };
+        let id = pool.id();
+        text.push_str(&format!(
+            "\n[[domain.rule]]\nid = \"p-{id}\"\nscope = \"global\"\nalgorithm = \"{algorithm}\"\npool = \"{id}\"\nmatch = {{ route_group = \"{id}\" }}\nfail_mode = \"closed\"\n"
+        ));
+        if leased {
+            let gateways = scenario
+                .regions
+                .iter()
+                .map(|r| r.gateways)
+                .max()
+                .unwrap_or(1);
+            text.push_str(&format!("leased = {{ gateways = {gateways} }}\n"));
+        }
+    }
+    text
+}
+
+fn node_config(scenario: &Scenario, id: u64) -> NodeConfig {
+    let nodes = scenario.allocator_nodes;
+    NodeConfig {
+        node_id: id,
+        listen: SocketAddr::from(([0, 0, 0, 0], ALLOCATOR_PORT)),
+        data_dir: Default::default(),
+        peers: (1..=nodes)
+            .map(|peer| (peer, format!("{}:{ALLOCATOR_PORT}", node_host(peer))))
+            .collect(),
+        pools: scenario
+            .pools
+            .iter()
+            .map(|p| SeedPool {
+                pool: p.id().to_string(),
+                config: pool_config(p),
+            })
+            .collect(),
+        tick_interval_ms: 200,
+        raft: sim_net::election_band(&RaftSettings::default(), id - 1),
+        // Verdicts come from the `prober` host (HealthReport).
+        prober: ProberSettings::default(),
+    }
+}
+
+fn allocator_addresses(scenario: &Scenario) -> Vec<String> {
+    (1..=scenario.allocator_nodes)
+        .map(|id| format!("{}:{ALLOCATOR_PORT}", node_host(id)))
+        .collect()
+}
+
+fn client_settings() -> ClientSettings {
+    ClientSettings {
+        call_timeout: Duration::from_millis(2_500),
+        leader_wait: Duration::from_millis(5_000),
+        max_attempts: 16,
+        retry_pause: Duration::from_millis(100),
+    }
+}
+
+type HostResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostResult {
+    let region = scenario.regions[r].clone();
+    let host = agent_host(&region.name);
+    let clock: Arc<dyn Clock> = Arc::new(AgentClock {
+        host: host.clone(),
+        shared: shared.clone(),
+    });
+    let bundle = policy::parse("sim-policy.toml", &policy_text(&scenario), None)?;
+    let global = GlobalSettings {
+        allocators: allocator_addresses(&scenario),
+        request_timeout_ms: 2_500,
+        tick_ms: 50,
+        pools: scenario
+            .pools
+            .iter()
+            .map(|p| GlobalPoolSettings {
+                id: p.id().to_string(),
+                phase_ms: None,
+                chunk_millitokens: match p {
+                    PoolSpec::Window(w) => Some(w.chunk_tokens * 1_000),
+                    PoolSpec::Rate(_) => None,
+                },
+                low_water_millitokens: None,
+            })
+            .collect(),
+        sim_unclamped_lease: region.unclamped_lease,
+    };
+    let spec = AgentSpec {
+        region: region.name.clone(),
+        listen: SocketAddr::from(([0, 0, 0, 0], AGENT_GRPC_PORT)),
+        http_listen: SocketAddr::from(([0, 0, 0, 0], AGENT_HTTP_PORT)),
+        store: Arc::new(MemoryStore::new(clock.clone())),
+        pepper: PEPPER.to_vec(),
+        policy: bundle,
+        policy_file: None,
+        policy_poll: Duration::from_secs(3_600),
+        fallback_max_keys: 1_000,
+        clock,
+        global: Some(global),
+        connector: Some(sim_net::connector()),
+    };
+    let built = server::build(spec)?;
+    let recorder = Arc::new(Recorder {
+        region: r,
+        pools: scenario.pools.iter().map(|p| p.id().to_string()).collect(),
+        shared: shared.clone(),
+    });
+    shared.lock().deciders[r] = Some(built.decider.clone());
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    if let Some(sync) = built.sync {
+        sync.set_observer(recorder);
+        let _tasks = sync.spawn(stop.clone());
+    }
+    let grpc = match sim_net::listen(SocketAddr::from(([0, 0, 0, 0], AGENT_GRPC_PORT))).await? {
+        leasehold_allocator::transport::Listen::Incoming { incoming, .. } => incoming,
+        leasehold_allocator::transport::Listen::Tcp(_) => return Err("not a sim listener".into()),
+    };
+    let router = server::grpc_router(&built.decider);
+    tokio::spawn(async move {
+        let _ = router.serve_with_incoming(grpc).await;
+    });
+    let http =
+        turmoil::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], AGENT_HTTP_PORT))).await?;
+    axum::serve(HttpListener(http), server::http_router(&built.decider)).await?;
+    Ok(())
+}
+
+/// turmoil's listener as an axum listener (for `/health` and `/metrics`).
+struct HttpListener(turmoil::net::TcpListener);
+
+impl axum::serve::Listener for HttpListener {
+    type Io = turmoil::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            if let Ok(accepted) = self.0.accept().await {
+                return accepted;
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+async fn run_gateway(
+    scenario: Arc<Scenario>,
+    r: usize,
+    k: u32,
+    seed: u64,
+    shared: Shared,
+) -> HostResult {
+    let region = scenario.regions[r].clone();
+    let channel = sim_net::connector()
+        .channel(&format!("{}:{AGENT_GRPC_PORT}", agent_host(&region.name)))
+        .map_err(|e| e.to_string())?;
+    let limiter = Limiter::with_channel(
+        channel,
+        LimiterConfig {
+            deadline_ms: GATEWAY_DEADLINE_MS,
+            fail_mode: FailMode::Closed,
+            random_seed: Some(seed ^ ((r as u64) << 32) ^ u64::from(k)),
+            clock: Arc::new(GatewayClock),
+            ..LimiterConfig::default()
+        },
+    )?;
+    let limiter = Arc::new(limiter);
+    let gateways = u64::from(region.gateways);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_GATEWAY));
+    let mut tasks = Vec::new();
+    for demand in scenario.demands.iter().filter(|d| d.region == region.name) {
+        let Some(p) = scenario
+            .pools
+            .iter()
+            .position(|pool| pool.id() == demand.pool)
+        else {
+            continue;
+        };
+        let window_ms = match &scenario.pools[p] {
+            PoolSpec::Window(w) => Some(w.window_ms),
+            PoolSpec::Rate(_) => None,
+        };
+        let (demand, limiter, shared, in_flight) = (
+            demand.clone(),
+            limiter.clone(),
+            shared.clone(),
+            in_flight.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            // Arrivals owed, in thousandths of a request.
+            let mut owed = 0u64;
+            let mut sent = 0u64;
+            let step_ms = 10;
+            loop {
+                tokio::time::sleep(Duration::from_millis(step_ms)).await;
+                let t = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+                // This gateway's part of the Region's rate (gateway k takes
+                // the remainder's k-th unit).
+                let rate = demand.rate_at(t);
+                let mine = rate / gateways + u64::from(u64::from(k) < rate % gateways);
+                owed += mine * step_ms;
+                while owed >= 1_000 {
+                    owed -= 1_000;
+                    sent += 1;
+                    let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                        shared.lock().counts[r][p].1 += 1;
+                        continue;
+                    };
+                    let request = AdmitRequest::new(
+                        agent_pb::Target {
+                            domain: "sim".into(),
+                            tenant: "sim".into(),
+                            principal: None,
+                            route_group: demand.pool.clone(),
+                            method: "GET".into(),
+                            descriptors: vec![],
+                        },
+                        1,
+                    )
+                    .with_request_id(format!("{r}-{k}-{p}-{sent}"));
+                    let (limiter, shared) = (limiter.clone(), shared.clone());
+                    tokio::spawn(async move {
+                        let sent_ms = EPOCH_MS
+                            + turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+                        let decision = limiter.admit(request).await;
+                        let answered_ms = EPOCH_MS
+                            + turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+                        drop(permit);
+                        let mut world = shared.lock();
+                        if decision.allowed {
+                            world.counts[r][p].0 += 1;
+                            if let Some(w) = window_ms {
+                                let (a, b) = (sent_ms - sent_ms % w, answered_ms - answered_ms % w);
+                                *world.window_admitted.entry((p, a)).or_default() += 1;
+                                if b != a {
+                                    *world.window_admitted.entry((p, b)).or_default() += 1;
+                                }
+                            }
+                        } else {
+                            world.counts[r][p].1 += 1;
+                        }
+                    });
+                }
+            }
+        }));
+    }
+    std::future::pending::<()>().await;
+    drop(tasks);
+    Ok(())
+}
+
+/// Probes every agent's `/health` and reports changed verdicts.
+async fn run_prober(scenario: Arc<Scenario>) -> HostResult {
+    let connector = sim_net::connector();
+    let client = AllocatorClient::with_connector(
+        &allocator_addresses(&scenario),
+        client_settings(),
+        connector.clone(),
+    )?;
+    let mut failures: Vec<u32> = vec![0; scenario.regions.len()];
+    let mut reported: Vec<Option<bool>> = vec![None; scenario.regions.len()];
+    let mut round = 0u64;
+    loop {
+        tokio::time::sleep(Duration::from_millis(PROBE_INTERVAL_MS)).await;
+        round += 1;
+        for (r, region) in scenario.regions.iter().enumerate() {
+            let target = ProbeTarget {
+                region: region.name.clone(),
+                host_port: format!("{}:{AGENT_HTTP_PORT}", agent_host(&region.name)),
+                path: "/health".into(),
+            };
+            let outcome =
+                prober::probe_with(&*connector, &target, Duration::from_millis(300)).await;
+            failures[r] = match outcome {
+                ProbeOutcome::Serving => 0,
+                ProbeOutcome::Failed(_) => failures[r].saturating_add(1),
+            };
+            let healthy = failures[r] < PROBE_FAILURES_TO_UNHEALTHY;
+            // Report a change at once and repeat every 10 rounds (a lost
+            // report or a new leader must not leave a stale verdict).
+            let due = reported[r] != Some(healthy) || round.is_multiple_of(10);
+            if due && client.health_report(&region.name, healthy).await.is_ok() {
+                reported[r] = Some(healthy);
+            }
+        }
+    }
+}
+
+/// Keeps the current leader's id in the world (for `crash_leader`).
+async fn run_observer(scenario: Arc<Scenario>, shared: Shared) -> HostResult {
+    let client = AllocatorClient::with_connector(
+        &allocator_addresses(&scenario),
+        client_settings(),
+        sim_net::connector(),
+    )?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(reply) = client
+            .inspect(pb::InspectRequest {
+                pool: String::new(),
+                include_grants: false,
+                allow_stale: true,
+            })
+            .await
+        {
+            if let Some(raft) = reply.raft {
+                if raft.leader_id != 0 {
+                    shared.lock().leader = raft.leader_id;
+                }
+            }
+        }
+    }
+}
+
+fn room_mode(view: &PoolView) -> RoomMode {
+    match view {
+        PoolView::Unknown => RoomMode::Unknown,
+        PoolView::Rate(rate) => match rate.mode {
+            Mode::Normal => RoomMode::Normal,
+            Mode::Fallback => RoomMode::Fallback,
+            Mode::Fenced => RoomMode::Fenced,
+        },
+        PoolView::Window(w) if w.fenced => RoomMode::Fenced,
+        PoolView::Window(_) => RoomMode::Normal,
+    }
+}
+
+fn sample(
+    scenario: &Scenario,
+    shared: &Shared,
+    disks: &BTreeMap<u64, MemoryDisk>,
+    t_ms: u64,
+) -> Sample {
+    // Take what is needed and let go: the agents' clocks lock the world too.
+    let (counts, agents) = {
+        let mut world = shared.lock();
+        let counts = std::mem::take(&mut world.counts);
+        world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
+        let agents: Vec<Option<Arc<Decider>>> = world
+            .deciders
+            .iter()
+            .zip(&world.down)
+            .map(|(d, down)| d.clone().filter(|_| !down))
+            .collect();
+        (counts, agents)
+    };
+    let mut rooms = Vec::new();
+    for r in 0..scenario.regions.len() {
+        let mut row = Vec::new();
+        for (p, pool) in scenario.pools.iter().enumerate() {
+            let (admitted, refused) = counts[r][p];
+            let mut room = RegionPool {
+                admitted,
+                refused,
+                ..RegionPool::default()
+            };
+            match &agents[r] {
+                Some(decider) => {
+                    let view = decider
+                        .global
+                        .slot(pool.id())
+                        .map(|s| s.view())
+                        .unwrap_or_default();
+                    room.mode = room_mode(&view);
+                    if let PoolView::Rate(rate) = &view {
+                        room.enforced_millitokens_per_s = rate.bucket.refill_millitokens_per_s;
+                    }
+                    if matches!(pool, PoolSpec::Rate(p) if p.leased) {
+                        let bundle = decider.policy.current();
+                        if let Some(rule) = bundle.rule("sim", &format!("p-{}", pool.id())) {
+                            room.block_tokens = decider.block_tokens(rule);
+                        }
+                    }
+                }
+                None => room.mode = RoomMode::Down,
+            }
+            row.push(room);
+        }
+        rooms.push(row);
+    }
+    // Committed accounts from the first node's applied state (any replica's
+    // applied state is a committed prefix).
+    let committed = scenario
+        .pools
+        .iter()
+        .map(|pool| {
+            let disk = disks.values().next()?;
+            disk.state()
+                .read(|state| match state.machine.pool(pool.id()) {
+                    Some(Pool::Rate(rate)) => Some(
+                        scenario
+                            .regions
+                            .iter()
+                            .map(|region| {
+                                rate.members
+                                    .iter()
+                                    .find(|(id, _)| id.as_str() == region.name)
+                                    .map_or(Committed::default(), |(_, m)| Committed {
+                                        share: m.account.share_millitokens_per_s,
+                                        pending_release: m
+                                            .account
+                                            .pending_release_millitokens_per_s,
+                                        pooled: m.account.pooled_millitokens_per_s,
+                                        granted_not_taken: m
+                                            .account
+                                            .granted_not_taken_millitokens_per_s,
+                                    })
+                            })
+                            .collect(),
+                    ),
+                    _ => None,
+                })
+        })
+        .collect();
+    Sample {
+        t_ms,
+        rooms,
+        committed,
+    }
+}
+
+/// Runs `scenario` once with `seed`.
+pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
+    let started = std::time::Instant::now();
+    let scenario = Arc::new(scenario.clone());
+    let net = &scenario.network;
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .epoch(UNIX_EPOCH + Duration::from_millis(EPOCH_MS))
+        .simulation_duration(Duration::from_millis(scenario.duration_ms + GRACE_MS))
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_millis(net.min_latency_ms))
+        .max_message_latency(Duration::from_millis(net.max_latency_ms))
+        .fail_rate(net.loss_per_mille as f64 / 1_000.0)
+        .build();
+    let shared = Shared::default();
+    {
+        let mut world = shared.lock();
+        world.deciders = vec![None; scenario.regions.len()];
+        world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
+        world.down = vec![false; scenario.regions.len()];
+    }
+    let disks: BTreeMap<u64, MemoryDisk> = (1..=scenario.allocator_nodes)
+        .map(|id| (id, MemoryDisk::new()))
+        .collect();
+    for id in 1..=scenario.allocator_nodes {
+        let (disk, scenario, shared) = (disks[&id].clone(), scenario.clone(), shared.clone());
+        let rng_seed = seed.wrapping_mul(1_000).wrapping_add(id);
+        sim.host(node_host(id), move || {
+            let (disk, scenario, shared) = (disk.clone(), scenario.clone(), shared.clone());
+            async move {
+                let config = node_config(&scenario, id);
+                let parts = NodeParts {
+                    listen: sim_net::listen(config.listen).await?,
+                    connector: sim_net::connector(),
+                    clock: Arc::new(NodeClock {
+                        host: node_host(id),
+                        shared,
+                    }),
+                    storage: disk.storage().await?,
+                    rng_seed: Some(rng_seed),
+                    init: InitMode::Auto,
+                    config,
+                };
+                let _running = start_with(parts).await?;
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        });
+    }
+    for (r, region) in scenario.regions.iter().enumerate() {
+        let (scenario2, shared2) = (scenario.clone(), shared.clone());
+        sim.host(agent_host(&region.name), move || {
+            run_agent(scenario2.clone(), r, shared2.clone())
+        });
+        for k in 0..region.gateways {
+            let (scenario2, shared2) = (scenario.clone(), shared.clone());
+            sim.host(gateway_host(&region.name, k), move || {
+                run_gateway(scenario2.clone(), r, k, seed, shared2.clone())
+            });
+        }
+    }
+    {
+        let scenario2 = scenario.clone();
+        sim.host("prober", move || run_prober(scenario2.clone()));
+        let (scenario2, shared2) = (scenario.clone(), shared.clone());
+        sim.host("observer", move || {
+            run_observer(scenario2.clone(), shared2.clone())
+        });
+    }
+    let duration = Duration::from_millis(scenario.duration_ms);
+    sim.client("clock", async move {
+        tokio::time::sleep(duration).await;
+        Ok(())
+    });
+
+    let mut trace = Trace::default();
+    let mut faults: Vec<_> = scenario.faults.clone();
+    faults.sort_by_key(|f| f.at_ms);
+    let mut next_fault = 0;
+    let mut next_sample = scenario.sample_ms;
+    let mut crashed = std::collections::BTreeSet::new();
+    loop {
+        let done = sim.step().map_err(|e| SimError::Turmoil {
+            at_ms: sim.elapsed().as_millis() as u64,
+            message: e.to_string(),
+        })?;
+        let now = sim.elapsed().as_millis() as u64;
+        while next_fault < faults.len() && faults[next_fault].at_ms <= now {
+            let fault = &faults[next_fault];
+            let what = apply_fault(&mut sim, &scenario, &shared, &mut crashed, &fault.kind);
+            trace.events.push((now, what));
+            next_fault += 1;
+        }
+        while next_sample <= now && next_sample <= scenario.duration_ms {
+            trace
+                .samples
+                .push(sample(&scenario, &shared, &disks, next_sample));
+            next_sample += scenario.sample_ms;
+        }
+        if done || now >= scenario.duration_ms {
+            break;
+        }
+    }
+    {
+        let mut world = shared.lock();
+        trace.window_admitted = std::mem::take(&mut world.window_admitted);
+        trace.grants = std::mem::take(&mut world.grants);
+        trace.epochs = std::mem::take(&mut world.epochs);
+    }
+    let violations = checker::check(&scenario, &trace);
+    let hash = trace.hash();
+    Ok(Outcome {
+        seed,
+        trace,
+        violations,
+        hash,
+        wall: started.elapsed(),
+    })
+}
+
+fn apply_fault(
+    sim: &mut turmoil::Sim<'_>,
+    scenario: &Scenario,
+    shared: &Shared,
+    crashed: &mut std::collections::BTreeSet<u64>,
+    kind: &FaultKind,
+) -> String {
+    let nodes: Vec<String> = (1..=scenario.allocator_nodes).map(node_host).collect();
+    match kind {
+        FaultKind::PartitionRegion { region } => {
+            for node in &nodes {
+                sim.partition(agent_host(region), node.as_str());
+            }
+            format!("partition {region} from the allocator (prober still reaches it)")
+        }
+        FaultKind::IsolateRegion { region } => {
+            for node in &nodes {
+                sim.partition(agent_host(region), node.as_str());
+            }
+            for other in scenario.regions.iter().filter(|r| &r.name != region) {
+                sim.partition(agent_host(region), agent_host(&other.name));
+            }
+            format!("isolate {region} from everyone but the prober")
+        }
+        FaultKind::HealRegion { region } => {
+            for node in &nodes {
+                sim.repair(agent_host(region), node.as_str());
+            }
+            for other in scenario.regions.iter().filter(|r| &r.name != region) {
+                sim.repair(agent_host(region), agent_host(&other.name));
+            }
+            format!("heal {region}")
+        }
+        FaultKind::CrashNode { node } => {
+            crashed.insert(*node);
+            sim.crash(node_host(*node));
+            format!("crash n{node}")
+        }
+        FaultKind::CrashLeader => {
+            let leader = shared.lock().leader;
+            if leader == 0 {
+                return "crash leader: no leader known".into();
+            }
+            crashed.insert(leader);
+            sim.crash(node_host(leader));
+            format!("crash leader n{leader}")
+        }
+        FaultKind::RestartNode { node } => {
+            crashed.remove(node);
+            sim.bounce(node_host(*node));
+            format!("restart n{node}")
+        }
+        FaultKind::RestartCrashed => {
+            let nodes: Vec<u64> = std::mem::take(crashed).into_iter().collect();
+            for node in &nodes {
+                sim.bounce(node_host(*node));
+            }
+            format!("restart crashed nodes {nodes:?}")
+        }
+        FaultKind::LoseRegion { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().down[r] = true;
+                sim.crash(agent_host(region));
+                for k in 0..scenario.regions[r].gateways {
+                    sim.crash(gateway_host(region, k));
+                }
+            }
+            format!("lose {region} for good")
+        }
+        FaultKind::SkewClock { host, skew_ms } => {
+            shared.lock().skews.insert(host.clone(), *skew_ms);
+            format!("skew {host} by {skew_ms} ms")
+        }
+    }
+}
