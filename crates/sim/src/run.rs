@@ -873,6 +873,24 @@ fn apply_fault(
             }
             format!("lose {region} for good")
         }
+        FaultKind::Latency { max_ms } => {
+            sim.set_max_message_latency(Duration::from_millis(*max_ms));
+            format!("latency up to {max_ms} ms on every link")
+        }
+        FaultKind::RegionLatency { region, ms } => {
+            for node in &nodes {
+                sim.set_link_latency(
+                    agent_host(region),
+                    node.as_str(),
+                    Duration::from_millis(*ms),
+                );
+            }
+            format!("{region} ↔ allocator links take {ms} ms")
+        }
+        FaultKind::Loss { per_mille } => {
+            sim.set_fail_rate(*per_mille as f64 / 1_000.0);
+            format!("{per_mille}‰ of messages lost")
+        }
         FaultKind::SkewClock { host, skew_ms } => {
             shared.lock().skews.insert(host.clone(), *skew_ms);
             format!("skew {host} by {skew_ms} ms")

@@ -281,6 +281,20 @@ pub enum FaultKind {
     LoseRegion {
         region: String,
     },
+    /// Every link's latency becomes up to `max_ms` (from the network's min).
+    Latency {
+        max_ms: u64,
+    },
+    /// The links between a Region's agent and the allocator nodes take
+    /// `ms` each way.
+    RegionLatency {
+        region: String,
+        ms: u64,
+    },
+    /// Every message is lost with probability `per_mille` / 1000.
+    Loss {
+        per_mille: u64,
+    },
     /// Shift a host's wall clock ("n1", "agent-eu", …) by `skew_ms`.
     SkewClock {
         host: String,
@@ -507,7 +521,8 @@ impl Scenario {
                 FaultKind::PartitionRegion { region }
                 | FaultKind::IsolateRegion { region }
                 | FaultKind::HealRegion { region }
-                | FaultKind::LoseRegion { region } => Some(region),
+                | FaultKind::LoseRegion { region }
+                | FaultKind::RegionLatency { region, .. } => Some(region),
                 _ => None,
             };
             if region.is_some_and(|r| self.region_index(r).is_none()) {
@@ -515,6 +530,17 @@ impl Scenario {
                     &format!("fault[{i}].region"),
                     "not a Region of the scenario",
                 );
+            }
+            match fault.kind {
+                FaultKind::Latency { max_ms } | FaultKind::RegionLatency { ms: max_ms, .. }
+                    if max_ms > 10_000 =>
+                {
+                    return bad(&format!("fault[{i}]"), "latency at most 10000 ms");
+                }
+                FaultKind::Loss { per_mille } if per_mille > 500 => {
+                    return bad(&format!("fault[{i}].per_mille"), "at most 500");
+                }
+                _ => {}
             }
             if let FaultKind::CrashNode { node } | FaultKind::RestartNode { node } = fault.kind {
                 if !(1..=self.allocator_nodes).contains(&node) {

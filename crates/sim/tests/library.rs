@@ -100,6 +100,35 @@ fn a_cut_off_healthy_region_stays_within_l_under_two_signal_and_breaks_it_under_
     );
     let (safe, unsafe_) = (&results[0].1, &results[1].1);
     assert!(safe.passed(), "{:?}", safe.violations);
+    // The global enforced rate, sampled every 100 ms: ≤ L = 100 tokens/s
+    // under two_signal, above it under silence_only.
+    let most_enforced = |o: &Outcome| {
+        o.trace
+            .samples
+            .iter()
+            .map(|s| {
+                s.rooms
+                    .iter()
+                    .map(|r| r[0].enforced_millitokens_per_s)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    assert!(most_enforced(safe) <= 100_000, "{}", most_enforced(safe));
+    assert!(
+        most_enforced(unsafe_) > 100_000,
+        "{}",
+        most_enforced(unsafe_)
+    );
+    assert!(
+        safe.trace
+            .events
+            .iter()
+            .any(|(_, e)| e.contains("partition ap")),
+        "{:?}",
+        safe.trace.events
+    );
     assert!(
         unsafe_
             .violations
