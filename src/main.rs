@@ -90,10 +90,12 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A simulation stages faults on purpose: their warnings are the
     // scenario, not news. RUST_LOG still overrides.
-    let default_filter = if matches!(cli.command, Command::Sim { .. }) {
-        "error"
-    } else {
-        "warn"
+    // `dev` elects a leader at every start: openraft's election chatter is
+    // not news there either.
+    let default_filter = match cli.command {
+        Command::Sim { .. } => "error",
+        Command::Dev(_) => "warn,openraft=error",
+        _ => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
