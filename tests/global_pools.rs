@@ -853,8 +853,23 @@ async fn a_lost_region_is_reclaimed_only_on_both_signals_and_returns_fenced_at_z
     // ap restarts: it registers at the new incarnation, starts at 0 and
     // rises only by room granted to it by name.
     world.lock().await.start_agent(2).await;
-    let first_seen = world.lock().await.enforced("rate")[2];
-    assert_eq!(first_seen, 0, "a returning Region starts at share 0");
+    // The first share the restarted agent applies (its registration reply,
+    // before any Rebalance takes room granted to it by name) is 0, at the
+    // new incarnation.
+    let decider = world.lock().await.decider(2).unwrap();
+    let started = Instant::now();
+    let first = loop {
+        if let Some(PoolView::Rate(view)) = decider.global.slot("rate").map(|s| s.view()) {
+            break view;
+        }
+        assert!(started.elapsed() < SETTLE, "ap never registered");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(first.incarnation > old_incarnation, "{first:?}");
+    assert_eq!(
+        first.bucket.refill_millitokens_per_s, 0,
+        "a returning Region starts at share 0: {first:?}"
+    );
     traffic[2] = {
         let w = world.lock().await;
         let d = w.decider(2).unwrap();

@@ -14,7 +14,7 @@ use leasehold_proto::agent::v1 as pb;
 
 use crate::algorithm::bucket::BucketParams;
 use crate::fallback::{LocalCharge, LocalFallback};
-use crate::global::room::{GlobalRoom, HeldChunk, Room};
+use crate::global::room::{GlobalRoom, Room};
 use crate::key::{KeyBuilder, Tenant};
 use crate::memory::Clock;
 use crate::metrics::AgentMetrics;
@@ -598,25 +598,22 @@ impl Decider {
         }
     }
 
-    /// The store could not decide: closed rules refuse, local rules decide
-    /// on local buckets (all or none), open rules admit.
     /// The limit a decision reports: the rule's capacity, or what the
     /// Region holds of its pool now (bucket capacity or chunk tokens).
     fn limit_tokens(&self, rule: &Rule) -> i64 {
-        if rule.pool.is_none() {
+        let Some(pool) = &rule.pool else {
             return rule.rate.capacity_tokens as i64;
-        }
-        let millitokens = match self.room(rule) {
-            Room::Bucket(Some(params)) => params.capacity_millitokens,
-            Room::Chunks(chunks) => chunks
-                .iter()
-                .map(|c: &HeldChunk| c.granted_millitokens)
-                .fold(0, u64::saturating_add),
-            _ => 0,
         };
+        let millitokens = self.global.held_millitokens(
+            pool,
+            rule.algorithm == Algorithm::FixedWindow,
+            u64::try_from(self.clock.now_ms()).unwrap_or(0),
+        );
         i64::try_from(millitokens / MILLI).unwrap_or(i64::MAX)
     }
 
+    /// The store could not decide: closed rules refuse, local rules decide
+    /// on local buckets (all or none), open rules admit.
     fn degrade(
         &self,
         bundle: &Bundle,

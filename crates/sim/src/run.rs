@@ -432,7 +432,6 @@ async fn run_gateway(
     let limiter = Arc::new(limiter);
     let gateways = u64::from(region.gateways);
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_GATEWAY));
-    let mut tasks = Vec::new();
     for demand in scenario.demands.iter().filter(|d| d.region == region.name) {
         let Some(p) = scenario
             .pools
@@ -451,7 +450,8 @@ async fn run_gateway(
             shared.clone(),
             in_flight.clone(),
         );
-        tasks.push(tokio::spawn(async move {
+        // Detached: the task lives as long as the host does.
+        tokio::spawn(async move {
             // Arrivals owed, in thousandths of a request.
             let mut owed = 0u64;
             let mut sent = 0u64;
@@ -507,10 +507,9 @@ async fn run_gateway(
                     });
                 }
             }
-        }));
+        });
     }
     std::future::pending::<()>().await;
-    drop(tasks);
     Ok(())
 }
 

@@ -383,12 +383,8 @@ impl Scenario {
         }
         let mut names = BTreeSet::new();
         for (i, region) in self.regions.iter().enumerate() {
-            let ok = !region.name.is_empty()
-                && region.name.len() <= 32
-                && region
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            // A Region name is an agent's region: the agent's own rule.
+            let ok = leasehold_region_agent::key::Tenant::parse(&region.name).is_ok();
             if !ok || !names.insert(region.name.as_str()) {
                 return bad(
                     &format!("region[{i}].name"),
@@ -405,11 +401,7 @@ impl Scenario {
         let mut ids = BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
             let id = pool.id();
-            let ok = !id.is_empty()
-                && id.len() <= 64
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            let ok = leasehold_allocator::id::PoolId::parse(id).is_ok();
             if !ok || !ids.insert(id) {
                 return bad(&format!("pool[{i}].id"), "a unique [a-z0-9-]{1,64} id");
             }

@@ -105,13 +105,20 @@ pub struct PoolSlot {
 }
 
 impl PoolSlot {
-    pub fn view(&self) -> PoolView {
+    /// Reads the view in place (the per-request path: no copy of it).
+    pub fn with_view<R>(&self, read: impl FnOnce(&PoolView) -> R) -> R {
         // A poisoned lock only means a writer panicked mid-replace; the
         // previous view is whole (replaced by assignment), so keep serving it.
-        self.view
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        read(
+            &self
+                .view
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    pub fn view(&self) -> PoolView {
+        self.with_view(PoolView::clone)
     }
 
     pub fn set(&self, view: PoolView) {
@@ -138,8 +145,6 @@ pub enum Room {
 pub struct GlobalRoom {
     slots: BTreeMap<String, PoolSlot>,
     allocator_reachable: AtomicBool,
-    /// Agent-clock time of the last allocator reply (0 = never).
-    last_contact_ms: AtomicU64,
 }
 
 impl GlobalRoom {
@@ -165,11 +170,8 @@ impl GlobalRoom {
         self.slots.iter().map(|(id, slot)| (id.as_str(), slot))
     }
 
-    pub fn set_allocator_reachable(&self, reachable: bool, now_ms: u64) {
+    pub fn set_allocator_reachable(&self, reachable: bool) {
         self.allocator_reachable.store(reachable, Ordering::Relaxed);
-        if reachable {
-            self.last_contact_ms.fetch_max(now_ms, Ordering::Relaxed);
-        }
     }
 
     /// True once some allocator call succeeded and the latest one did.
@@ -177,30 +179,48 @@ impl GlobalRoom {
         self.allocator_reachable.load(Ordering::Relaxed)
     }
 
-    pub fn last_contact_ms(&self) -> u64 {
-        self.last_contact_ms.load(Ordering::Relaxed)
-    }
-
     /// The room of a rate pool (`window = false`) or a window pool.
     pub fn room(&self, pool: &str, window: bool, now_ms: u64) -> Room {
         let Some(slot) = self.slots.get(pool) else {
             return Room::None;
         };
-        match (slot.view(), window) {
+        slot.with_view(|view| match (view, window) {
             (PoolView::Rate(view), false) => Room::Bucket(bucket_params(view.bucket)),
             (PoolView::Window(view), true) => Room::Chunks(if view.fenced {
                 Vec::new()
             } else {
                 view.chunks
-                    .into_iter()
+                    .iter()
                     .filter(|c| c.expires_at_ms > now_ms)
                     .take(MAX_CHUNKS_PER_SPEND)
+                    .cloned()
                     .collect()
             }),
             (PoolView::Unknown, false) => Room::Bucket(None),
             (PoolView::Unknown, true) => Room::Chunks(Vec::new()),
             _ => Room::None,
-        }
+        })
+    }
+
+    /// What a pool rule reports as its limit, in millitokens: the rate
+    /// pool's bucket capacity, or what the window pool's live chunks were
+    /// granted (0 without room). Reads in place: no chunk list is copied.
+    pub fn held_millitokens(&self, pool: &str, window: bool, now_ms: u64) -> u64 {
+        let Some(slot) = self.slots.get(pool) else {
+            return 0;
+        };
+        slot.with_view(|view| match (view, window) {
+            (PoolView::Rate(view), false) => {
+                bucket_params(view.bucket).map_or(0, |p| p.capacity_millitokens)
+            }
+            (PoolView::Window(view), true) if !view.fenced => view
+                .chunks
+                .iter()
+                .filter(|c| c.expires_at_ms > now_ms)
+                .map(|c| c.granted_millitokens)
+                .fold(0, u64::saturating_add),
+            _ => 0,
+        })
     }
 }
 

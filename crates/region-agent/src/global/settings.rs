@@ -127,13 +127,7 @@ impl GlobalSettings {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
-            let valid_id = !pool.id.is_empty()
-                && pool.id.len() <= 64
-                && pool
-                    .id
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-            if !valid_id {
+            if leasehold_allocator::id::PoolId::parse(&pool.id).is_err() {
                 return Err((
                     format!("global.pool[{i}].id"),
                     "must match [a-z0-9-]{1,64} (the allocator's pool ids)".into(),

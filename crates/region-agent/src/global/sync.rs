@@ -187,7 +187,7 @@ impl GlobalSync {
             Err(ClientError::Refused { code, .. }) => *code != tonic::Code::Unavailable,
             Err(_) => false,
         };
-        self.room.set_allocator_reachable(reachable, self.wall_ms());
+        self.room.set_allocator_reachable(reachable);
     }
 
     async fn run_pool(self: Arc<Self>, pool: GlobalPoolSettings, mut stop: watch::Receiver<bool>) {
@@ -516,7 +516,7 @@ impl GlobalSync {
         let mut incarnation = reply.incarnation;
         let mut fenced_now = false;
         // Chunks granted but not yet credited into the store (store down).
-        let mut uncredited: Vec<(HeldChunk, u64)> = Vec::new();
+        let mut uncredited: Vec<HeldChunk> = Vec::new();
         loop {
             let now = self.wall_ms();
             let spent = slot
@@ -549,56 +549,13 @@ impl GlobalSync {
                 match result {
                     Ok(reply) => {
                         let received = self.wall_ms();
-                        if let Some(grant) = reply.grant {
-                            // Allocator times → agent clock, from the send
-                            // time: never later than the allocator's instant.
-                            let local = |t: u64| {
-                                sent.saturating_add(t.saturating_sub(reply.applied_time_ms))
-                            };
-                            let outcome = holder.on_grant(
-                                GrantReplyIn {
-                                    epoch: reply.epoch,
-                                    lease_id: grant.lease_id.clone(),
-                                    granted_millitokens: grant.granted_millitokens,
-                                    expires_at_ms: local(grant.expires_at_ms),
-                                    window_end_ms: local(grant.window_end_ms),
-                                },
-                                received,
-                            );
-                            if let GrantOutcome::Taken {
-                                granted_millitokens,
-                            } = outcome
-                            {
-                                tracing::debug!(pool = %pool.id, lease_id = %grant.lease_id, granted_millitokens, epoch = reply.epoch, "chunk granted");
-                                if let Some(observer) = self.observer() {
-                                    observer.grant_taken(
-                                        &pool.id,
-                                        &grant.lease_id,
-                                        granted_millitokens,
-                                        reply.epoch,
-                                    );
-                                }
-                                if granted_millitokens > 0 {
-                                    // Pool and lease ids were validated at start and by
-                                    // the allocator; a refusal here is a bug, logged.
-                                    let key = self.keys.chunk_counter(&pool.id, &grant.lease_id);
-                                    if let Err(e) = &key {
-                                        tracing::error!(pool = %pool.id, error = %e, "no chunk key");
-                                    }
-                                    if let Ok(key) = key {
-                                        let chunk = HeldChunk {
-                                            lease_id: grant.lease_id.clone(),
-                                            key,
-                                            granted_millitokens,
-                                            expires_at_ms: local(grant.expires_at_ms),
-                                        };
-                                        if uncredited.len() >= MAX_PENDING_CREDITS {
-                                            uncredited.remove(0);
-                                        }
-                                        uncredited.push((chunk, granted_millitokens));
-                                    }
-                                }
+                        if let Some(chunk) =
+                            self.take_grant(&pool.id, &mut holder, reply, sent, received)
+                        {
+                            if uncredited.len() >= MAX_PENDING_CREDITS {
+                                uncredited.remove(0);
                             }
+                            uncredited.push(chunk);
                         }
                     }
                     Err(e) => {
@@ -619,7 +576,7 @@ impl GlobalSync {
             let chunks: Vec<HeldChunk> = holder
                 .chunks()
                 .iter()
-                .filter(|c| !uncredited.iter().any(|(u, _)| u.lease_id == c.lease_id))
+                .filter(|c| !uncredited.iter().any(|u| u.lease_id == c.lease_id))
                 .filter_map(|c| {
                     Some(HeldChunk {
                         lease_id: c.lease_id.clone(),
@@ -643,26 +600,77 @@ impl GlobalSync {
         }
     }
 
+    /// Hands a Grant reply to the holder (allocator times translated to the
+    /// agent's clock from the send time: never later than the allocator's
+    /// instant); a chunk taken with tokens is returned, to credit.
+    fn take_grant(
+        &self,
+        pool: &str,
+        holder: &mut ChunkHolder,
+        reply: pb::GrantReply,
+        sent: u64,
+        received: u64,
+    ) -> Option<HeldChunk> {
+        let grant = reply.grant?;
+        let local = |t: u64| sent.saturating_add(t.saturating_sub(reply.applied_time_ms));
+        let outcome = holder.on_grant(
+            GrantReplyIn {
+                epoch: reply.epoch,
+                lease_id: grant.lease_id.clone(),
+                granted_millitokens: grant.granted_millitokens,
+                expires_at_ms: local(grant.expires_at_ms),
+                window_end_ms: local(grant.window_end_ms),
+            },
+            received,
+        );
+        let GrantOutcome::Taken {
+            granted_millitokens,
+        } = outcome
+        else {
+            return None;
+        };
+        tracing::debug!(pool, lease_id = %grant.lease_id, granted_millitokens, epoch = reply.epoch, "chunk granted");
+        if let Some(observer) = self.observer() {
+            observer.grant_taken(pool, &grant.lease_id, granted_millitokens, reply.epoch);
+        }
+        if granted_millitokens == 0 {
+            return None;
+        }
+        // Pool and lease ids were validated at start and by the allocator;
+        // a refusal here is a bug, logged.
+        let key = self
+            .keys
+            .chunk_counter(pool, &grant.lease_id)
+            .map_err(|e| tracing::error!(pool, error = %e, "no chunk key"))
+            .ok()?;
+        Some(HeldChunk {
+            lease_id: grant.lease_id,
+            key,
+            granted_millitokens,
+            expires_at_ms: local(grant.expires_at_ms),
+        })
+    }
+
     /// Credits granted chunks into the store; keeps the ones the store did
     /// not take (retried next tick), drops expired ones.
-    async fn credit(&self, uncredited: &mut Vec<(HeldChunk, u64)>) {
+    async fn credit(&self, uncredited: &mut Vec<HeldChunk>) {
         if uncredited.is_empty() {
             return;
         }
         let now = self.wall_ms();
-        uncredited.retain(|(c, _)| c.expires_at_ms > now);
+        uncredited.retain(|c| c.expires_at_ms > now);
         let calls: Vec<ScriptCall> = uncredited
             .iter()
-            .map(|(chunk, granted)| {
+            .map(|chunk| {
                 ScriptCall::new(ScriptKind::ChunkCredit)
                     .key(chunk.key.clone())
-                    .arg(*granted)
+                    .arg(chunk.granted_millitokens)
                     .arg(chunk.expires_at_ms.saturating_sub(now).max(1))
             })
             .collect();
         let results = self.store.run_batch(&calls).await;
         let mut index = 0;
-        uncredited.retain(|(chunk, _)| {
+        uncredited.retain(|chunk| {
             let ok = matches!(results.get(index), Some(Ok(_)));
             if !ok {
                 tracing::warn!(lease_id = %chunk.lease_id, "chunk not yet credited into the store; retrying");

@@ -723,12 +723,7 @@ impl RuleReader<'_> {
             return Some(None);
         }
         let raw = self.string(table, "", "pool", true)?;
-        let valid = !raw.is_empty()
-            && raw.len() <= 64
-            && raw
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !valid {
+        if leasehold_allocator::id::PoolId::parse(raw).is_err() {
             self.fail(
                 "",
                 "pool",
