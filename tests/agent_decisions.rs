@@ -45,9 +45,21 @@ period_ms = 1000000
 fail_mode = "open"
 "#;
 
+/// POLICY with a P-READ that does not refill during a test (1 token per
+/// 1,000 s): "one token left" stays one token however long the drain takes.
+fn policy_without_read_refill() -> String {
+    let refilling = "refill = 2\nperiod_ms = 1000\nfail_mode = { local";
+    assert!(POLICY.contains(refilling));
+    POLICY.replacen(
+        refilling,
+        "refill = 1\nperiod_ms = 1000000\nfail_mode = { local",
+        1,
+    )
+}
+
 #[tokio::test]
 async fn two_gateways_same_millisecond_one_token_left_exactly_one_allowed() {
-    let mut t = start(POLICY).await;
+    let mut t = start(&policy_without_read_refill()).await;
     // Drain alice's P-READ bucket to one token (19 of 20).
     for i in 0..19 {
         let d = t

@@ -55,19 +55,40 @@ async fn decide(t: &mut common::TestAgent, id: &str, route: &str) -> pb::Decisio
         .await
         .unwrap()
         .into_inner();
-    // Bounded, not timed: a generous multiple of the store deadline.
+    // Never hangs: the store deadline ends every call; 30 s only tells a
+    // hang from a slow machine.
     assert!(
-        started.elapsed() < DEADLINE * 20,
+        started.elapsed() < Duration::from_secs(30),
         "call waited {:?}",
         started.elapsed()
     );
     d
 }
 
+/// Decides on `route` until one decision comes from the store itself (not a
+/// fail mode): the connection and the scripts are loaded, whatever the
+/// first calls cost on a slow machine. Returns the fail-mode decisions seen
+/// on the way (each may or may not have run on the store).
+async fn warm(t: &mut common::TestAgent, route: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut degraded = 0;
+    loop {
+        let d = decide(t, &format!("warm-{degraded}"), route).await;
+        if !d.fallback {
+            assert!(d.allowed, "{d:?}");
+            return degraded;
+        }
+        degraded += 1;
+        assert!(Instant::now() < deadline, "Redis never answered in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn killed_redis_degrades_each_rule_per_its_fail_mode() {
     let mut t = start_with(POLICY, DEADLINE).await;
-    assert!(decide(&mut t, "warm", "read").await.allowed);
+    // Warm on the open rule: a degraded warm-up spends nothing local.
+    warm(&mut t, "search").await;
     t.redis.kill();
 
     // local: a bounded in-memory bucket of 5, fallback = true.
@@ -113,9 +134,11 @@ async fn killed_redis_degrades_each_rule_per_its_fail_mode() {
 #[tokio::test]
 async fn stalled_redis_recovers_and_decisions_resume_from_the_stored_state() {
     let mut t = start_with(POLICY, DEADLINE).await;
-    // Spend 3 of 20 on the shared store.
-    for i in 0..3 {
-        assert!(decide(&mut t, &format!("w{i}"), "search").await.allowed);
+    // Spend 3 of 20 on the shared store (decided by the store, not a fail
+    // mode); fail-mode admits on the way may or may not have run.
+    let mut maybe_ran = 0;
+    for _ in 0..3 {
+        maybe_ran += warm(&mut t, "search").await;
     }
     t.redis.freeze(true).unwrap();
     for i in 0..6 {
@@ -127,20 +150,29 @@ async fn stalled_redis_recovers_and_decisions_resume_from_the_stored_state() {
     }
     t.redis.freeze(false).unwrap();
     // Bounded wait for the breaker's half-open probe to close it.
-    let mut resumed = None;
-    for i in 0..100 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut probes = 0;
+    let d = loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let d = decide(&mut t, &format!("p{i}"), "search").await;
+        let d = decide(&mut t, &format!("p{probes}"), "search").await;
         if !d.fallback {
-            resumed = Some(d);
-            break;
+            break d;
         }
-    }
-    let d = resumed.expect("breaker closed after Redis came back");
+        probes += 1;
+        assert!(
+            Instant::now() < deadline,
+            "breaker never closed after Redis came back"
+        );
+    };
     // The stored state survived: 20 − 3 − this one = 16 (fail-open admits
-    // were not written to the store, and a timed-out call may have run: ≤ 16).
+    // were not written to the store, but a timed-out call may have run: the
+    // 6 made while frozen, the probes and the degraded warm-ups).
     assert!(d.remaining <= 16, "{d:?}");
-    assert!(d.remaining >= 16 - 6, "{d:?}");
+    let maybe_ran = 6 + probes + maybe_ran;
+    assert!(
+        d.remaining >= 16 - maybe_ran as i64,
+        "{d:?} ({maybe_ran} may have run)"
+    );
     let status = t
         .client
         .status(pb::StatusRequest {})

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common_allocator::*;
 use leasehold_allocator::client::{AllocatorClient, ClientError};
 use leasehold_allocator::config::{PoolConfig, RatePoolConfig};
-use leasehold_allocator::local_cluster::{ClusterSettings, ProberTargets};
+use leasehold_allocator::local_cluster::{ClusterSettings, LocalCluster, ProberTargets};
 use leasehold_proto::allocator::v1 as pb;
 
 /// One planned Grant.
@@ -158,9 +158,15 @@ async fn ten_thousand_grants_never_grant_a_lease_id_twice_and_retries_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_leader_mid_stream_keeps_every_committed_grant_and_the_epoch_rises() {
     let _serial = serial().await;
-    let (mut cluster, leader) = cluster().await;
+    let (mut cluster, _) = cluster().await;
     let client = cluster.client();
     window_pool_with(&client, "k", 1 << 40, &["eu"]).await;
+    // The leader as of now, not as the cluster came up: an election since
+    // is no part of this test.
+    let leader = cluster
+        .wait_for_leader(&[], LEADER_WAIT)
+        .await
+        .expect("a leader");
     let mut rng = Rng::new(0x5eed_0009);
     const TASKS: usize = 16;
     const CALLS: usize = 2_000;
@@ -440,10 +446,16 @@ async fn grants_straight_to(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_old_leader_cannot_hand_out_room_it_did_not_commit() {
     let _serial = serial().await;
-    let (mut cluster, old) = cluster().await;
+    let (mut cluster, _) = cluster().await;
     let client = cluster.client();
     const CAPACITY: u64 = 1_000;
     window_pool_with(&client, "f", CAPACITY, &["eu"]).await;
+    // The leader and term as of now: an election since the cluster came up
+    // (a node slow to start, a loaded machine) is no part of this test.
+    let old = cluster
+        .wait_for_leader(&[], LEADER_WAIT)
+        .await
+        .expect("a leader");
     for i in 0..5 {
         let reply = client
             .grant("f", "eu", 1, &format!("before-{i}"), 100)
@@ -550,22 +562,78 @@ async fn frozen_old_leader_cannot_hand_out_room_it_did_not_commit() {
         .iter()
         .filter(|(id, _)| id.starts_with("isolated-"))
         .all(|(_, (_, grant))| grant.granted_millitokens == 0));
-    // A follower redirects.
-    let follower = cluster
-        .ids()
-        .into_iter()
-        .find(|id| Some(*id) != reply.raft.as_ref().map(|r| r.node_id))
-        .expect("a follower");
-    for task in grants_straight_to(&cluster.address(follower), "late", 1).await {
-        let status = task
+    // A follower redirects. The thawed nodes may still hold an election, so
+    // the follower is one confirmed as following the leader at its term, and
+    // its answer counts only if that still holds after it answered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for attempt in 1.. {
+        let (follower, term) = confirmed_follower(&cluster, deadline).await;
+        let follower_address = cluster.address(follower);
+        let answer = grants_straight_to(&follower_address, &format!("late-{attempt}"), 1)
             .await
-            .expect("task")
-            .expect_err("a follower does not grant");
+            .pop()
+            .expect("one grant")
+            .await
+            .expect("task");
+        let after = stale_raft(&follower_address).await;
+        if after.role != "follower" || after.current_term != term {
+            assert!(
+                Instant::now() < deadline,
+                "elections kept moving the cluster: {after:?}"
+            );
+            continue; // an election came between: the answer proves nothing
+        }
+        let status = answer.expect_err("a follower does not grant");
         assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
         assert!(
             status.metadata().get("x-leasehold-leader").is_some(),
             "{status:?}"
         );
+        break;
+    }
+}
+
+/// The node's own raft status (stale Inspect of that node alone).
+async fn stale_raft(address: &str) -> pb::RaftStatus {
+    let mut raw = raw_client(address).await;
+    let request = pb::InspectRequest {
+        allow_stale: true,
+        ..Default::default()
+    };
+    match tokio::time::timeout(Duration::from_secs(30), raw.inspect(request)).await {
+        Ok(Ok(reply)) => reply.into_inner().raft.expect("raft"),
+        Ok(Err(status)) => panic!("stale inspect of {address}: {status:?}"),
+        Err(_) => panic!("stale inspect of {address}: no answer in 30 s"),
+    }
+}
+
+/// Waits (until `deadline`) for a node that is a follower of the confirmed
+/// leader at the leader's term; returns it and that term.
+async fn confirmed_follower(cluster: &LocalCluster, deadline: Instant) -> (u64, u64) {
+    loop {
+        let leader = cluster
+            .wait_for_leader(&[], LEADER_WAIT)
+            .await
+            .expect("a leader");
+        for id in cluster.ids() {
+            if id == leader.node_id {
+                continue;
+            }
+            let raft = stale_raft(&cluster.address(id)).await;
+            if raft.role == "follower"
+                && raft.leader_id == leader.node_id
+                && raft.current_term == leader.current_term
+            {
+                return (id, raft.current_term);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no node settled as a follower of leader {} (term {})",
+            leader.node_id,
+            leader.current_term
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -708,10 +776,17 @@ async fn bad_input_is_refused_naming_the_field_and_appends_nothing() {
         .inspect(pb::InspectRequest::default())
         .await
         .expect("inspect");
-    assert_eq!(
-        index(&after),
+    // Only a new leader may have appended meanwhile (one blank entry per
+    // term it won, under a load that delays heartbeats); a refusal never.
+    let (elected, appended) = (
+        index(&after).1.saturating_sub(index(&before).1),
+        index(&after).2.saturating_sub(index(&before).2),
+    );
+    assert!(
+        appended <= elected,
+        "a refused request appended a log entry: {:?} → {:?}",
         index(&before),
-        "a refused request appended a log entry"
+        index(&after)
     );
     assert_eq!(after.state, before.state);
     // The index does move for a valid command.
@@ -723,7 +798,12 @@ async fn bad_input_is_refused_naming_the_field_and_appends_nothing() {
         .inspect(pb::InspectRequest::default())
         .await
         .expect("inspect");
-    assert_eq!(index(&moved).2, index(&before).2 + 1);
+    let elected_since = index(&moved).1.saturating_sub(index(&after).1);
+    let grew = index(&moved).2.saturating_sub(index(&after).2);
+    assert!(
+        (1..=1 + elected_since).contains(&grew),
+        "a valid grant appended {grew} entries ({elected_since} elections)"
+    );
 
     // The CLI against the same cluster: any node, the leader followed.
     let allocators = cluster.addresses().join(",");
@@ -765,35 +845,41 @@ async fn bad_input_is_refused_naming_the_field_and_appends_nothing() {
     assert!(err.contains("pool"), "{err}");
 }
 
-/// A fake agent `/health` endpoint; `serving` flips what it answers, and
-/// dropping the listener task makes probes fail to connect.
-async fn fake_health_endpoint() -> (String, tokio::task::JoinHandle<()>) {
+/// A fake agent `/health` endpoint that always serves; aborting its task
+/// makes probes fail to connect. The counter counts the probes answered.
+async fn fake_health_endpoint() -> (String, tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let address = listener.local_addr().expect("address").to_string();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&answered);
     let task = tokio::spawn(async move {
         loop {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
+            let counter = Arc::clone(&counter);
             tokio::spawn(async move {
                 let mut buffer = [0u8; 1024];
                 let _ = socket.read(&mut buffer).await;
-                let _ = socket
+                let written = socket
                     .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"serving\":true,\"region\":\"eu\"}")
                     .await;
+                if written.is_ok() {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
             });
         }
     });
-    (address, task)
+    (address, task, answered)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prober_commits_a_verdict_only_when_it_changes() {
     let _serial = serial().await;
-    let (address, endpoint) = fake_health_endpoint().await;
+    let (address, endpoint, probes_answered) = fake_health_endpoint().await;
     let settings = ClusterSettings {
         prober: Some(ProberTargets {
             interval_ms: 100,
@@ -829,16 +915,49 @@ async fn prober_commits_a_verdict_only_when_it_changes() {
             }
         }
     };
+    let verdict_at = |reply: &pb::InspectReply| {
+        reply
+            .state
+            .as_ref()
+            .and_then(|s| s.regions.iter().find(|r| r.region == "eu"))
+            .and_then(|r| r.verdict_at_ms)
+    };
     let healthy = wait_for(pb::Health::Healthy).await;
-    // Steady health commits nothing more: several probe rounds later the
-    // log has not moved.
-    let index = healthy.raft.as_ref().expect("raft").last_log_index;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let first_verdict_at = verdict_at(&healthy).expect("the verdict's time");
+    // Steady health commits nothing more: several probe rounds (counted as
+    // the endpoint answers them) after the verdict is visible, no further
+    // verdict was committed — a recommitted one would carry a later
+    // allocator time.
+    let rounds_from = probes_answered.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probes_answered.load(Ordering::SeqCst) < rounds_from + 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the prober stopped probing after the verdict"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let later = client
         .inspect(pb::InspectRequest::default())
         .await
         .expect("inspect");
-    assert_eq!(later.raft.expect("raft").last_log_index, index);
+    assert_eq!(health(&later), Some(pb::Health::Healthy as i32));
+    assert_eq!(
+        verdict_at(&later),
+        Some(first_verdict_at),
+        "a steady verdict was committed again"
+    );
+    // Nothing else was committed either, as long as no election (which
+    // appends an entry of its own) came between: same leader, same term.
+    let (raft_before, raft_after) = (
+        healthy.raft.as_ref().expect("raft"),
+        later.raft.as_ref().expect("raft"),
+    );
+    if (raft_after.node_id, raft_after.current_term)
+        == (raft_before.node_id, raft_before.current_term)
+    {
+        assert_eq!(raft_after.last_log_index, raft_before.last_log_index);
+    }
     endpoint.abort();
     let _ = endpoint.await;
     wait_for(pb::Health::Unhealthy).await;

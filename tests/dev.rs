@@ -10,7 +10,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use leasehold_proto::agent::v1 as pb;
@@ -47,18 +48,45 @@ fn port_is_free(port: u16) -> bool {
     TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
-/// A random offset in 20,000..40,000 whose nine ports are all free now.
+/// The lowest offset [`free_offset`] picks.
+const LOWEST_OFFSET: u16 = 1_000;
+/// Above every default port (7101..=7303) with some room to spare.
+const PORT_ROOM: u16 = 7_400;
+
+/// The low end of Linux's ephemeral port range: the kernel hands ports from
+/// there on to outgoing connections (ours included), so a listener port
+/// inside it can be taken between the free check and the bind.
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768) // Linux's default
+}
+
+/// A random offset whose nine ports are all free now and all below the
+/// ephemeral range; random so concurrent runs rarely pick the same ones.
 fn free_offset() -> u16 {
+    let low = ephemeral_low();
+    assert!(
+        low > PORT_ROOM + LOWEST_OFFSET + 1_000,
+        "ephemeral ports start at {low}: no room below them for the dev ports"
+    );
+    let span = low - PORT_ROOM - LOWEST_OFFSET;
     for _ in 0..200 {
         let random = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
-        let offset = 20_000 + (random % 20_000) as u16;
-        if all_ports(offset).into_iter().all(port_is_free) {
+        let offset = LOWEST_OFFSET + (random % u64::from(span)) as u16;
+        let ports = all_ports(offset);
+        debug_assert!(ports.iter().all(|port| *port < low));
+        if ports.into_iter().all(port_is_free) {
             return offset;
         }
     }
-    panic!("no offset in 20000..40000 with all nine ports free");
+    panic!(
+        "no offset in {LOWEST_OFFSET}..{} with all nine ports free",
+        LOWEST_OFFSET + span
+    );
 }
 
 fn allocator_list(offset: u16) -> String {
@@ -75,17 +103,28 @@ struct Dev {
     child: Child,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
+    /// The reader threads of stdout and stderr; each ends at its stream's EOF.
+    readers: Vec<JoinHandle<()>>,
+    /// Disconnected once every reader thread has ended.
+    readers_done: mpsc::Receiver<()>,
 }
 
-fn collect(from: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
+/// Reads `from` into `into` line by line until EOF; `done` is dropped (so
+/// its receiver sees the disconnect) when the thread ends.
+fn collect(
+    from: impl Read + Send + 'static,
+    into: Arc<Mutex<String>>,
+    done: mpsc::Sender<()>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
+        let _done = done;
         for line in BufReader::new(from).lines() {
             let Ok(line) = line else { return };
             let mut text = into.lock().unwrap();
             text.push_str(&line);
             text.push('\n');
         }
-    });
+    })
 }
 
 impl Dev {
@@ -100,12 +139,39 @@ impl Dev {
             .spawn()
             .unwrap();
         let (stdout, stderr) = (Arc::default(), Arc::default());
-        collect(child.stdout.take().unwrap(), Arc::clone(&stdout));
-        collect(child.stderr.take().unwrap(), Arc::clone(&stderr));
+        let (done, readers_done) = mpsc::channel();
+        let readers = vec![
+            collect(
+                child.stdout.take().unwrap(),
+                Arc::clone(&stdout),
+                done.clone(),
+            ),
+            collect(child.stderr.take().unwrap(), Arc::clone(&stderr), done),
+        ];
         Dev {
             child,
             stdout,
             stderr,
+            readers,
+            readers_done,
+        }
+    }
+
+    /// After the exit: waits (bounded) for the reader threads to reach EOF,
+    /// so everything the process wrote last is collected, then joins them.
+    fn join_readers(&mut self) {
+        // The process held the only write ends of the pipes, so its exit
+        // means EOF on both; the bound only turns a surprise into a failure.
+        match self.readers_done.recv_timeout(STOP) {
+            Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            Ok(()) => unreachable!("the readers never send"),
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                "output readers not at EOF within {STOP:?} of the exit\n{}",
+                self.output()
+            ),
+        }
+        for reader in self.readers.drain(..) {
+            reader.join().expect("an output reader panicked");
         }
     }
 
@@ -154,8 +220,7 @@ impl Dev {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                // Let the reader threads drain what the process wrote last.
-                std::thread::sleep(Duration::from_millis(200));
+                self.join_readers();
                 return status;
             }
             assert!(

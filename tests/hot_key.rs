@@ -1,6 +1,9 @@
 //! Hot key: 20 gateways spend leased blocks of one global rule in memory
-//! (ARCHITECTURE §3.5). Admitted in every 1 s ≤ b + r + N × 1.2 × B, with a
-//! small number of store calls per admitted request.
+//! (ARCHITECTURE §3.5). Admitted in every 1 s ≤ b + r + N × 1.2 × B, every
+//! admitted request spent a leased token, and the store sees whole blocks
+//! and at most one refused lease per gateway per denied_until period. None
+//! of it depends on how fast the machine is; throughput and store calls per
+//! admitted request are printed, not asserted.
 
 mod common;
 
@@ -39,7 +42,7 @@ leased = {{ gateways = {GATEWAYS} }}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_gateways_on_one_hot_key_stay_within_the_block_bound() {
-    let (t, store) = start_counting(&policy(), Duration::from_millis(200)).await;
+    let (t, store) = start_counting(&policy(), common::PATIENT_DEADLINE).await;
     let block = {
         let bundle = t.agent.decider.policy.current();
         bundle
@@ -61,7 +64,8 @@ async fn twenty_gateways_on_one_hot_key_stay_within_the_block_bound() {
         let limiter = Limiter::connect_lazy(
             endpoint.clone(),
             LimiterConfig {
-                deadline_ms: 2_000,
+                // Far above any stall: a slow answer is not a fail-mode one.
+                deadline_ms: 30_000,
                 random_seed: Some(g),
                 ..LimiterConfig::default()
             },
@@ -94,6 +98,7 @@ async fn twenty_gateways_on_one_hot_key_stay_within_the_block_bound() {
     for task in tasks {
         task.await.unwrap();
     }
+    let elapsed_ms = started.elapsed().as_millis() as u64;
     let admitted: Vec<u64> = bins.iter().map(|b| b.load(Ordering::Relaxed)).collect();
     let total: u64 = admitted.iter().sum();
     let bound = B_BURST + R_PER_S + (GATEWAYS as f64 * 1.2 * block as f64) as u64;
@@ -105,24 +110,46 @@ async fn twenty_gateways_on_one_hot_key_stay_within_the_block_bound() {
         .unwrap();
     let calls = store.calls.load(Ordering::Relaxed);
     let offered = offered.load(Ordering::Relaxed);
+    let grants = store.lease_grants.load(Ordering::Relaxed);
+    let denials = store.lease_denials.load(Ordering::Relaxed);
+    let granted = store.granted_millitokens.load(Ordering::Relaxed) / 1_000;
+    let returned = store.returned_millitokens.load(Ordering::Relaxed) / 1_000;
     println!(
-        "hot key: offered {offered} in {SECONDS} s, admitted {total}, worst 1 s window {worst} (bound {bound}), store calls {calls}, calls per admitted {:.4}",
-        calls as f64 / total as f64
+        "hot key: offered {offered} in {elapsed_ms} ms, admitted {total}, worst 1 s window {worst} \
+         (bound {bound}), store calls {calls} ({grants} blocks, {denials} refused, {} give-backs), \
+         calls per admitted {:.4}",
+        store.give_backs.load(Ordering::Relaxed),
+        calls as f64 / total.max(1) as f64
     );
     assert!(
         worst <= bound,
         "worst 1 s window {worst} > b + r + N×1.2×B = {bound}"
     );
-    // Demand far above r: the rate is really used (at least the refill over the run).
-    assert!(total >= R_PER_S * (SECONDS - 1), "admitted only {total}");
+    // Demand above r: the bucket ran dry and refused blocks, so the bound
+    // above was really at stake (20 gateways offer 100,000/s for r = 10,000/s).
     assert!(
-        offered > R_PER_S * SECONDS * 2,
-        "demand must exceed r: offered {offered}"
+        denials > 0,
+        "no lease was ever refused: demand never exceeded r"
     );
-    // The aim is ≤ 0.02 (measured ≈ 0.013); the guard leaves room for a loaded CI machine.
+    // Whole blocks only, and no admission without a leased token.
+    assert_eq!(granted, grants * block, "a lease granted part of a block");
     assert!(
-        calls as f64 / total as f64 <= 0.03,
-        "store calls per admitted request {calls}/{total}"
+        total + returned <= granted,
+        "admitted {total} + returned {returned} > leased {granted}"
+    );
+    // Nothing leaks: what was leased was admitted or given back, except at
+    // most a renewal landing after the final give-back and blocks that
+    // expired unspent (≤ 3 blocks per gateway).
+    assert!(
+        granted - total - returned <= GATEWAYS * 3 * block,
+        "leased {granted}, admitted {total}, returned {returned}"
+    );
+    // A refused gateway waits out denied_until = N × ceil(B / r) before it
+    // asks again: at most one refusal per gateway per such period.
+    let denied_for_ms = GATEWAYS * (block * 1_000).div_ceil(R_PER_S);
+    assert!(
+        denials <= GATEWAYS * (elapsed_ms / denied_for_ms + 2),
+        "{denials} refused leases in {elapsed_ms} ms (denied_until {denied_for_ms} ms)"
     );
     t.agent.stop().await;
 }

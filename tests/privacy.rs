@@ -58,7 +58,9 @@ async fn raw_principal_ids_never_reach_keys_logs_or_metrics() {
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .init();
-    let mut t = start_with(POLICY, std::time::Duration::from_millis(50)).await;
+    // A patient store deadline: every call before the kill reaches Redis and
+    // writes its keys; after the kill calls fail at once (connection refused).
+    let mut t = start_with(POLICY, common::PATIENT_DEADLINE).await;
     for (i, id) in RAW_IDS.iter().enumerate() {
         let mut tgt = target("atlas", id, "read");
         if i == 1 {

@@ -14,7 +14,7 @@ use leasehold_region_agent::key::{KeyBuilder, RuleId, Tenant};
 use leasehold_region_agent::memory::SystemClock;
 use leasehold_region_agent::policy;
 use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
-use leasehold_region_agent::script::ScriptCall;
+use leasehold_region_agent::script::{ScriptCall, ScriptKind};
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult};
 use leasehold_region_agent::testing::RedisServer;
@@ -33,19 +33,59 @@ pub fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
+/// The store deadline of agents in tests that are not about the deadline:
+/// far above any stall of a loaded machine, so a slow Redis reply never
+/// turns a decision into a fail-mode one (tests of the deadline pass their
+/// own to [`start_with`]).
+pub const PATIENT_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Starts a redis-server and an agent on it with this policy text.
 pub async fn start(policy_toml: &str) -> TestAgent {
-    start_with(policy_toml, Duration::from_millis(100)).await
+    start_with(policy_toml, PATIENT_DEADLINE).await
 }
 
 pub async fn start_with(policy_toml: &str, deadline: Duration) -> TestAgent {
     start_counting(policy_toml, deadline).await.0
 }
 
-/// A store wrapper that counts script calls (the hot-key test's denominator).
+/// A store wrapper that counts script calls (the hot-key test's denominator)
+/// and what the block leases and give-backs among them moved.
 pub struct CountingStore {
     pub inner: RedisStore,
     pub calls: AtomicU64,
+    pub lease_grants: AtomicU64,
+    pub lease_denials: AtomicU64,
+    pub granted_millitokens: AtomicU64,
+    pub give_backs: AtomicU64,
+    /// Millitokens the give-backs offered back (before the capacity cap).
+    pub returned_millitokens: AtomicU64,
+}
+
+impl CountingStore {
+    fn count(&self, call: &ScriptCall, reply: &CallResult) {
+        let Ok(reply) = reply else { return };
+        match call.kind {
+            // {granted, remaining, denied_until_ms, now_ms}
+            ScriptKind::LeaseBlock => match reply.values.first() {
+                Some(&granted) if granted > 0 => {
+                    self.lease_grants.fetch_add(1, Ordering::Relaxed);
+                    self.granted_millitokens
+                        .fetch_add(granted as u64, Ordering::Relaxed);
+                }
+                _ => {
+                    self.lease_denials.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            // ARGV: capacity, refill, period_ms, tokens, slack_ms, record_ttl_ms
+            ScriptKind::GiveBack => {
+                self.give_backs.fetch_add(1, Ordering::Relaxed);
+                let offered = call.args.get(3).and_then(|a| a.parse::<u64>().ok());
+                self.returned_millitokens
+                    .fetch_add(offered.unwrap_or(0), Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
 }
 
 impl BucketStore for CountingStore {
@@ -59,7 +99,13 @@ impl BucketStore for CountingStore {
 
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
         self.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
-        self.inner.run_batch(calls)
+        Box::pin(async move {
+            let replies = self.inner.run_batch(calls).await;
+            for (call, reply) in calls.iter().zip(&replies) {
+                self.count(call, reply);
+            }
+            replies
+        })
     }
 }
 
@@ -76,6 +122,11 @@ pub async fn start_counting(
         })
         .unwrap(),
         calls: AtomicU64::new(0),
+        lease_grants: AtomicU64::new(0),
+        lease_denials: AtomicU64::new(0),
+        granted_millitokens: AtomicU64::new(0),
+        give_backs: AtomicU64::new(0),
+        returned_millitokens: AtomicU64::new(0),
     });
     let bundle = policy::parse("test-policy.toml", policy_toml, None).expect("valid test policy");
     let agent = server::start(AgentSpec {

@@ -515,7 +515,10 @@ async fn unreachable_agent_falls_back_to_the_local_bucket_then_429() {
 #[tokio::test]
 async fn stuck_agent_is_cut_off_by_the_deadline_and_the_fail_mode_decides() {
     let agent = FakeAgent::new(
-        CheckScript::Hang,
+        CheckScript::Allow {
+            leased: Vec::new(),
+            leased_only: false,
+        },
         LeaseScript::Grant {
             tokens: BLOCK_TOKENS,
         },
@@ -527,12 +530,37 @@ async fn stuck_agent_is_cut_off_by_the_deadline_and_the_fail_mode_decides() {
         ..config(&clock, FailMode::Closed)
     };
     let limiter = Limiter::connect_lazy(endpoint, stuck_config).unwrap();
+    // Warm the lazy channel while the agent still answers: the TCP connect
+    // and HTTP/2 handshake must not eat the 25 ms of the call under test. An
+    // attempt may itself pass the deadline on a slow machine; the connection
+    // is made in the channel's background, so a later attempt gets through.
+    bounded(async {
+        while !limiter
+            .admit(AdmitRequest::new(target("U-17"), 1))
+            .await
+            .allowed
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    agent.set_check(CheckScript::Hang);
+    let failures_before = limiter.stats().check_failures;
+
     // Without the deadline this would wait forever (the fake never answers)
     // and the safety net would fail the test.
-    let decision = bounded(limiter.admit(AdmitRequest::new(target("U-17"), 1))).await;
+    let stuck = AdmitRequest::new(target("U-17"), 1).with_request_id("stuck-1");
+    let decision = bounded(limiter.admit(stuck)).await;
     assert_eq!(decision.reason(), Reason::LimiterUnavailable);
-    assert_eq!(agent.calls.checks(), 1, "the call reached the agent");
-    assert_eq!(limiter.stats().check_failures, 1);
+    assert!(
+        agent
+            .calls
+            .wait_for_check("stuck-1", Duration::from_secs(30))
+            .await,
+        "the call reached the agent"
+    );
+    assert_eq!(agent.calls.checks_with_id("stuck-1"), 1, "sent once");
+    assert_eq!(limiter.stats().check_failures, failures_before + 1);
 }
 
 #[tokio::test]

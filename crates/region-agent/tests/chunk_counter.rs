@@ -129,14 +129,18 @@ fn expired_chunk_is_not_spendable() {
     let mut last = 0;
     let keys = vec![chunk(1), chunk(2)];
     differential(&mut h, &twin, &credit(&keys[0], 1_000, 30), &mut last).unwrap();
-    differential(&mut h, &twin, &credit(&keys[1], 400, 60_000), &mut last).unwrap();
+    let live = differential(&mut h, &twin, &credit(&keys[1], 400, 60_000), &mut last).unwrap();
+    let live_expires_at = live[2] + 60_000;
+    // At least 60 ms pass on every clock: the 30 ms chunk has ended.
     std::thread::sleep(std::time::Duration::from_millis(60));
     let refused = differential(&mut h, &twin, &spend(&keys, 401), &mut last).unwrap();
     assert_eq!(refused[..3], [0, 400, 0], "only the live chunk counts");
     let r = differential(&mut h, &twin, &spend(&keys, 400), &mut last).unwrap();
     assert_eq!(r[..2], [1, 0]);
-    assert!(
-        r[2] > 59_000 && r[2] <= 60_000,
+    // Exactly the live chunk's expiry (PXAT), seen from this call's clock.
+    assert_eq!(
+        r[2],
+        live_expires_at - r[3],
         "bounded by the live chunk: {r:?}"
     );
     assert!(!h.exists(&keys[0]));
@@ -152,7 +156,15 @@ fn expires_in_is_the_least_ttl_of_the_debited_chunks_only() {
     let mut last = 0;
     let keys: Vec<String> = (1..=4).map(chunk).collect();
     // KEYS order is the caller's; the TTLs below are deliberately not sorted.
-    let chunks = [(0, 5_000), (100, 40_000), (100, 20_000), (100, 1_000)];
+    // Only their order matters (the drained first and the untouched fourth
+    // end before the third), so each is long enough to outlive the test's
+    // calls however slowly they run: the shortest is a minute.
+    let chunks = [
+        (0, 300_000),
+        (100, 2_400_000),
+        (100, 1_200_000),
+        (100, 60_000),
+    ];
     let mut expires_at = Vec::new();
     for (key, (granted, ttl)) in keys.iter().zip(chunks) {
         let granted = granted.max(1);

@@ -13,6 +13,9 @@ const USER: Rate = (20_000, 2_000, 1_000);
 const TENANT: Rate = (1_000_000, 1_000_000, 60_000);
 /// 1 millitoken per 1,000 s: nothing refills while a test runs.
 const FROZEN: Rate = (20_000, 1, 1_000_000);
+/// How far ahead of Redis's clock a seeded bucket is stamped so that it
+/// refills nothing before the call (the scripts clamp elapsed at 0).
+const FROZEN_FOR_MS: i64 = 60_000;
 
 const USER_KEY: &str = "lh:v1:{atlas}:user-read:u17";
 const TENANT_KEY: &str = "lh:v1:{atlas}:tenant-all:atlas";
@@ -128,28 +131,34 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
         !h.exists(DECISION_KEY),
         "decision_ttl_ms 0 writes no record"
     );
-    let pttl = h.pttl(USER_KEY);
-    assert!(pttl > 10_000 && pttl <= 15_000, "user TTL {pttl}");
-    let pttl = h.pttl(TENANT_KEY);
-    assert!(pttl > 60_000 && pttl <= 65_000, "tenant TTL {pttl}");
+    let (ttl, slip) = h.ttl_set_at(USER_KEY, reply[5]);
+    assert!(ttl > 10_000 && ttl <= 15_000 + slip, "user TTL {ttl}");
+    let (ttl, slip) = h.ttl_set_at(TENANT_KEY, reply[5]);
+    assert!(ttl > 60_000 && ttl <= 65_000 + slip, "tenant TTL {ttl}");
 
     // The user bucket is empty: {0, 1, 500, 0, 639000, now}, tenant untouched.
+    // Stamped a minute ahead, the buckets refill nothing until the call
+    // (elapsed = max(0, now − ts) = 0), so the refusal does not depend on
+    // how long the test takes to get there.
     h.flushall();
-    let ts = redis_time_ms(&mut h);
+    let ts = redis_time_ms(&mut h) + FROZEN_FOR_MS;
     seed_at(&mut h, USER_KEY, 0, ts);
     seed_at(&mut h, TENANT_KEY, 639_000, ts);
     let before = (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY));
     let reply = h
         .redis(&call(&keys, 5_000, 0, &[(USER, 1_000), (TENANT, 1_000)]))
         .unwrap();
-    assert_eq!(reply[..5], expected(0, 639_000, 1_000, reply[5] - ts)[..]);
-    if reply[0] == 0 {
-        assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
-    }
+    assert_eq!(
+        reply[..5],
+        expected(0, 639_000, 1_000, (reply[5] - ts).max(0))[..]
+    );
+    assert_eq!(reply[..3], [0, 1, 500]);
+    assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
 
     // The tenant holds 3,000 and the export costs 10,000: {0, 2, 420, …}.
+    // Frozen the same way: 7,000 more would refill in 420 ms.
     h.flushall();
-    let ts = redis_time_ms(&mut h);
+    let ts = redis_time_ms(&mut h) + FROZEN_FOR_MS;
     seed_at(&mut h, USER_KEY, 20_000, ts);
     seed_at(&mut h, TENANT_KEY, 3_000, ts);
     let before = (h.hgetall(USER_KEY), h.hgetall(TENANT_KEY));
@@ -158,9 +167,9 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
         .unwrap();
     assert_eq!(
         reply[..5],
-        expected(20_000, 3_000, 10_000, reply[5] - ts)[..]
+        expected(20_000, 3_000, 10_000, (reply[5] - ts).max(0))[..]
     );
-    assert_eq!(reply[..2], [0, 2]);
+    assert_eq!(reply[..3], [0, 2, 420]);
     assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
 }
 
@@ -184,8 +193,8 @@ fn replayed_decision_id_returns_the_same_reply_and_debits_once() {
         get(&mut h, DECISION_KEY).as_deref(),
         Some("1,0,0,19000,17000")
     );
-    let pttl = h.pttl(DECISION_KEY);
-    assert!(pttl > 590_000 && pttl <= 600_000, "record TTL {pttl}");
+    let (ttl, slip) = h.ttl_set_at(DECISION_KEY, first[5]);
+    assert!(ttl >= 600_000 && ttl <= 600_000 + slip, "record TTL {ttl}");
 
     // A new decision id debits again.
     let other = call(
@@ -489,14 +498,17 @@ proptest! {
                     },
                     Step::Call { rules, slack, decision } => to_call(rules, *slack, *decision),
                 };
-                let buckets: Vec<_> = c.keys[1..].iter().map(|k| h.hgetall(k)).collect();
+                let buckets: Vec<_> = c.keys[1..].iter().map(|k| h.hash_with_expiry(k)).collect();
                 let reply = differential(h, &twin, &c, &mut last_now);
                 if let Ok(values) = &reply {
                     assert_eq!(values.len(), c.keys.len() + 3);
                     if values[0] == 0 {
-                        // All or none: a denial (or a replay) writes no bucket.
-                        let after: Vec<_> = c.keys[1..].iter().map(|k| h.hgetall(k)).collect();
-                        assert_eq!(after, buckets);
+                        // All or none: a denial (or a replay) writes no
+                        // bucket. Compared through each bucket's expiry: a
+                        // short TTL may lapse between the two reads.
+                        for (key, before) in c.keys[1..].iter().zip(&buckets) {
+                            before.assert_untouched(&h.hash_with_expiry(key), key);
+                        }
                     }
                 }
                 previous = Some(c);

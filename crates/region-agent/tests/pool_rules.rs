@@ -2,7 +2,7 @@
 //! them safe, and the decider enforcing whatever room the Region holds now
 //! (set here by hand, as the sync loop would) on the in-memory store.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use leasehold_proto::agent::v1 as pb;
@@ -11,7 +11,7 @@ use leasehold_region_agent::fallback::LocalFallback;
 use leasehold_region_agent::global::room::{GlobalRoom, HeldChunk, PoolView, RateView, WindowView};
 use leasehold_region_agent::global::share_sync::{BucketRate, Mode};
 use leasehold_region_agent::key::KeyBuilder;
-use leasehold_region_agent::memory::{MemoryStore, SystemClock};
+use leasehold_region_agent::memory::{Clock, MemoryStore, SystemClock};
 use leasehold_region_agent::metrics::AgentMetrics;
 use leasehold_region_agent::policy::{self, PolicyHolder};
 use leasehold_region_agent::script::{ScriptCall, ScriptKind};
@@ -55,8 +55,33 @@ struct Agent {
     store: Arc<MemoryStore>,
 }
 
+/// A clock that moves only when told: buckets refill by exactly the time a
+/// test advances it, however slowly the test runs.
+struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    fn starting_now() -> Arc<ManualClock> {
+        Arc::new(ManualClock(AtomicI64::new(SystemClock.now_ms())))
+    }
+
+    fn advance(&self, ms: i64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 fn agent() -> Agent {
-    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+    agent_on(Arc::new(SystemClock))
+}
+
+/// An agent whose store and decider read `clock`.
+fn agent_on(clock: Arc<dyn Clock>) -> Agent {
+    let store = Arc::new(MemoryStore::new(clock.clone()));
     let decider = Decider {
         region: "eu".into(),
         store: store.clone(),
@@ -67,7 +92,7 @@ fn agent() -> Agent {
         fallback: LocalFallback::new(100),
         metrics: AgentMetrics::new().unwrap(),
         counters: Counters::default(),
-        clock: Arc::new(SystemClock),
+        clock,
         global: Arc::new(GlobalRoom::new(["rate".to_string(), "window".to_string()])),
     };
     Agent { decider, store }
@@ -144,7 +169,10 @@ async fn a_pool_rule_denies_without_room_and_without_a_store_call() {
 
 #[tokio::test]
 async fn a_rate_pool_rule_enforces_the_regions_share_with_its_burst() {
-    let agent = agent();
+    // The bucket refills only when the clock is advanced: "at once" is
+    // exactly at once, whatever the machine's speed.
+    let clock = ManualClock::starting_now();
+    let agent = agent_on(clock.clone());
     // 10 tokens per second, burst 2 s: 20 admitted at once, then refused.
     agent
         .decider
@@ -158,7 +186,7 @@ async fn a_rate_pool_rule_enforces_the_regions_share_with_its_burst() {
     assert_eq!(d.limit, 20, "limit reports the Region's bucket");
     // A lower share clamps what is held: never more than the new burst.
     agent.decider.global.slot("rate").unwrap().set(share(1_000));
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    clock.advance(1_100);
     assert!(admitted(&agent, "rate", 10).await <= 2);
     let slot = agent.decider.global.slot("rate").unwrap();
     assert_eq!(slot.counters.demand_requests.load(Ordering::Relaxed), 41);

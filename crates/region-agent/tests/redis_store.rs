@@ -21,10 +21,12 @@ fn bucket(key: &str, cost: u64) -> ScriptCall {
         .arg(0)
 }
 
+/// Deadlines far above any stall of a loaded machine: only the test of the
+/// deadline itself (which freezes the server) shortens them.
 fn config(server: &RedisServer) -> RedisStoreConfig {
     RedisStoreConfig {
-        call_deadline: Duration::from_millis(100),
-        connect_timeout: Duration::from_millis(100),
+        call_deadline: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(10),
         breaker: BreakerConfig {
             failure_threshold: 3,
             open_ms: 200,
@@ -124,71 +126,98 @@ async fn batch_over_the_in_flight_cap_is_refused_unsent() {
 #[tokio::test]
 async fn reply_after_the_deadline_is_ambiguous_and_may_have_run() {
     let server = RedisServer::start().unwrap();
-    let store = RedisStore::new(config(&server)).unwrap();
+    let store = RedisStore::new(RedisStoreConfig {
+        call_deadline: Duration::from_secs(1),
+        ..config(&server)
+    })
+    .unwrap();
+    // Connected and scripts loaded before the part under test.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.run(&bucket("warm", 1_000)).await.is_err() {
+        assert!(Instant::now() < deadline, "Redis never answered");
+    }
     assert!(store.run(&bucket("k", 1_000)).await.is_ok());
-    let url = server.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.5")
-            .exec(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A frozen server (SIGSTOP) takes the request into its socket buffer and
+    // answers nothing: the deadline passes however slow this machine is.
+    server.freeze(true).unwrap();
     let reply = store.run(&bucket("k", 1_000)).await;
+    server.freeze(false).unwrap();
     assert!(matches!(reply, Err(StoreError::Ambiguous(_))), "{reply:?}");
-    sleeper.join().unwrap();
     // The timed-out script did run once Redis woke: 5,000 − 2 × 1,000.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_for_tokens(&server, "k", "3000").await;
     let after = store.run(&bucket("k", 1_000)).await.unwrap();
     assert_eq!(after.values[1], 2_000);
+}
+
+/// Waits (bounded) until bucket `key` holds `tokens` millitokens.
+async fn wait_for_tokens(server: &RedisServer, key: &str, tokens: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = redis_cmd(server, &["HGET", key, "tokens"]);
+        if held == redis::Value::BulkString(tokens.as_bytes().to_vec()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} holds {held:?}, not {tokens}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
 async fn killed_redis_gives_typed_errors_opens_the_breaker_and_a_probe_closes_it() {
     let mut server = RedisServer::start().unwrap();
-    let cfg = config(&server);
-    let deadline = cfg.call_deadline;
+    // Open long enough that no stall of this machine lets a probe through
+    // while the test counts the calls refused by the open breaker.
+    let cfg = RedisStoreConfig {
+        breaker: BreakerConfig {
+            failure_threshold: 3,
+            open_ms: 5_000,
+        },
+        ..config(&server)
+    };
+    let threshold = cfg.breaker.failure_threshold;
     let store = RedisStore::new(cfg).unwrap();
     assert!(store.run(&bucket("k", 1_000)).await.is_ok());
 
     server.kill();
     let mut outcomes = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..threshold + 3 {
         let started = Instant::now();
         let reply = store.run(&bucket("k", 1_000)).await;
-        // Bounded, not timed: a generous multiple of the deadline.
+        // Never hangs: a refused connect or the 10 s deadline ends every
+        // call; 30 s only tells a hang from a slow machine.
         assert!(
-            started.elapsed() < deadline * 10,
+            started.elapsed() < Duration::from_secs(30),
             "call hung: {:?}",
             started.elapsed()
         );
         outcomes.push(reply.unwrap_err());
     }
-    for outcome in &outcomes {
+    for outcome in &outcomes[..threshold as usize] {
         assert!(
             matches!(outcome, StoreError::NotSent(_) | StoreError::Ambiguous(_)),
             "{outcome:?}"
         );
+        assert_ne!(outcome, &StoreError::NotSent(NotSent::BreakerOpen));
+    }
+    // After `threshold` failures in a row the breaker refuses unsent.
+    for outcome in &outcomes[threshold as usize..] {
+        assert_eq!(outcome, &StoreError::NotSent(NotSent::BreakerOpen));
     }
     assert_eq!(store.breaker_state(), "open");
-    assert_eq!(
-        outcomes.last(),
-        Some(&StoreError::NotSent(NotSent::BreakerOpen))
-    );
 
     server.restart().unwrap();
     // Wait (bounded) for the breaker to let a probe through and close.
-    let mut closed = false;
-    for _ in 0..50 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.run(&bucket("k2", 1_000)).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "half-open probe never closed the breaker"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
-        if store.run(&bucket("k2", 1_000)).await.is_ok() {
-            closed = true;
-            break;
-        }
     }
-    assert!(closed, "half-open probe never closed the breaker");
     assert_eq!(store.breaker_state(), "closed");
     // Restarted without persistence: the bucket starts full again.
     let reply = store.run(&bucket("k", 1_000)).await.unwrap();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_same_key, differential, Harness};
+use common::{assert_same_key, differential, Harness, HashAt};
 use leasehold_region_agent::algorithm::fixed_window::WindowParams;
 use leasehold_region_agent::algorithm::sliding_counter::{decide, CounterState};
 use leasehold_region_agent::memory::MemoryStore;
@@ -26,6 +26,13 @@ fn state(h: &mut Harness, key: &str) -> Vec<(String, String)> {
     let mut fields = h.hgetall(key);
     fields.sort();
     fields
+}
+
+/// The counters' hash (fields sorted) with its expiry and Redis's clock.
+fn counter_state(h: &mut Harness, key: &str) -> HashAt {
+    let mut at = h.hash_with_expiry(key);
+    at.fields.sort();
+    at
 }
 
 fn fields(w: i64, cur: i64, prev: i64) -> Vec<(String, String)> {
@@ -78,7 +85,15 @@ fn previous_window_weighs_in_and_fades_across_the_next() {
             assert_eq!(&r[..3], &[1, 3 - i as i64, 0], "request {i}");
         }
         assert_eq!(&burst[4][..3], &[0, 0, w + W - burst[4][3]]);
-        assert_eq!(state(&mut h, &key), fields(w, 4, 0));
+        // Each admit sets a 2 × 200 ms TTL, so the key is read with its
+        // expiry and Redis's clock: gone is right only once the fourth
+        // admit's 400 ms have passed, and then the attempt cannot go on.
+        let held = counter_state(&mut h, &key);
+        if held.expires_at_ms == -2 {
+            assert!(held.now_ms >= burst[3][3] + 2 * W, "gone early: {held:?}");
+            continue;
+        }
+        assert_eq!(held.fields, fields(w, 4, 0), "{held:?}");
 
         std::thread::sleep(std::time::Duration::from_millis(burst[4][2] as u64));
         let mut r = h.redis(&c).unwrap();
@@ -89,11 +104,9 @@ fn previous_window_weighs_in_and_fades_across_the_next() {
         if e < 50 {
             // Refused; retry = the offset where 4 × (200 − e') ≤ 3 × 200.
             assert_eq!(&r[..3], &[0, 0, 50 - e], "e = {e}");
-            assert_eq!(
-                state(&mut h, &key),
-                fields(w, 4, 0),
-                "refusal wrote nothing"
-            );
+            // Refusal wrote nothing: the same fields and expiry, or gone
+            // because that expiry passed.
+            held.assert_untouched(&counter_state(&mut h, &key), &key);
             std::thread::sleep(std::time::Duration::from_millis(r[2] as u64));
             r = h.redis(&c).unwrap();
             if r[3] >= w + 2 * W {
@@ -104,9 +117,19 @@ fn previous_window_weighs_in_and_fades_across_the_next() {
         assert!(e >= 50);
         // remaining = ⌊(800 − 4 × (200 − e) − 200) / 200⌋
         assert_eq!(&r[..3], &[1, (600 - 4 * (W - e)) / W, 0], "e = {e}");
-        assert_eq!(state(&mut h, &key), fields(w + W, 1, 4));
-        let pttl = h.pttl(&key);
-        assert!(pttl > 0 && pttl <= 2 * W, "TTL 2 × window, got {pttl}");
+        let after = counter_state(&mut h, &key);
+        if after.expires_at_ms == -2 {
+            assert!(after.now_ms >= r[3] + 2 * W, "gone early: {after:?}");
+            continue;
+        }
+        assert_eq!(after.fields, fields(w + W, 1, 4), "{after:?}");
+        // TTL 2 × window from this admit's clock, or up to the time that
+        // really passed since (PEXPIRE counts from its own clock).
+        assert!(
+            (r[3] + 2 * W..=after.now_ms + 2 * W).contains(&after.expires_at_ms),
+            "TTL 2 × window: {after:?}, admitted at {}",
+            r[3]
+        );
         checked = true;
         break;
     }

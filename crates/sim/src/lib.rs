@@ -10,11 +10,14 @@
 //! Determinism: simulated time only (turmoil's clock behind the allocator's
 //! `WallClock`, the agent's `Clock` and the client's clock), a fixed epoch,
 //! turmoil's seeded network, openraft's election RNG seeded per node, the
-//! gateways' RNG seeded; the same seed gives the same trace hash in a fresh
-//! process and run after run on one thread. Two runs on *concurrent* threads
-//! of one process were seen to diverge (a process-wide source shared across
-//! threads, not yet found); the library test runs seeds on two threads and
-//! checks bounds only, the determinism test runs on one.
+//! gateways' RNG seeded, tokio's own RNG seeded by turmoil (the workspace
+//! builds with `--cfg tokio_unstable`, `.cargo/config.toml`); the same seed
+//! gives the same trace hash in any process, on any thread, before or after
+//! other runs. The one process-wide input, tokio's task-id counter, is
+//! handled by [`isolation`]: runs of one process take turns, each from the
+//! same counter state, so nothing else in the process may spawn tokio tasks
+//! while a simulation runs. The library test gets its parallelism from
+//! child processes.
 //!
 //! Not here: the unsafe switches the checker must catch live with the code
 //! they bend — `ReclaimPolicy::SilenceOnly` (allocator; refused from files and
@@ -22,6 +25,7 @@
 //! field).
 
 pub mod checker;
+pub mod isolation;
 pub mod report;
 pub mod run;
 pub mod scenario;

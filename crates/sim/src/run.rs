@@ -71,6 +71,8 @@ pub enum SimError {
     Turmoil { at_ms: u64, message: String },
     #[error("scenario: {0}")]
     Scenario(String),
+    #[error("cannot prepare the run: {0}")]
+    Setup(String),
 }
 
 /// What one seeded run produced.
@@ -685,6 +687,8 @@ fn sample(
 
 /// Runs `scenario` once with `seed`.
 pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
+    let _exclusive = crate::isolation::exclusive()
+        .map_err(|e| SimError::Setup(format!("no runtime to align tokio's task ids: {e}")))?;
     let started = std::time::Instant::now();
     let scenario = Arc::new(scenario.clone());
     let net = &scenario.network;

@@ -1,6 +1,7 @@
 //! The scenario library (crates/sim/scenarios) on the real code: every safe
 //! scenario passes the bound checker on 10 seeds; the unsafe ones (sim-only
-//! switches) are reported as violations; a seed replays to the same trace.
+//! switches) are reported as violations; a seed replays to the same trace,
+//! here beside the other simulations of this binary.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -39,44 +40,110 @@ fn scenario(name: &str) -> Scenario {
         .1
 }
 
-/// Runs `jobs` on `threads` threads; results in job order.
-fn run_all(jobs: Vec<(Scenario, u64)>, threads: usize) -> Vec<(Scenario, Outcome)> {
-    let jobs: Vec<(usize, (Scenario, u64))> = jobs.into_iter().enumerate().collect();
-    let queue = Mutex::new(jobs);
+/// What a child process reports of one run.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct JobResult {
+    name: String,
+    seed: u64,
+    passed: bool,
+    expect_violation: bool,
+    duration_ms: u64,
+    hash: String,
+    verdict: String,
+    /// The full report when the verdict differs from the expectation.
+    report: Option<String>,
+}
+
+const JOB_ENV: &str = "LEASEHOLD_SIM_JOB";
+const RESULT_PREFIX: &str = "LEASEHOLD-SIM-RESULT ";
+
+/// Child side: when this test binary was started for one job (by
+/// `run_in_children`), runs it and prints its result; otherwise nothing.
+#[test]
+fn child_job() {
+    let Ok(job) = std::env::var(JOB_ENV) else {
+        return;
+    };
+    let (name, seed) = job.split_once(' ').expect("job = NAME SEED");
+    let seed: u64 = seed.parse().expect("seed");
+    let scenario = scenario(name);
+    let outcome =
+        run(&scenario, seed).unwrap_or_else(|e| panic!("{} seed {seed}: {e}", scenario.name));
+    let result = JobResult {
+        name: scenario.name.clone(),
+        seed,
+        passed: outcome.passed(),
+        expect_violation: scenario.expect_violation,
+        duration_ms: scenario.duration_ms,
+        hash: outcome.hash.clone(),
+        verdict: report::verdict_line(&scenario, &outcome),
+        report: (outcome.passed() == scenario.expect_violation)
+            .then(|| report::text(&scenario, &outcome)),
+    };
+    // On a line of its own: the harness prints the test's name before it.
+    println!(
+        "\n{RESULT_PREFIX}{}",
+        serde_json::to_string(&result).unwrap()
+    );
+}
+
+/// Runs each (scenario name, seed) in a fresh process of this test binary,
+/// `parallel` at a time; results in job order. Simulations of one process
+/// take turns (see `leasehold_sim::isolation`), so processes are what lets
+/// the library use both cores.
+fn run_in_children(jobs: Vec<(String, u64)>, parallel: usize) -> Vec<JobResult> {
+    let exe = std::env::current_exe().unwrap();
+    let queue = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
     let results = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
-        for _ in 0..threads {
+        for _ in 0..parallel {
             scope.spawn(|| loop {
-                let Some((i, (scenario, seed))) = queue.lock().unwrap().pop() else {
+                let Some((i, (name, seed))) = queue.lock().unwrap().pop() else {
                     return;
                 };
-                let outcome = run(&scenario, seed)
-                    .unwrap_or_else(|e| panic!("{} seed {seed}: {e}", scenario.name));
-                results.lock().unwrap().push((i, scenario, outcome));
+                let output = std::process::Command::new(&exe)
+                    .args(["child_job", "--exact", "--nocapture", "--test-threads", "1"])
+                    .env(JOB_ENV, format!("{name} {seed}"))
+                    .env("RUST_LOG", "off")
+                    .output()
+                    .unwrap();
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                let result: JobResult = stdout
+                    .lines()
+                    .find_map(|l| l.split_once(RESULT_PREFIX).map(|(_, json)| json))
+                    .map(|json| serde_json::from_str(json).unwrap())
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{name} seed {seed}: no result ({}):\n{stdout}\n{}",
+                            output.status,
+                            String::from_utf8_lossy(&output.stderr)
+                        )
+                    });
+                results.lock().unwrap().push((i, result));
             });
         }
     });
     let mut results = results.into_inner().unwrap();
-    results.sort_by_key(|(i, _, _)| *i);
-    results.into_iter().map(|(_, s, o)| (s, o)).collect()
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 #[test]
 fn every_library_scenario_meets_its_expectation_on_ten_seeds() {
     let started = Instant::now();
-    let jobs: Vec<(Scenario, u64)> = library()
+    let jobs: Vec<(String, u64)> = library()
         .into_iter()
-        .flat_map(|(_, s)| SEEDS.map(move |seed| (s.clone(), seed)))
+        .flat_map(|(_, s)| SEEDS.map(move |seed| (s.name.clone(), seed)))
         .collect();
-    // Two threads: the machine's cores.
-    let results = run_all(jobs, 2);
+    // Two processes: the machine's cores.
+    let results = run_in_children(jobs, 2);
     let wall = started.elapsed();
-    let simulated_ms: u64 = results.iter().map(|(s, _)| s.duration_ms).sum();
+    let simulated_ms: u64 = results.iter().map(|r| r.duration_ms).sum();
     let mut failures = Vec::new();
-    for (scenario, outcome) in &results {
-        eprintln!("{}", report::verdict_line(scenario, outcome));
-        if outcome.passed() == scenario.expect_violation {
-            failures.push(report::text(scenario, outcome));
+    for r in &results {
+        eprintln!("{}", r.verdict);
+        if r.passed == r.expect_violation {
+            failures.push(r.report.clone().unwrap_or_default());
         }
     }
     eprintln!(
@@ -89,15 +156,53 @@ fn every_library_scenario_meets_its_expectation_on_ten_seeds() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Same seed, same trace — in this process while the other tests of this
+/// binary run simulations beside it, on two threads at once, and after other
+/// runs moved tokio's task counter; and the same as in a fresh process.
+#[test]
+fn the_same_seed_gives_the_same_trace_on_any_thread_and_in_any_process() {
+    let s = scenario("leader-crash");
+    let (first, again) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| run(&s, 7).unwrap());
+        let b = scope.spawn(|| run(&s, 7).unwrap());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(first.hash, again.hash, "seed 7 replayed differently");
+    assert_eq!(first.trace, again.trace);
+    assert!(!first.trace.samples.is_empty());
+    assert!(
+        !first.trace.events.is_empty(),
+        "the leader crash was applied"
+    );
+    // Tasks spawned between runs (tokio's ids are process-wide) change nothing.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        rt.block_on(async { tokio::spawn(async {}).await.unwrap() });
+    }
+    let later = run(&s, 7).unwrap();
+    assert_eq!(later.hash, first.hash, "seed 7 differed after 3 more tasks");
+    let fresh = run_in_children(vec![("leader-crash".into(), 7)], 1);
+    assert_eq!(
+        fresh[0].hash, first.hash,
+        "seed 7 differed in a fresh process"
+    );
+    let other = run(&s, 8).unwrap();
+    assert_ne!(first.hash, other.hash, "seeds 7 and 8 gave the same trace");
+    eprintln!("seed 7: {} (×4); seed 8: {}", first.hash, other.hash);
+}
+
 #[test]
 fn a_cut_off_healthy_region_stays_within_l_under_two_signal_and_breaks_it_under_silence_only() {
-    let results = run_all(
-        vec![
-            (scenario("cutoff-two-signal"), 3),
-            (scenario("unsafe-silence-only"), 3),
-        ],
-        2,
-    );
+    let results: Vec<(Scenario, Outcome)> = ["cutoff-two-signal", "unsafe-silence-only"]
+        .into_iter()
+        .map(|name| {
+            let s = scenario(name);
+            let outcome = run(&s, 3).unwrap();
+            (s, outcome)
+        })
+        .collect();
     let (safe, unsafe_) = (&results[0].1, &results[1].1);
     assert!(safe.passed(), "{:?}", safe.violations);
     // The global enforced rate, sampled every 100 ms: ≤ L = 100 tokens/s

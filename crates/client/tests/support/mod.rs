@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use leasehold_proto::agent::v1::agent_server::{Agent, AgentServer};
 use leasehold_proto::agent::v1::{
@@ -12,6 +13,7 @@ use leasehold_proto::agent::v1::{
     ReleaseConcurrencyRequest, ReleaseConcurrencyResponse, ReloadPolicyRequest,
     ReloadPolicyResponse, ReturnBlockRequest, ReturnBlockResponse, StatusRequest, StatusResponse,
 };
+use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 /// The bucket id the fake names for a global leased rule: one bucket for
@@ -64,6 +66,11 @@ pub struct Calls {
     pub granted_tokens: AtomicU64,
     pub return_blocks: AtomicU64,
     pub returned_tokens: AtomicU64,
+    /// The request id of every Check that reached the fake, in arrival order.
+    check_ids: Mutex<Vec<String>>,
+    /// Woken on every Check arrival (before the scripted answer, so a
+    /// [`CheckScript::Hang`] call signals too).
+    check_arrived: Notify,
 }
 
 impl Calls {
@@ -78,6 +85,34 @@ impl Calls {
     }
     pub fn returned_tokens(&self) -> u64 {
         self.returned_tokens.load(Ordering::SeqCst)
+    }
+    /// How many Checks with this request id reached the fake.
+    pub fn checks_with_id(&self, request_id: &str) -> usize {
+        self.check_ids
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|id| *id == request_id)
+            .count()
+    }
+
+    /// Waits until a Check with this request id has reached the fake, at most
+    /// `within` (a call on its way may not have arrived yet when the caller
+    /// has already given up on it). True when it arrived.
+    pub async fn wait_for_check(&self, request_id: &str, within: Duration) -> bool {
+        let arrived = async {
+            loop {
+                let notified = self.check_arrived.notified();
+                tokio::pin!(notified);
+                // Registered before the look, so an arrival in between wakes it.
+                notified.as_mut().enable();
+                if self.checks_with_id(request_id) > 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(within, arrived).await.is_ok()
     }
 }
 
@@ -133,8 +168,14 @@ pub async fn unreachable_endpoint() -> String {
 #[tonic::async_trait]
 impl Agent for FakeAgent {
     async fn check(&self, request: Request<CheckRequest>) -> Result<Response<Decision>, Status> {
-        self.calls.checks.fetch_add(1, Ordering::SeqCst);
         let request = request.into_inner();
+        self.calls
+            .check_ids
+            .lock()
+            .unwrap()
+            .push(request.request_id.clone());
+        self.calls.checks.fetch_add(1, Ordering::SeqCst);
+        self.calls.check_arrived.notify_waiters();
         let check = self.script.lock().unwrap().check.clone();
         let mut decision = Decision {
             decision_id: request.request_id,

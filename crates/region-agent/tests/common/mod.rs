@@ -64,8 +64,128 @@ impl Harness {
             .expect("pttl")
     }
 
+    /// A hash's fields, its absolute expiry (PEXPIRETIME: -1 none, -2 no
+    /// key) and Redis's time in ms, read in one script: Redis holds its
+    /// clock still for expiry while a script runs, so the three agree.
+    pub fn hash_with_expiry(&mut self, key: &str) -> HashAt {
+        let script = redis::Script::new(
+            "local t = redis.call('TIME') \
+             return {redis.call('HGETALL', KEYS[1]), redis.call('PEXPIRETIME', KEYS[1]), \
+             tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}",
+        );
+        let (fields, expires_at_ms, now_ms): (Vec<(String, String)>, i64, i64) = script
+            .key(key)
+            .invoke(&mut self.conn)
+            .expect("hash with expiry");
+        HashAt {
+            fields,
+            expires_at_ms,
+            now_ms,
+        }
+    }
+
+    /// The TTL that a write at `write_now_ms` (the `now_ms` its script
+    /// returned) gave `key`, read from its absolute expiry so that the time
+    /// the test took to get here does not count: `(ttl_ms, slip_ms)`.
+    /// Redis 7.0's PEXPIRE counts from its own clock at that command, a
+    /// little after the script's TIME, so the stored TTL can exceed the
+    /// script's by at most `slip_ms` (Redis's clock now − `write_now_ms`).
+    /// A key without expiry or without the key panics.
+    pub fn ttl_set_at(&mut self, key: &str, write_now_ms: i64) -> (i64, i64) {
+        let script = redis::Script::new(
+            "local t = redis.call('TIME') \
+             return {redis.call('PEXPIRETIME', KEYS[1]), \
+             tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}",
+        );
+        let (expires_at_ms, now_ms): (i64, i64) =
+            script.key(key).invoke(&mut self.conn).expect("expiry");
+        assert!(expires_at_ms >= 0, "{key}: no expiry ({expires_at_ms})");
+        (expires_at_ms - write_now_ms, now_ms - write_now_ms)
+    }
+
+    /// A sorted set's members with their scores (ascending), its absolute
+    /// expiry (PEXPIRETIME: -1 none, -2 no key) and Redis's time in ms, read
+    /// in one script: the sorted-set twin of [`Harness::hash_with_expiry`].
+    pub fn zset_with_expiry(&mut self, key: &str) -> ZsetAt {
+        let script = redis::Script::new(
+            "local t = redis.call('TIME') \
+             return {redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), \
+             redis.call('PEXPIRETIME', KEYS[1]), \
+             tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}",
+        );
+        let (members, expires_at_ms, now_ms): (Vec<(String, f64)>, i64, i64) = script
+            .key(key)
+            .invoke(&mut self.conn)
+            .expect("sorted set with expiry");
+        ZsetAt {
+            members: members.into_iter().map(|(m, s)| (m, s as i64)).collect(),
+            expires_at_ms,
+            now_ms,
+        }
+    }
+
     pub fn dbsize(&mut self) -> i64 {
         redis::cmd("DBSIZE").query(&mut self.conn).expect("dbsize")
+    }
+}
+
+/// A hash as read by [`Harness::hash_with_expiry`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HashAt {
+    pub fields: Vec<(String, String)>,
+    /// PEXPIRETIME: absolute ms, -1 without expiry, -2 when absent.
+    pub expires_at_ms: i64,
+    /// Redis's clock when it was read.
+    pub now_ms: i64,
+}
+
+impl HashAt {
+    /// Whether the key, as read here, is still there at `at_ms` if nothing
+    /// writes it in between (Redis drops a key once its clock passes the
+    /// expiry). `None` at the very millisecond of expiry: either is right.
+    pub fn alive_at(&self, at_ms: i64) -> Option<bool> {
+        match self.expires_at_ms {
+            -2 => Some(false),
+            -1 => Some(true),
+            at if at_ms < at => Some(true),
+            at if at_ms == at => None,
+            _ => Some(false),
+        }
+    }
+
+    /// Asserts that `later` is what this read becomes when nothing writes
+    /// the key in between: the same fields and expiry, or gone because the
+    /// expiry passed. So "nothing was written" is checked without racing a
+    /// short TTL on a slow machine.
+    pub fn assert_untouched(&self, later: &HashAt, key: &str) {
+        let same = later.fields == self.fields && later.expires_at_ms == self.expires_at_ms;
+        let gone = later.expires_at_ms == -2 && later.fields.is_empty();
+        match self.alive_at(later.now_ms) {
+            Some(true) => assert!(same, "{key} was written: {self:?} then {later:?}"),
+            Some(false) => assert!(gone, "{key} should have expired: {self:?} then {later:?}"),
+            None => assert!(same || gone, "{key} was written: {self:?} then {later:?}"),
+        }
+    }
+}
+
+/// A sorted set as read by [`Harness::zset_with_expiry`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZsetAt {
+    /// (member, score) in ascending score order.
+    pub members: Vec<(String, i64)>,
+    /// PEXPIRETIME: absolute ms, -1 without expiry, -2 when absent.
+    pub expires_at_ms: i64,
+    /// Redis's clock when it was read.
+    pub now_ms: i64,
+}
+
+impl ZsetAt {
+    /// The score of `member`, if the set held it when read.
+    pub fn score(&self, member: &str) -> Option<i64> {
+        self.members
+            .iter()
+            .find(|(m, _)| m == member)
+            .map(|&(_, s)| s)
     }
 }
 
