@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use leasehold_allocator::client::{AllocatorClient, ClientSettings};
 use leasehold_allocator::node_config::NodeConfig;
 use leasehold_allocator::raft::node::{self, InitMode};
+use leasehold_allocator::raft::recover;
 use leasehold_allocator::render;
 use leasehold_proto::allocator::v1 as pb;
 
@@ -22,8 +23,18 @@ pub struct AllocatorArgs {
     /// Initialize a new cluster with the configured peers (first start only;
     /// ignored when this node already has a log). Without it a new cluster
     /// initializes once every configured peer is up.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "drop_stuck_membership")]
     init: bool,
+    /// Offline repair of this stopped node's sled files: remove the
+    /// membership entry that can never commit (a joint configuration whose
+    /// new voter is lost) and every entry after it, and move the vote to a
+    /// new term. Prints the plan; writes only with --yes. Does not start the
+    /// node. Run it on every voter holding the entry, the group stopped.
+    #[arg(long)]
+    drop_stuck_membership: bool,
+    /// With --drop-stuck-membership: write the rollback.
+    #[arg(long, requires = "drop_stuck_membership")]
+    yes: bool,
 }
 
 /// Where to ask and how to print.
@@ -77,12 +88,19 @@ pub enum GrantCommand {
 
 pub async fn run_node(args: AllocatorArgs) -> anyhow::Result<()> {
     let config = NodeConfig::load(&args.config)?;
+    if args.drop_stuck_membership {
+        return drop_stuck_membership(&config, args.yes).await;
+    }
     let mode = if args.init {
         InitMode::Explicit
     } else {
         InitMode::Auto
     };
-    let running = node::start(config.clone(), mode).await?;
+    // A start-up failure names the config file (and the setting: the
+    // error says data_dir, listen, raft …).
+    let running = node::start(config.clone(), mode)
+        .await
+        .map_err(|e| anyhow::anyhow!("node config {}: {e}", args.config.display()))?;
     println!(
         "leasehold allocator node {}: gRPC {} (leasehold.allocator.v1 Allocator + Raft), data {}, peers {}",
         config.node_id,
@@ -93,6 +111,30 @@ pub async fn run_node(args: AllocatorArgs) -> anyhow::Result<()> {
     wait_for_stop_signal().await?;
     running.stop().await;
     Ok(())
+}
+
+/// `--drop-stuck-membership [--yes]` (see `leasehold_allocator::raft::recover`).
+async fn drop_stuck_membership(config: &NodeConfig, write: bool) -> anyhow::Result<()> {
+    match recover::drop_stuck_membership(&config.data_dir, config.node_id, write).await {
+        Ok(rollback) => {
+            println!("{}", rollback.plan);
+            if rollback.written {
+                println!(
+                    "written: the entries are removed and the vote moved; start the node again \
+                     (and the other voters you rolled back). Remove a learner you do not want \
+                     with RemoveNode."
+                );
+            } else {
+                println!("dry run: nothing written; run again with --yes to write it");
+            }
+            Ok(())
+        }
+        Err(recover::RecoverError::Nothing(why)) => {
+            println!("node {}: nothing to roll back: {why}", config.node_id);
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Ctrl-C or SIGTERM.

@@ -75,7 +75,12 @@ fn not_yet(what: &str) -> anyhow::Result<()> {
 async fn run_agent(path: &std::path::Path) -> anyhow::Result<()> {
     use leasehold_region_agent::{config::AgentConfig, server};
     let config = AgentConfig::load(path)?;
-    let agent = server::start(server::AgentSpec::from_config(&config)?).await?;
+    // Load errors name the file and line, start-up errors the file and the
+    // setting (`from_config` itself; `start` knows only the setting).
+    let spec = server::AgentSpec::from_config(&config)?;
+    let agent = server::start(spec)
+        .await
+        .map_err(|e| anyhow::anyhow!("agent config {}: {e}", config.file))?;
     println!(
         "leasehold agent {}: gRPC {} (leasehold.agent.v1 + Envoy RLS), HTTP {} (/metrics, /health)",
         config.region, agent.grpc_addr, agent.http_addr
@@ -92,15 +97,18 @@ async fn main() -> anyhow::Result<()> {
     // scenario, not news. RUST_LOG still overrides.
     // `dev` elects a leader at every start: openraft's election chatter is
     // not news there either.
+    // openraft's per-attempt replication lines are off everywhere: the
+    // raft network logs failing peers itself, one line per peer per 10 s.
+    let replication = leasehold_allocator::raft::network::OPENRAFT_REPLICATION_FILTER;
     let default_filter = match cli.command {
-        Command::Sim { .. } => "error",
-        Command::Dev(_) => "warn,openraft=error",
-        _ => "warn",
+        Command::Sim { .. } => format!("error,{replication}"),
+        Command::Dev(_) => format!("warn,openraft=error,{replication}"),
+        _ => format!("warn,{replication}"),
     };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&default_filter)),
         )
         .with_writer(std::io::stderr)
         // Colour only on a terminal: log files stay plain text.

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common_allocator::*;
-use leasehold_allocator::client::{AllocatorClient, ClientError};
+use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
 use leasehold_allocator::config::{PoolConfig, RatePoolConfig};
 use leasehold_allocator::local_cluster::{ClusterSettings, LocalCluster, ProberTargets};
+use leasehold_allocator::raft::network::OPENRAFT_REPLICATION_FILTER;
+use leasehold_allocator::raft::node::add_node_bound;
 use leasehold_proto::allocator::v1 as pb;
 
 /// One planned Grant.
@@ -1228,4 +1230,476 @@ async fn a_node_added_as_a_voter_catches_up_and_a_removed_follower_leaves_the_gr
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+// ---- membership (issue 13 items 2 and 3) ---------------------------------
+
+/// A client whose attempts outlast the slowest AddNode (the nodes' bound).
+fn membership_client(cluster: &LocalCluster, settings: &ClusterSettings) -> AllocatorClient {
+    let bound = add_node_bound(Duration::from_millis(settings.write_timeout_ms));
+    let client_settings = ClientSettings {
+        call_timeout: bound + Duration::from_secs(5),
+        leader_wait: bound + LEADER_WAIT,
+        ..ClientSettings::default()
+    };
+    AllocatorClient::with_settings(&cluster.addresses(), client_settings).expect("client")
+}
+
+/// The leader's raft status (a linearizable Inspect).
+async fn raft_status(client: &AllocatorClient) -> pb::RaftStatus {
+    client
+        .inspect(pb::InspectRequest::default())
+        .await
+        .expect("inspect")
+        .raft
+        .expect("raft")
+}
+
+/// A loopback address nothing listens on (bound, then released).
+fn dead_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address");
+    drop(listener);
+    address.to_string()
+}
+
+fn node_ids(raft: &pb::RaftStatus) -> Vec<u64> {
+    raft.nodes.iter().map(|n| n.node_id).collect()
+}
+
+/// Starts `id` (no --init) and waits until it serves a stale Inspect.
+async fn start_pristine_joiner(cluster: &mut LocalCluster, id: u64) -> AllocatorClient {
+    cluster.start(id, false).expect("start, no --init");
+    let view = AllocatorClient::connect(&[cluster.address(id).as_str()]).expect("client");
+    let deadline = Instant::now() + LEADER_WAIT;
+    loop {
+        let stale = view
+            .inspect(pb::InspectRequest {
+                allow_stale: true,
+                ..Default::default()
+            })
+            .await;
+        match stale {
+            Ok(reply) => {
+                let raft = reply.raft.expect("raft");
+                assert!(raft.voters.is_empty(), "{id} initialized itself: {raft:?}");
+                return view;
+            }
+            Err(error) => assert!(
+                Instant::now() < deadline,
+                "node {id} never served: {error}\n{}",
+                cluster.log(id)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 13 item 2: on a cluster of one, AddNode of a voter (or a learner)
+/// at a dead address is refused by the probe, within the documented bound,
+/// and the cluster keeps serving. Item 3: ids out of range, a duplicate id,
+/// an address in use (the leader's own), a non-member's or the last voter's
+/// removal are refused — and nothing is appended to the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_one_refuses_a_dead_joiner_and_nonsense_and_keeps_serving() {
+    let _serial = serial().await;
+    let settings = ClusterSettings {
+        nodes: 1,
+        ..ClusterSettings::default()
+    };
+    let (cluster, leader) = cluster_with(settings.clone()).await;
+    assert_eq!(leader.voters, vec![1]);
+    let client = membership_client(&cluster, &settings);
+    window_pool_with(&client, "one", 1 << 40, &["eu"]).await;
+    let before = raft_status(&client).await;
+
+    let bound = add_node_bound(Duration::from_millis(settings.write_timeout_ms));
+    let dead = dead_address();
+    for voter in [true, false] {
+        let started = Instant::now();
+        let refused = client.add_node(42, &dead, voter).await;
+        let took = started.elapsed();
+        let detail = expect_refused(refused, tonic::Code::FailedPrecondition, "address");
+        assert_eq!(detail.code, pb::ErrorCode::Membership as i32);
+        assert!(
+            detail.message.contains("did not answer as node 42"),
+            "{}",
+            detail.message
+        );
+        assert!(took <= bound, "refused after {took:?}, bound {bound:?}");
+    }
+    // Right after: the cluster of one still commits.
+    client
+        .create_pool("after-dead-joiner", &window_pool(1_000, HUGE_WINDOW_MS))
+        .await
+        .expect("CreatePool right after the refusal");
+    let granted = client
+        .grant("one", "eu", 1, "right-after", 5)
+        .await
+        .expect("Grant right after the refusal");
+    assert_eq!(granted.grant.expect("grant").granted_millitokens, 5);
+    let before = {
+        let now = raft_status(&client).await;
+        assert!(now.last_log_index > before.last_log_index);
+        now
+    };
+
+    let leader_address = cluster.address(1);
+    let invalid = tonic::Code::InvalidArgument;
+    let precondition = tonic::Code::FailedPrecondition;
+    for node_id in [0, (1 << 32) + 1, u64::MAX] {
+        expect_refused(
+            client.add_node(node_id, &dead, true).await,
+            invalid,
+            "node_id",
+        );
+    }
+    let detail = expect_refused(
+        client.add_node(1, &dead, true).await,
+        precondition,
+        "node_id",
+    );
+    assert!(
+        detail.message.contains("already a voter"),
+        "{}",
+        detail.message
+    );
+    let detail = expect_refused(
+        client.add_node(7, &leader_address, true).await,
+        precondition,
+        "address",
+    );
+    assert!(
+        detail.message.contains("in use by node 1"),
+        "{}",
+        detail.message
+    );
+    for address in ["", "no-port", "host:0", "0.0.0.0:7301", "a b:1"] {
+        expect_refused(client.add_node(7, address, false).await, invalid, "address");
+    }
+    for node_id in [0, u64::MAX] {
+        expect_refused(client.remove_node(node_id).await, invalid, "node_id");
+    }
+    let detail = expect_refused(client.remove_node(77).await, precondition, "node_id");
+    assert!(
+        detail.message.contains("not a member"),
+        "{}",
+        detail.message
+    );
+    let detail = expect_refused(client.remove_node(1).await, precondition, "node_id");
+    assert!(detail.message.contains("last voter"), "{}", detail.message);
+
+    let after = raft_status(&client).await;
+    assert_eq!(
+        after.last_log_index, before.last_log_index,
+        "a refused membership request appended an entry"
+    );
+    assert_eq!(after.voters, vec![1]);
+    assert_eq!(node_ids(&after), vec![1]);
+    client
+        .grant("one", "eu", 1, "at-the-end", 7)
+        .await
+        .expect("Grant at the end");
+}
+
+/// A live node: refused at its address under another id, added as a
+/// learner, refused as a duplicate, promoted (caught up first), serving as
+/// a voter; then removed, and the cluster of one commits without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_learner_is_promoted_after_catching_up_and_removed_again() {
+    let _serial = serial().await;
+    let settings = ClusterSettings {
+        nodes: 1,
+        ..ClusterSettings::default()
+    };
+    let (mut cluster, _) = cluster_with(settings.clone()).await;
+    let client = membership_client(&cluster, &settings);
+    window_pool_with(&client, "l", 1 << 40, &["eu"]).await;
+    for i in 0..30u64 {
+        client
+            .grant("l", "eu", 1, &format!("l-before-{i}"), 1 + i)
+            .await
+            .expect("grant");
+    }
+    let joiner = cluster.add_joiner().expect("2nd node's config");
+    let joiner_address = cluster.address(joiner);
+    let joiner_view = start_pristine_joiner(&mut cluster, joiner).await;
+    let precondition = tonic::Code::FailedPrecondition;
+
+    let detail = expect_refused(
+        client.add_node(joiner + 10, &joiner_address, true).await,
+        precondition,
+        "address",
+    );
+    assert!(
+        detail
+            .message
+            .contains(&format!("answered as node {joiner}")),
+        "{}",
+        detail.message
+    );
+
+    let learner = client
+        .add_node(joiner, &joiner_address, false)
+        .await
+        .expect("AddNode as a learner");
+    assert_eq!(learner.voters, vec![1]);
+    assert!(learner
+        .nodes
+        .iter()
+        .any(|n| n.node_id == joiner && n.address == joiner_address));
+    let detail = expect_refused(
+        client.add_node(joiner, &joiner_address, false).await,
+        precondition,
+        "node_id",
+    );
+    assert!(
+        detail.message.contains("already a learner"),
+        "{}",
+        detail.message
+    );
+    expect_refused(
+        client.add_node(joiner, &dead_address(), true).await,
+        precondition,
+        "node_id",
+    );
+
+    let promoted = client
+        .add_node(joiner, &joiner_address, true)
+        .await
+        .expect("promote the learner");
+    assert_eq!(promoted.voters, vec![1, joiner]);
+    let detail = expect_refused(
+        client.add_node(joiner, &joiner_address, true).await,
+        precondition,
+        "node_id",
+    );
+    assert!(
+        detail.message.contains("already a voter"),
+        "{}",
+        detail.message
+    );
+
+    // Both voters commit (a majority of two is both); the joiner has the
+    // whole state.
+    for i in 0..10u64 {
+        client
+            .grant("l", "eu", 1, &format!("l-two-{i}"), 100 + i)
+            .await
+            .expect("grant with two voters");
+    }
+    let everything = pb::InspectRequest {
+        include_grants: true,
+        ..Default::default()
+    };
+    let reference = client.inspect(everything.clone()).await.expect("inspect");
+    let deadline = Instant::now() + LEADER_WAIT;
+    loop {
+        let view = joiner_view
+            .inspect(pb::InspectRequest {
+                allow_stale: true,
+                ..everything.clone()
+            })
+            .await
+            .expect("stale inspect");
+        let raft = view.raft.clone().expect("raft");
+        if view.state == reference.state && raft.voters == vec![1, joiner] {
+            assert_eq!(raft.role, "follower");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {joiner} never caught up: {raft:?}\n{}",
+            cluster.log(joiner)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let removed = client.remove_node(joiner).await.expect("RemoveNode");
+    assert_eq!(removed.voters, vec![1]);
+    assert!(removed.nodes.iter().all(|n| n.node_id != joiner));
+    cluster.kill(joiner).expect("kill the removed node");
+    let alone = client
+        .grant("l", "eu", 1, "l-alone", 9)
+        .await
+        .expect("grant without the removed node");
+    assert_eq!(alone.grant.expect("grant").granted_millitokens, 9);
+    let raft = raft_status(&client).await;
+    assert_eq!(raft.voters, vec![1]);
+    assert_eq!(node_ids(&raft), vec![1]);
+}
+
+/// Issue 13 item 3's log flood: a learner that dies is retried with backoff
+/// and logged once per interval (with the count suppressed), not once per
+/// attempt — with openraft's own per-attempt lines filtered as
+/// [`OPENRAFT_REPLICATION_FILTER`] says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_learner_is_logged_once_per_interval_not_per_attempt() {
+    let _serial = serial().await;
+    let settings = ClusterSettings {
+        nodes: 1,
+        log_filter: format!("warn,{OPENRAFT_REPLICATION_FILTER}"),
+        ..ClusterSettings::default()
+    };
+    let (mut cluster, _) = cluster_with(settings.clone()).await;
+    let client = membership_client(&cluster, &settings);
+    let joiner = cluster.add_joiner().expect("2nd node's config");
+    let joiner_address = cluster.address(joiner);
+    start_pristine_joiner(&mut cluster, joiner).await;
+    client
+        .add_node(joiner, &joiner_address, false)
+        .await
+        .expect("AddNode as a learner");
+    let mark = cluster.log(1).len();
+    cluster.kill(joiner).expect("kill the learner");
+    let killed = Instant::now();
+    // Wait for the second rate-limited line: it counts the attempts that
+    // were not logged.
+    let deadline = killed + Duration::from_secs(60);
+    let ours = "raft peer not answering";
+    let (tail, elapsed) = loop {
+        let log = cluster.log(1);
+        let tail = log[mark..].to_string();
+        let elapsed = killed.elapsed();
+        let lines: Vec<&str> = tail.lines().filter(|l| l.contains(ours)).collect();
+        if lines.len() >= 2 {
+            assert!(!lines[1].contains("suppressed=0"), "{}", lines[1]);
+            break (tail, elapsed);
+        }
+        assert!(Instant::now() < deadline, "no second line:\n{tail}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let loud: Vec<&str> = tail
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(
+        loud.iter().all(|l| l.contains(ours)),
+        "other WARN/ERROR lines: {loud:#?}"
+    );
+    // At most one line per 10 s interval (plus the first).
+    let allowed = 2 + elapsed.as_secs() / 10;
+    assert!(
+        loud.len() as u64 <= allowed,
+        "{} lines in {elapsed:?}: {loud:#?}",
+        loud.len()
+    );
+    // The learner stays removable.
+    let removed = client.remove_node(joiner).await.expect("RemoveNode");
+    assert_eq!(removed.voters, vec![1]);
+    assert!(removed.nodes.iter().all(|n| n.node_id != joiner));
+}
+
+/// Issue 13 item 2's brick, made on node 1's real sled files in process
+/// (raw openraft calls: what AddNode did before it probed and waited),
+/// then repaired by the real binary: `--drop-stuck-membership` prints its
+/// plan and writes nothing, `--yes` writes it, and the restarted process
+/// leads, serves and removes the dead learner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_stuck_membership_unbricks_a_cluster_of_one() {
+    use leasehold_allocator::node_config::NodeConfig;
+    use leasehold_allocator::raft::node::{self, InitMode};
+
+    let _serial = serial().await;
+    let settings = ClusterSettings {
+        nodes: 1,
+        ..ClusterSettings::default()
+    };
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_leasehold"));
+    let mut cluster = LocalCluster::new(binary, &settings).expect("cluster dir");
+    let config_path = cluster.dir().join("allocator-1.toml");
+    let config = NodeConfig::load(&config_path).expect("node 1's config");
+    let dead = dead_address();
+    {
+        let running = node::start(config, InitMode::Explicit)
+            .await
+            .expect("in-process node 1");
+        let deadline = Instant::now() + LEADER_WAIT;
+        while !running.node.is_leader() {
+            assert!(Instant::now() < deadline, "node 1 never led");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        running
+            .node
+            .propose(leasehold_allocator::Command::CreatePool {
+                pool: "before".into(),
+                config: window_pool(1_000, HUGE_WINDOW_MS),
+            })
+            .await
+            .expect("pool before");
+        let raft = running.node.raft();
+        let learner = serde_json::from_value(serde_json::json!({ "addr": dead })).expect("node");
+        tokio::time::timeout(LEADER_WAIT, raft.add_learner(42, learner, false))
+            .await
+            .expect("learner entry in time")
+            .expect("learner added");
+        let promote = raft.change_membership(BTreeSet::from([1, 42]), false);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), promote)
+                .await
+                .is_err(),
+            "a joint configuration needing a dead node committed"
+        );
+        running.stop().await;
+    }
+
+    let run = |write: bool| {
+        let mut command = std::process::Command::new(binary);
+        command
+            .arg("allocator")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--drop-stuck-membership");
+        if write {
+            command.arg("--yes");
+        }
+        let out = command.output().expect("run leasehold");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let dry = run(false);
+    assert!(dry.contains("joint voters {1} + {1, 42}"), "{dry}");
+    assert!(dry.contains("this node led term"), "{dry}");
+    assert!(dry.contains("dry run: nothing written"), "{dry}");
+    assert_eq!(run(false), dry, "the dry run changed the files");
+    let written = run(true);
+    assert!(written.contains("written:"), "{written}");
+    let again = run(true);
+    assert!(again.contains("nothing to roll back"), "{again}");
+
+    cluster.start(1, false).expect("start the real node 1");
+    let leader = match cluster.wait_for_leader(&[], LEADER_WAIT).await {
+        Ok(leader) => leader,
+        Err(error) => panic!("no leader after the rollback: {error}\n{}", cluster.log(1)),
+    };
+    assert_eq!(leader.voters, vec![1]);
+    assert_eq!(node_ids(&leader), vec![1, 42]);
+    let client = membership_client(&cluster, &settings);
+    client
+        .create_pool("after", &window_pool(1_000, HUGE_WINDOW_MS))
+        .await
+        .expect("CreatePool after the rollback");
+    let reply = client
+        .inspect(pb::InspectRequest::default())
+        .await
+        .expect("inspect");
+    let pools: Vec<String> = reply
+        .state
+        .expect("state")
+        .pools
+        .iter()
+        .map(|p| p.pool.clone())
+        .collect();
+    assert!(pools.contains(&"before".to_string()), "{pools:?}");
+    let removed = client.remove_node(42).await.expect("RemoveNode 42");
+    assert_eq!(removed.voters, vec![1]);
+    assert_eq!(
+        removed.nodes.iter().map(|n| n.node_id).collect::<Vec<_>>(),
+        vec![1]
+    );
 }

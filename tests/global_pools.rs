@@ -77,6 +77,14 @@ algorithm = "fixed_window"
 pool = "window"
 match = { route_group = "window" }
 fail_mode = "closed"
+
+[[domain.rule]]
+id = "g-held"
+scope = "global"
+algorithm = "fixed_window"
+pool = "held"
+match = { route_group = "held" }
+fail_mode = "closed"
 "#;
 
 fn now_ms() -> u64 {
@@ -1097,5 +1105,159 @@ async fn allocator_unreachable_keeps_held_room_and_lease_falls_to_the_allowance(
          {allowance} millitokens/s in every Region; recovered and re-registered after restart",
         killed.elapsed(),
         admitted_after - admitted_before
+    );
+}
+
+/// The epoch and lease ids of the window chunks an agent holds.
+fn held_chunks(decider: &Decider, pool: &str) -> (u64, BTreeSet<String>) {
+    decider
+        .global
+        .slot(pool)
+        .expect("pool slot")
+        .with_view(|view| match view {
+            PoolView::Window(w) => (
+                w.epoch,
+                w.chunks.iter().map(|c| c.lease_id.clone()).collect(),
+            ),
+            _ => (0, BTreeSet::new()),
+        })
+}
+
+/// Issue 13: a leader that hangs (SIGSTOP, not dead: its TCP connections
+/// stay open and say nothing) must cost a window pool no admission from the
+/// chunks the Region holds, and grants must resume under the new leader
+/// within the client's bound: election + one hedge delay + a retry pause,
+/// stated here loosely as "the new leader's election, then at most one
+/// per-attempt deadline (3 s)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_leader_costs_no_window_admission_and_grants_resume_after_the_election() {
+    let _one = serial().await;
+    let window = |window_ms| {
+        PoolConfig::Window(WindowPoolConfig {
+            capacity_millitokens_per_window: 1_000_000_000,
+            window_ms,
+            lease_ttl_ms: window_ms,
+        })
+    };
+    let world = World::start(&[
+        ("rate", rate_pool(ReclaimPolicy::Freeze), None),
+        // Chunks of 100 tokens at 100 requests/s: a grant about every second.
+        ("window", window(600_000), Some(100_000)),
+        // Chunks of 100,000 tokens: what a Region holds lasts the test.
+        ("held", window(600_000), Some(100_000_000)),
+    ])
+    .await;
+    let world = Arc::new(tokio::sync::Mutex::new(world));
+    let (rate_traffic, window_traffic, held_traffic, deciders) = {
+        let w = world.lock().await;
+        let deciders: Vec<Arc<Decider>> = (0..3).map(|i| w.decider(i).unwrap()).collect();
+        (
+            (0..3)
+                .map(|i| Traffic::start(deciders[i].clone(), "rate", 200))
+                .collect::<Vec<_>>(),
+            (0..3)
+                .map(|i| Traffic::start(deciders[i].clone(), "window", 100))
+                .collect::<Vec<_>>(),
+            (0..3)
+                .map(|i| Traffic::start(deciders[i].clone(), "held", 50))
+                .collect::<Vec<_>>(),
+            deciders,
+        )
+    };
+    // Steady state: every Region holds chunks of both window pools.
+    let deadline = Instant::now() + SETTLE;
+    while !deciders
+        .iter()
+        .all(|d| !held_chunks(d, "window").1.is_empty() && !held_chunks(d, "held").1.is_empty())
+        || world.lock().await.enforced("rate").contains(&0)
+    {
+        assert!(Instant::now() < deadline, "chunks or shares never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leader = world
+        .lock()
+        .await
+        .cluster
+        .wait_for_leader(&[], Duration::from_secs(30))
+        .await
+        .expect("leader");
+    let before: Vec<(u64, BTreeSet<String>)> =
+        deciders.iter().map(|d| held_chunks(d, "window")).collect();
+    let admitted = |t: &[Traffic]| t.iter().map(Traffic::admitted).sum::<u64>();
+    let refused = |t: &[Traffic]| {
+        t.iter()
+            .map(|t| t.refused.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let (held_admitted_before, held_refused_before) =
+        (admitted(&held_traffic), refused(&held_traffic));
+    let rate_before = admitted(&rate_traffic);
+
+    world.lock().await.cluster.freeze(leader.leader_id).unwrap();
+    let frozen_at = Instant::now();
+    // A new leader among the two others (the election itself is the
+    // cluster's business; the test measures what the agents add to it).
+    let new_leader = world
+        .lock()
+        .await
+        .cluster
+        .wait_for_leader(&[leader.leader_id], Duration::from_secs(30))
+        .await
+        .expect("a new leader");
+    let elected = frozen_at.elapsed();
+    // Each Region takes a chunk granted under the new leader's epoch.
+    let mut resumed = vec![None; 3];
+    let deadline = Instant::now() + SETTLE;
+    while resumed.iter().any(Option::is_none) {
+        for (i, d) in deciders.iter().enumerate() {
+            let (epoch, ids) = held_chunks(d, "window");
+            if resumed[i].is_none()
+                && epoch > before[i].0
+                && ids.difference(&before[i].1).next().is_some()
+            {
+                resumed[i] = Some(frozen_at.elapsed());
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "grants did not resume after the leader hung: {resumed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed: Vec<Duration> = resumed.into_iter().flatten().collect();
+    let held_admitted = admitted(&held_traffic) - held_admitted_before;
+    let held_refused = refused(&held_traffic) - held_refused_before;
+    let rate_during = admitted(&rate_traffic) - rate_before;
+    let window_admitted = admitted(&window_traffic);
+    world.lock().await.cluster.thaw(leader.leader_id).unwrap();
+
+    // The held pool never needed the allocator: nothing refused.
+    assert_eq!(
+        held_refused, 0,
+        "{held_refused} refused ({held_admitted} admitted) on chunks in hand while the leader hung"
+    );
+    assert!(
+        held_admitted > 0,
+        "no held-pool traffic while the leader hung"
+    );
+    assert!(
+        rate_during > 0,
+        "no rate-pool admission while the leader hung"
+    );
+    // The bound: after the new leader exists, at most one per-attempt
+    // deadline (3 s) before each Region is granted again.
+    let per_attempt = Duration::from_millis(3_000);
+    for (i, at) in resumed.iter().enumerate() {
+        assert!(
+            *at <= elected + per_attempt,
+            "Region {} resumed grants {at:?} after the hang; the new leader was found {elected:?} after",
+            REGIONS[i]
+        );
+    }
+    eprintln!(
+        "leader {} hung; leader {} found after {elected:?}; grants resumed after {resumed:?}; \
+         held pool: {held_admitted} admitted, 0 refused; rate pool: {rate_during} admitted; \
+         window pool: {window_admitted} admitted in all",
+        leader.leader_id, new_leader.leader_id
     );
 }

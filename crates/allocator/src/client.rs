@@ -1,19 +1,34 @@
 //! A Rust client of the allocator cluster that finds and follows the leader.
 //!
 //! [`AllocatorClient::connect`] takes any node addresses (`host:port`); no
-//! connection is made until the first call. Each call goes to the leader it
-//! last heard of (else the next address in turn) and:
-//! - on NOT_LEADER with a leader address, goes there at once;
-//! - on UNAVAILABLE (node down, proposal unconfirmed, no leader yet),
-//!   DEADLINE_EXCEEDED (its own per-attempt timeout) or a broken
-//!   connection, pauses [`ClientSettings::retry_pause`] and tries the next
-//!   address;
+//! connection is made until the first call. Which node is tried is decided
+//! by a [`Follower`] (`crate::follow`): the leader it last heard of unless
+//! that node is a *suspect*, else the next address in turn. After a failed
+//! attempt a call:
+//! - on NOT_LEADER with a leader address, goes there at once — unless that
+//!   node is a suspect (followers keep naming a hung leader until they time
+//!   out its heartbeats), then pauses and tries another;
+//! - on UNAVAILABLE (node down, proposal unconfirmed, no leader yet) or a
+//!   broken connection, pauses [`ClientSettings::retry_pause`] and tries
+//!   the next address;
+//! - on its own per-attempt deadline, makes the node a suspect (passed over
+//!   500 ms, doubling to 4 s while it keeps timing out) and tries another
+//!   at once;
 //! - returns any other refusal at once, typed ([`ClientError::Refused`]
 //!   with the server's [`pb::ErrorDetail`]).
 //!
-//! Bounds: each attempt at most [`ClientSettings::call_timeout`]; at most
-//! [`ClientSettings::max_attempts`] attempts and
-//! [`ClientSettings::leader_wait`] in all per call.
+//! **Hedging** ([`ClientSettings::hedge_after`]): once an attempt has had
+//! no answer for `hedge_after`, a second starts on another node; at most
+//! [`MAX_IN_FLIGHT`] are out at once and the first answer wins (the slower
+//! node becomes a suspect). Membership calls are never hedged.
+//!
+//! Bounds: each attempt at most [`ClientSettings::call_timeout`]; no
+//! attempt starts after [`ClientSettings::max_attempts`] attempts or
+//! [`ClientSettings::leader_wait`], so a call lasts at most
+//! `leader_wait + call_timeout`. With hedging, a call that meets a hung
+//! leader is answered within `hedge_after` + the cluster's election + one
+//! retry pause (the hedge reaches a live node, which names the new leader
+//! once elected); without, within one `call_timeout` + the election.
 //!
 //! Retrying is safe for every call of the API: a grant is idempotent by its
 //! lease id (a retry returns the stored answer), Register/Freeze/Reclaim/
@@ -30,7 +45,10 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
 use crate::config::PoolConfig;
+use crate::follow::Follower;
 use crate::raft::node::MAX_API_MESSAGE_BYTES;
 use crate::transport::{self, Connector};
 use crate::wire;
@@ -39,6 +57,13 @@ use leasehold_proto::allocator::v1::allocator_client::AllocatorClient as RawClie
 
 /// Cap on node addresses a client knows (configured plus learned).
 pub const MAX_ADDRESSES: usize = 64;
+/// Per-attempt deadline of AddNode / RemoveNode (at least): the longest
+/// AddNode on nodes with the default 2 s write timeout, plus a margin.
+/// Nodes with a longer `write_timeout_ms` need a client whose
+/// `call_timeout` is at least `raft::node::add_node_bound` of it.
+pub const MEMBERSHIP_CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Attempts of one call in flight at once when hedging.
+pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Timeouts and retry bounds.
 #[derive(Clone, Debug)]
@@ -51,6 +76,10 @@ pub struct ClientSettings {
     pub max_attempts: u32,
     /// Pause before trying another node after a failure.
     pub retry_pause: Duration,
+    /// Hedging: once an attempt has had no answer for this long, a second
+    /// one starts on another node (at most [`MAX_IN_FLIGHT`] at once; the
+    /// first answer wins). `None`: one attempt at a time.
+    pub hedge_after: Option<Duration>,
 }
 
 impl Default for ClientSettings {
@@ -60,6 +89,7 @@ impl Default for ClientSettings {
             leader_wait: Duration::from_secs(15),
             max_attempts: 100,
             retry_pause: Duration::from_millis(100),
+            hedge_after: None,
         }
     }
 }
@@ -110,9 +140,8 @@ impl ClientError {
 }
 
 struct Shared {
-    addresses: Vec<String>,
     channels: Mutex<HashMap<String, Channel>>,
-    leader: Mutex<Option<String>>,
+    follower: Mutex<Follower>,
     settings: ClientSettings,
     connector: Arc<dyn Connector>,
 }
@@ -194,9 +223,8 @@ impl AllocatorClient {
         }
         Ok(AllocatorClient {
             shared: Arc::new(Shared {
-                addresses,
                 channels: Mutex::new(channels),
-                leader: Mutex::new(None),
+                follower: Mutex::new(Follower::new(addresses.clone())),
                 settings,
                 connector,
             }),
@@ -205,19 +233,20 @@ impl AllocatorClient {
 
     /// The leader address this client last followed.
     pub fn leader_hint(&self) -> Option<String> {
-        self.shared
-            .leader
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.follower().leader().map(str::to_string)
     }
 
-    fn set_leader(&self, leader: Option<String>) {
-        *self
-            .shared
-            .leader
+    /// True when the latest attempt on every configured node failed
+    /// without an answer (all refused connections or timed out).
+    pub fn all_silent(&self) -> bool {
+        self.follower().all_silent()
+    }
+
+    fn follower(&self) -> std::sync::MutexGuard<'_, Follower> {
+        self.shared
+            .follower
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = leader;
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn channel(&self, address: &str) -> Result<Channel, String> {
@@ -241,7 +270,8 @@ impl AllocatorClient {
         Ok(channel)
     }
 
-    /// One call with leader following (see the module docs).
+    /// One call with leader following (see the module docs); hedged when
+    /// [`ClientSettings::hedge_after`] is set.
     async fn call<Req, Resp, F, Fut>(&self, request: Req, send: F) -> Result<Resp, ClientError>
     where
         Req: Clone,
@@ -249,69 +279,178 @@ impl AllocatorClient {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let settings = &self.shared.settings;
+        self.call_with(request, send, settings.hedge_after, settings.call_timeout)
+            .await
+    }
+
+    /// A call never hedged (membership changes: one at a time is clearer
+    /// for an operator reading the nodes' logs), each attempt allowed
+    /// [`MEMBERSHIP_CALL_TIMEOUT`]: an AddNode may take that long on a node
+    /// of the default write timeout (probe, learner, catch-up, promotion).
+    async fn call_single<Req, Resp, F, Fut>(
+        &self,
+        request: Req,
+        send: F,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(RawClient<Channel>, Req) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let timeout = self
+            .shared
+            .settings
+            .call_timeout
+            .max(MEMBERSHIP_CALL_TIMEOUT);
+        self.call_with(request, send, None, timeout).await
+    }
+
+    async fn call_with<Req, Resp, F, Fut>(
+        &self,
+        request: Req,
+        send: F,
+        hedge_after: Option<Duration>,
+        call_timeout: Duration,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(RawClient<Channel>, Req) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let settings = &self.shared.settings;
         let started = Instant::now();
-        let mut rotation = 0usize;
-        let mut target = self.leader_hint();
+        let stop_starting = started + settings.leader_wait;
+        let max_in_flight = if hedge_after.is_some() {
+            MAX_IN_FLIGHT
+        } else {
+            1
+        };
+        let mut attempts = 0u32;
         let mut last = String::from("no attempt");
-        for attempt in 1..=settings.max_attempts {
-            if started.elapsed() > settings.leader_wait {
-                break;
+        // The next attempt may start at `next_start`; `redirect` is where a
+        // node said the leader is.
+        let mut next_start = started;
+        let mut redirect: Option<String> = None;
+        let mut in_flight = FuturesUnordered::new();
+        let mut busy: Vec<(String, Instant)> = Vec::new();
+        loop {
+            let now = Instant::now();
+            let may_start = attempts < settings.max_attempts
+                && now < stop_starting
+                && in_flight.len() < max_in_flight;
+            if may_start && now >= next_start {
+                let busy_addresses: Vec<String> = busy.iter().map(|(a, _)| a.clone()).collect();
+                let address = match redirect.take() {
+                    Some(leader) => leader,
+                    None => self.follower().next(now, &busy_addresses),
+                };
+                let channel = self
+                    .channel(&address)
+                    .map_err(|message| ClientError::Address {
+                        address: address.clone(),
+                        message,
+                    })?;
+                let client = RawClient::new(channel)
+                    .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+                attempts += 1;
+                let attempt = send(client, request.clone());
+                let timeout = call_timeout;
+                let tagged = address.clone();
+                in_flight
+                    .push(async move { (tagged, tokio::time::timeout(timeout, attempt).await) });
+                busy.push((address, now));
+                // The next attempt starts only once this one is slow (a
+                // hedge) or has failed.
+                next_start = match hedge_after {
+                    Some(after) => now + after,
+                    None => now + call_timeout + settings.leader_wait,
+                };
+                continue;
             }
-            let address = target.take().unwrap_or_else(|| {
-                let next = self.shared.addresses[rotation % self.shared.addresses.len()].clone();
-                rotation += 1;
-                next
-            });
-            let channel = self
-                .channel(&address)
-                .map_err(|message| ClientError::Address {
-                    address: address.clone(),
-                    message,
-                })?;
-            let client = RawClient::new(channel)
-                .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
-            let outcome =
-                tokio::time::timeout(settings.call_timeout, send(client, request.clone())).await;
+            if in_flight.is_empty() {
+                if !(attempts < settings.max_attempts && now < stop_starting) {
+                    break;
+                }
+                tokio::time::sleep_until(next_start.min(stop_starting)).await;
+                continue;
+            }
+            // Wake for an attempt's end, or to start a hedge — never on a
+            // time already past while no attempt may start (that spins).
+            let wake = may_start.then_some(next_start.min(stop_starting));
+            let finished = tokio::select! {
+                Some(done) = in_flight.next() => Some(done),
+                _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => None,
+            };
+            let Some((address, outcome)) = finished else {
+                continue;
+            };
+            busy.retain(|(a, _)| *a != address);
+            let now = Instant::now();
             let status = match outcome {
                 Ok(Ok(response)) => {
-                    self.set_leader(Some(address));
+                    let mut follower = self.follower();
+                    follower.on_leader(&address);
+                    // Attempts still out after a hedge delay lost to this
+                    // answer: pass their nodes over for a while.
+                    if let Some(after) = hedge_after {
+                        for (slow, began) in &busy {
+                            if now.saturating_duration_since(*began) >= after {
+                                follower.on_slow(slow, now);
+                            }
+                        }
+                    }
                     return Ok(response.into_inner());
                 }
                 Ok(Err(status)) => status,
-                Err(_) => Status::deadline_exceeded(format!(
-                    "{address}: no answer within {} ms",
-                    settings.call_timeout.as_millis()
-                )),
+                Err(_) => {
+                    self.follower().on_slow(&address, now);
+                    last = format!(
+                        "{address}: no answer within {} ms",
+                        call_timeout.as_millis()
+                    );
+                    tracing::debug!(%address, attempts, "attempt timed out; passing the node over");
+                    next_start = now;
+                    continue;
+                }
             };
             match classify(&status) {
                 Some(Next::Redirect(leader)) => {
-                    tracing::debug!(from = %address, to = %leader, attempt, "following the leader");
-                    last = format!("{address}: not the leader");
-                    // A node pointing at itself would loop: pause instead.
-                    if leader == address {
-                        tokio::time::sleep(settings.retry_pause).await;
+                    tracing::debug!(from = %address, to = %leader, attempts, "following the leader");
+                    last = format!("{address}: not the leader (names {leader})");
+                    let go = self.follower().on_redirect(&address, &leader, now);
+                    // A leader already being tried (the slow attempt a
+                    // hedge went around) gains nothing from a second
+                    // attempt: pause as for any failure.
+                    if go && !busy.iter().any(|(a, _)| *a == leader) {
+                        redirect = Some(leader);
+                        next_start = now;
+                    } else {
+                        next_start = now + settings.retry_pause;
                     }
-                    self.set_leader(Some(leader.clone()));
-                    target = Some(leader);
                 }
                 Some(Next::Retry(reason)) => {
-                    tracing::debug!(%address, %reason, attempt, "retrying on another node");
+                    tracing::debug!(%address, %reason, attempts, "retrying on another node");
                     last = format!("{address}: {reason}");
-                    self.set_leader(None);
-                    tokio::time::sleep(settings.retry_pause).await;
+                    if status.code() == Code::Unavailable && is_broken_connection(&status) {
+                        self.follower().on_broken(&address);
+                    } else {
+                        self.follower().on_unavailable(&address);
+                    }
+                    next_start = now + settings.retry_pause;
                 }
                 None => {
+                    self.follower().on_answer(&address);
                     return Err(ClientError::Refused {
                         code: status.code(),
                         message: status.message().to_string(),
                         detail: wire::error_detail(&status).map(Box::new),
-                    })
+                    });
                 }
             }
         }
         Err(ClientError::NoLeader {
-            attempts: settings.max_attempts,
+            attempts,
             waited_ms: started.elapsed().as_millis(),
             last,
         })
@@ -433,13 +572,13 @@ impl AllocatorClient {
             address: address.to_string(),
             voter,
         };
-        self.call(request, |mut c, r| async move { c.add_node(r).await })
+        self.call_single(request, |mut c, r| async move { c.add_node(r).await })
             .await
     }
 
     pub async fn remove_node(&self, node_id: u64) -> Result<pb::MembershipReply, ClientError> {
         let request = pb::RemoveNodeRequest { node_id };
-        self.call(request, |mut c, r| async move { c.remove_node(r).await })
+        self.call_single(request, |mut c, r| async move { c.remove_node(r).await })
             .await
     }
 
@@ -465,5 +604,22 @@ impl AllocatorClient {
         };
         self.call(request, |mut c, r| async move { c.reclaim(r).await })
             .await
+    }
+}
+
+/// A transport failure (tonic's "transport error"/"error trying to
+/// connect"), as opposed to a node answering UNAVAILABLE itself.
+fn is_broken_connection(status: &Status) -> bool {
+    wire::error_detail(status).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn membership_attempts_outlast_the_slowest_add_node_at_the_default_write_timeout() {
+        let default_write = crate::node_config::RaftSettings::default().write_timeout();
+        assert!(MEMBERSHIP_CALL_TIMEOUT >= crate::raft::node::add_node_bound(default_write));
     }
 }

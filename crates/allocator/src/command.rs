@@ -148,9 +148,9 @@ pub enum CommandError {
     },
     #[error("config: {error}")]
     InvalidConfig { error: ConfigError },
-    #[error("pool {pool}: unknown")]
+    #[error("pool {}: unknown", leasehold_logging::quote(pool))]
     UnknownPool { pool: String },
-    #[error("pool {pool}: already exists")]
+    #[error("pool {}: already exists", leasehold_logging::quote(pool))]
     PoolExists { pool: String },
     #[error("pool: the cap of {cap} pools is reached")]
     TooManyPools { cap: usize },
@@ -169,6 +169,8 @@ pub enum CommandError {
     TooManyRegions { cap: usize },
     #[error("incarnation: fenced, current incarnation is {current_incarnation}")]
     Fenced { current_incarnation: u64 },
+    /// The lease id names a grant recorded for another Region, or for this
+    /// one at an earlier incarnation (`owner_region` is the recorded one).
     #[error("lease_id {lease_id}: already granted to region {owner_region}")]
     LeaseIdTaken {
         lease_id: String,
@@ -176,4 +178,19 @@ pub enum CommandError {
     },
     #[error("pool {pool}: the cap of {cap} grant records this window is reached")]
     GrantRecordsFull { pool: String, cap: usize },
+}
+
+impl CommandError {
+    /// True when the command alone is at fault, whatever the state: a
+    /// malformed id, an invalid config, a value outside its fixed range (a
+    /// reported share version is bounded by the state, so it is not one).
+    /// Such a refusal holds on any replica at any time; every other one is
+    /// a fact about the state it was found in.
+    pub fn is_input_error(&self) -> bool {
+        match self {
+            CommandError::InvalidId { .. } | CommandError::InvalidConfig { .. } => true,
+            CommandError::InvalidValue { field, .. } => field != "applied_share_version",
+            _ => false,
+        }
+    }
 }

@@ -3,8 +3,13 @@
 //! A window pool has G millitokens per aligned window of W ms (window start =
 //! t − t mod W). `Grant` gives `min(want, G − granted this window)`, expiring
 //! at `min(t + lease_ttl, window end)`: tokens of one window are never
-//! spendable in the next. A known `lease_id` returns its stored answer and
-//! grants nothing.
+//! spendable in the next. A lease id is bound to the Region and incarnation
+//! that got it: a request from them again is a replay — it returns the
+//! stored answer and grants nothing, whatever its `want` — and a request
+//! from another Region, or from the same Region at another incarnation
+//! (after a fence: its old room is not handed back), is refused
+//! `LeaseIdTaken`. A spent window is never a refusal: it answers
+//! `granted: 0` (retry at the window end).
 //!
 //! Keeps, at every applied entry:
 //! - Σ granted in the window = Σ of the window's records ≤ G (G in force at
@@ -44,11 +49,27 @@ pub struct GrantAnswer {
     pub window_end_ms: u64,
 }
 
-/// One remembered grant.
+/// One remembered grant: who got it and the answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrantRecord {
     pub region: RegionId,
     pub answer: GrantAnswer,
+    /// The incarnation the request carried. `None` only in a record
+    /// restored from a snapshot written before records kept it (then the
+    /// Region alone decides).
+    #[serde(default)]
+    pub incarnation: Option<u64>,
+}
+
+impl GrantRecord {
+    /// True when `request` replays this record: the same Region at the
+    /// same incarnation.
+    fn answers(&self, request: &GrantRequest<'_>) -> bool {
+        self.region == *request.region
+            && self
+                .incarnation
+                .is_none_or(|incarnation| incarnation == request.incarnation)
+    }
 }
 
 /// A window pool's state.
@@ -139,13 +160,15 @@ impl WindowPool {
         self.granted_in_window_millitokens = 0;
     }
 
-    /// §4.2 `Grant`. Refuses (state unchanged) an unknown or fenced member, a
-    /// lease id held by another Region, or a new lease id at the record cap.
-    pub(crate) fn grant(
-        &mut self,
-        request: GrantRequest<'_>,
+    /// Every refusal of [`WindowPool::grant`], without changing anything:
+    /// an unknown or fenced member, a lease id recorded for another Region
+    /// or incarnation (`LeaseIdTaken`), or a new lease id at the record cap. `Ok(Some)` is
+    /// a replay: the record whose answer `grant` returns.
+    pub(crate) fn admit(
+        &self,
+        request: &GrantRequest<'_>,
         now_ms: u64,
-    ) -> Result<GrantAnswer, CommandError> {
+    ) -> Result<Option<&GrantRecord>, CommandError> {
         let member =
             self.members
                 .get(request.region)
@@ -155,16 +178,13 @@ impl WindowPool {
                 })?;
         fence::admit(member, request.incarnation)?;
         if let Some(record) = self.lookup(&request.lease_id, now_ms) {
-            if record.region != *request.region {
+            if !record.answers(request) {
                 return Err(CommandError::LeaseIdTaken {
                     lease_id: request.lease_id.to_string(),
                     owner_region: record.region.to_string(),
                 });
             }
-            let answer = record.answer.clone();
-            self.heard(request.region, now_ms);
-            self.roll(now_ms);
-            return Ok(answer);
+            return Ok(Some(record));
         }
         if self.records_at(now_ms) >= MAX_GRANT_RECORDS_PER_WINDOW {
             return Err(CommandError::GrantRecordsFull {
@@ -172,9 +192,26 @@ impl WindowPool {
                 cap: MAX_GRANT_RECORDS_PER_WINDOW,
             });
         }
+        Ok(None)
+    }
+
+    /// §4.2 `Grant`: refuses (state unchanged) what [`WindowPool::admit`]
+    /// refuses; a replay answers the stored answer; a new lease id is given
+    /// `min(want, remaining)`.
+    pub(crate) fn grant(
+        &mut self,
+        request: GrantRequest<'_>,
+        now_ms: u64,
+    ) -> Result<GrantAnswer, CommandError> {
+        let replay = self
+            .admit(&request, now_ms)?
+            .map(|record| record.answer.clone());
         self.heard(request.region, now_ms);
         self.roll(now_ms);
-        Ok(self.give(request, now_ms))
+        match replay {
+            Some(answer) => Ok(answer),
+            None => Ok(self.give(request, now_ms)),
+        }
     }
 
     fn give(&mut self, request: GrantRequest<'_>, now_ms: u64) -> GrantAnswer {
@@ -197,6 +234,7 @@ impl WindowPool {
         let record = GrantRecord {
             region: request.region.clone(),
             answer: answer.clone(),
+            incarnation: Some(request.incarnation),
         };
         self.current_records.insert(request.lease_id, record);
         debug_assert!(self.check().is_ok());

@@ -24,7 +24,10 @@ pub const MAX_ID_BYTES: usize = 64;
 pub enum IdError {
     #[error("empty")]
     Empty,
-    #[error("{length_bytes} bytes, above the cap of {cap_bytes}")]
+    /// Says the length the way [`leasehold_logging::quote`] does (`(N
+    /// bytes)`) and never echoes the id itself: an oversized id is refused
+    /// without quoting any of it.
+    #[error("too long ({length_bytes} bytes), the cap is {cap_bytes} bytes")]
     TooLong {
         length_bytes: usize,
         cap_bytes: usize,
@@ -163,6 +166,13 @@ mod tests {
         assert!(RegionId::parse("a_b").is_err());
         assert!(LeaseId::parse("a b").is_err());
         assert!(LeaseId::parse("é").is_err());
+    }
+
+    #[test]
+    fn an_oversized_id_is_refused_by_its_length_only() {
+        let huge = "a".repeat(65_536);
+        let message = LeaseId::parse(&huge).unwrap_err().to_string();
+        assert_eq!(message, "too long (65536 bytes), the cap is 64 bytes");
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub mod clock;
 pub mod command;
 pub mod config;
 pub mod fence;
+pub mod follow;
 pub mod grant;
 pub mod id;
 pub mod local_cluster;

@@ -401,6 +401,7 @@ impl LocalCluster {
             leader_wait: within,
             max_attempts: u32::MAX,
             retry_pause: Duration::from_millis(50),
+            hedge_after: None,
         };
         let client = AllocatorClient::with_settings(&self.addresses_except(except), settings)
             .map_err(|e| e.to_string())?;

@@ -6,7 +6,11 @@
 //! down: a command with a lower epoch than one already applied is refused.
 //!
 //! A refused command leaves the machine exactly as it was (time and epoch
-//! included): every handler checks everything before it writes.
+//! included): `apply` first runs [`Machine::validate_entry`] — every refusal
+//! it can give, computed without writing — and only then writes.
+//! [`Machine::validate_at`] is the same check for a command not yet in the
+//! log, at the time it will be stamped with: the leader refuses with it
+//! before proposing, so a refused command appends nothing (§8).
 
 use std::collections::BTreeMap;
 
@@ -14,11 +18,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
 use crate::config::{PoolConfig, MAX_VALUE};
-use crate::grant::GrantRequest;
+use crate::grant::{GrantAnswer, GrantRequest};
 use crate::id::{IdError, LeaseId, PoolId, RegionId};
 use crate::pool::{Pool, PoolKind, MAX_POOLS};
 use crate::reclaim::{fence_window_member, ReclaimReport};
-use crate::region::{RegionRecord, MAX_REGIONS, MAX_REGIONS_PER_POOL};
+use crate::region::{RegionRecord, MAX_REGIONS};
 use crate::share::ShareReport;
 
 /// 2^53: the latest stamped time accepted, in ms (far beyond any real clock,
@@ -42,6 +46,18 @@ enum ShareStep {
     Rebalance,
     /// Steps 2 and 6.
     Ack,
+}
+
+/// What `apply` does with a command [`Machine::validate_at`] admits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// It is applied: a change of state, answered with its outcome.
+    Change,
+    /// A `Grant` replaying a recorded one (same lease id, Region and
+    /// incarnation): `apply` answers exactly this stored answer and grants
+    /// nothing (it only notes the Region as heard from and moves
+    /// the window counters to `now`).
+    Replay(GrantAnswer),
 }
 
 /// The allocator's pure, deterministic pool state machine.
@@ -103,21 +119,25 @@ impl Machine {
         &self.regions
     }
 
-    /// Applies one committed log entry. On `Err`, state is unchanged.
+    /// Applies one committed log entry. On `Err`, state is unchanged: every
+    /// refusal is [`Machine::validate_entry`]'s, given before anything is
+    /// written.
     /// Keeps: every invariant of [`Machine::check_invariants`] (asserted in
     /// debug builds after every applied command).
     pub fn apply(&mut self, entry: &StampedCommand) -> Result<Reply, Rejection> {
         let epoch = entry.epoch;
         let reject = |error| Rejection { epoch, error };
-        if epoch < self.epoch {
-            return Err(reject(CommandError::StaleEpoch {
-                command_epoch: epoch,
-                current_epoch: self.epoch,
-            }));
-        }
-        in_range("stamped_time_ms", entry.stamped_time_ms, 0, MAX_TIME_MS).map_err(reject)?;
-        let now_ms = self.last_applied_time_ms.max(entry.stamped_time_ms);
-        let outcome = self.execute(&entry.command, now_ms).map_err(reject)?;
+        self.validate_entry(entry).map_err(reject)?;
+        let now_ms = self.now_at(entry.stamped_time_ms);
+        let outcome = self.execute(&entry.command, now_ms);
+        // The handlers still check what they need (state unchanged on Err);
+        // after validation none of them may refuse.
+        debug_assert!(
+            outcome.is_ok(),
+            "validated, then refused by apply: {:?} → {outcome:?}",
+            entry.command
+        );
+        let outcome = outcome.map_err(reject)?;
         self.epoch = epoch;
         self.last_applied_time_ms = now_ms;
         debug_assert_eq!(self.check_invariants(), Ok(()));
@@ -128,57 +148,71 @@ impl Machine {
         })
     }
 
-    /// Runs, without changing anything, every check `apply` makes that
-    /// depends only on the command and the current state — ids, ranges,
-    /// config validity, pool and Region existence, membership, pool kind,
-    /// caps, incarnation fencing, reported share versions — in `apply`'s
-    /// order, so a leader can refuse bad input without appending a log entry.
+    /// The allocator time a command stamped `stamped_time_ms` is applied at
+    /// (time never goes backwards).
+    pub fn now_at(&self, stamped_time_ms: u64) -> u64 {
+        self.last_applied_time_ms.max(stamped_time_ms)
+    }
+
+    /// Every refusal `apply(entry)` gives, without changing anything:
+    /// `Err(e)` here ⇔ `apply(entry)` is `Err(Rejection { epoch, error: e })`
+    /// with state unchanged; `Ok(Replay(answer))` ⇔ `apply` answers
+    /// `Granted(answer)`, a stored grant.
+    pub fn validate_entry(&self, entry: &StampedCommand) -> Result<Admission, CommandError> {
+        if entry.epoch < self.epoch {
+            return Err(CommandError::StaleEpoch {
+                command_epoch: entry.epoch,
+                current_epoch: self.epoch,
+            });
+        }
+        self.validate_at(&entry.command, entry.stamped_time_ms)
+    }
+
+    /// [`Machine::validate_entry`] of `command` stamped `stamped_time_ms`, at
+    /// any epoch not below [`Machine::epoch`]: everything `apply` checks —
+    /// the stamp's range, ids, ranges, config validity, pool and Region
+    /// existence, membership, pool kind, caps, incarnation fencing,
+    /// reported share versions, and, at `now = max(last applied time,
+    /// stamp)`, a lease id recorded for another Region or incarnation and
+    /// the grant record cap.
     ///
-    /// Keeps: against the same state, `Err(e)` here means `apply` (at an
-    /// epoch not below [`Machine::epoch`], a time within range) refuses
-    /// with `e`; `Ok` means `apply` refuses, if at all, only with what
-    /// depends on time or on commands applied in between: `StaleEpoch`, an
-    /// out-of-range `stamped_time_ms`, `LeaseIdTaken`, `GrantRecordsFull`.
-    pub fn validate(&self, command: &Command) -> Result<(), CommandError> {
+    /// The leader runs it on its applied state, at the stamp it then
+    /// proposes the command with, and proposes only what it admits. The one
+    /// refusal it cannot foresee is one caused by an entry ahead of the
+    /// command in the log that was not yet applied when it was validated (a
+    /// concurrent proposal: the same new lease id from two requests, a
+    /// reclaim that fences the Region, a pool created twice, a cap reached
+    /// meanwhile); the log order decides it, and the later command is then
+    /// refused by `apply`, state unchanged. `StaleEpoch` cannot happen in a
+    /// raft log (entries' terms never go down).
+    pub fn validate_at(
+        &self,
+        command: &Command,
+        stamped_time_ms: u64,
+    ) -> Result<Admission, CommandError> {
+        in_range("stamped_time_ms", stamped_time_ms, 0, MAX_TIME_MS)?;
+        let now_ms = self.now_at(stamped_time_ms);
+        let change = |checked: Result<(), CommandError>| checked.map(|()| Admission::Change);
         match command {
-            Command::CreatePool { pool, config } => {
-                let pool = parse("pool", pool, PoolId::parse)?;
-                config
-                    .validate()
-                    .map_err(|error| CommandError::InvalidConfig { error })?;
-                if self.pools.contains_key(&pool) {
-                    return Err(CommandError::PoolExists {
-                        pool: pool.to_string(),
-                    });
-                }
-                if self.pools.len() >= MAX_POOLS {
-                    return Err(CommandError::TooManyPools { cap: MAX_POOLS });
-                }
-                Ok(())
+            Command::CreatePool { pool, config } => change(self.validate_create(pool, config)),
+            Command::UpdatePool { pool, config } => change(self.validate_update(pool, config)),
+            Command::RegisterRegion { pool, region } => {
+                change(self.validate_register(pool, region))
             }
-            Command::UpdatePool { pool, config } => self.validate_update(pool, config),
-            Command::RegisterRegion { pool, region } => self.validate_register(pool, region),
             Command::Grant {
                 pool,
                 region,
                 incarnation,
                 lease_id,
                 want_millitokens,
-            } => {
-                parse("lease_id", lease_id, LeaseId::parse)?;
-                in_range("want_millitokens", *want_millitokens, 1, MAX_VALUE)?;
-                let (pool, region) = self.locate(pool, region)?;
-                let Some(Pool::Window(state)) = self.pools.get(&pool) else {
-                    return Err(self.wrong_kind(&pool, PoolKind::Window));
-                };
-                match state.members.get(&region) {
-                    Some(member) => crate::fence::admit(member, *incarnation),
-                    None => Err(CommandError::RegionNotInPool {
-                        pool: pool.to_string(),
-                        region: region.to_string(),
-                    }),
-                }
-            }
+            } => self.validate_grant(
+                pool,
+                region,
+                *incarnation,
+                lease_id,
+                *want_millitokens,
+                now_ms,
+            ),
             Command::Rebalance {
                 pool,
                 region,
@@ -194,7 +228,7 @@ impl Machine {
                     applied_share_millitokens_per_s: *applied_share_millitokens_per_s,
                     applied_share_version: *applied_share_version,
                 };
-                self.validate_share_report(pool, region, &report)
+                change(self.validate_share_report(pool, region, &report))
             }
             Command::AckShare {
                 pool,
@@ -209,7 +243,7 @@ impl Machine {
                     applied_share_millitokens_per_s: *applied_share_millitokens_per_s,
                     applied_share_version: *applied_share_version,
                 };
-                self.validate_share_report(pool, region, &report)
+                change(self.validate_share_report(pool, region, &report))
             }
             Command::HealthVerdict { region, .. } => {
                 let region = parse("region", region, RegionId::parse)?;
@@ -218,21 +252,68 @@ impl Machine {
                         region: region.to_string(),
                     });
                 }
-                Ok(())
+                Ok(Admission::Change)
             }
-            Command::Tick => Ok(()),
+            Command::Tick => Ok(Admission::Change),
             Command::AdminFreeze { pool, region, .. } => {
                 let (pool, _) = self.locate(pool, region)?;
                 match self.pools.get(&pool) {
-                    Some(Pool::Rate(_)) => Ok(()),
+                    Some(Pool::Rate(_)) => Ok(Admission::Change),
                     _ => Err(self.wrong_kind(&pool, PoolKind::Rate)),
                 }
             }
-            Command::AdminReclaim { pool, region } => self.locate(pool, region).map(|_| ()),
+            Command::AdminReclaim { pool, region } => {
+                self.locate(pool, region).map(|_| Admission::Change)
+            }
         }
     }
 
-    /// `validate` of `UpdatePool`: as `update_pool` then `Pool::update`.
+    /// `validate_at` of `Grant`: as `grant` then `WindowPool::grant`.
+    fn validate_grant(
+        &self,
+        pool: &str,
+        region: &str,
+        incarnation: u64,
+        lease_id: &str,
+        want_millitokens: u64,
+        now_ms: u64,
+    ) -> Result<Admission, CommandError> {
+        let (pool, region, lease_id, want) =
+            self.grant_fields(pool, region, lease_id, want_millitokens)?;
+        let Some(Pool::Window(state)) = self.pools.get(&pool) else {
+            return Err(self.wrong_kind(&pool, PoolKind::Window));
+        };
+        let request = GrantRequest {
+            pool: &pool,
+            region: &region,
+            incarnation,
+            lease_id,
+            want_millitokens: want,
+        };
+        Ok(match state.admit(&request, now_ms)? {
+            Some(record) => Admission::Replay(record.answer.clone()),
+            None => Admission::Change,
+        })
+    }
+
+    /// `validate_at` of `CreatePool`: as `create_pool`.
+    fn validate_create(&self, pool: &str, config: &PoolConfig) -> Result<(), CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        config
+            .validate()
+            .map_err(|error| CommandError::InvalidConfig { error })?;
+        if self.pools.contains_key(&pool) {
+            return Err(CommandError::PoolExists {
+                pool: pool.to_string(),
+            });
+        }
+        if self.pools.len() >= MAX_POOLS {
+            return Err(CommandError::TooManyPools { cap: MAX_POOLS });
+        }
+        Ok(())
+    }
+
+    /// `validate_at` of `UpdatePool`: as `update_pool` then `Pool::update`.
     fn validate_update(&self, pool: &str, config: &PoolConfig) -> Result<(), CommandError> {
         let pool = parse("pool", pool, PoolId::parse)?;
         config
@@ -244,28 +325,10 @@ impl Machine {
             .ok_or_else(|| CommandError::UnknownPool {
                 pool: pool.to_string(),
             })?;
-        match (state, config) {
-            (Pool::Window(window), PoolConfig::Window(config)) => {
-                if config.window_ms != window.config.window_ms {
-                    return Err(CommandError::ImmutableField {
-                        pool: pool.to_string(),
-                        field: "window_ms".to_string(),
-                    });
-                }
-                Ok(())
-            }
-            (Pool::Rate(_), PoolConfig::Rate(_)) => Ok(()),
-            (_, config) => Err(CommandError::WrongPoolKind {
-                pool: pool.to_string(),
-                expected: match config {
-                    PoolConfig::Window(_) => PoolKind::Window,
-                    PoolConfig::Rate(_) => PoolKind::Rate,
-                },
-            }),
-        }
+        state.admit_update(&pool, config)
     }
 
-    /// `validate` of `RegisterRegion`: as `register_region` then
+    /// `validate_at` of `RegisterRegion`: as `register_region` then
     /// `Pool::register` (a new member needs room under the per-pool cap).
     fn validate_register(&self, pool: &str, region: &str) -> Result<(), CommandError> {
         let pool = parse("pool", pool, PoolId::parse)?;
@@ -279,21 +342,11 @@ impl Machine {
             .ok_or_else(|| CommandError::UnknownPool {
                 pool: pool.to_string(),
             })?;
-        let members = match state {
-            Pool::Window(window) => window.members.len(),
-            Pool::Rate(rate) => rate.members.len(),
-        };
-        if state.member(&region).is_none() && members >= MAX_REGIONS_PER_POOL {
-            return Err(CommandError::TooManyRegionsInPool {
-                pool: pool.to_string(),
-                cap: MAX_REGIONS_PER_POOL,
-            });
-        }
-        Ok(())
+        state.admit_register(&pool, &region)
     }
 
-    /// `validate` of `Rebalance` / `AckShare`: as `share_command` then the
-    /// rate pool's admission (member, fencing, a version it was sent).
+    /// `validate_at` of `Rebalance` / `AckShare`: as `share_command` then
+    /// the rate pool's admission (member, fencing, a version it was sent).
     fn validate_share_report(
         &self,
         pool: &str,
@@ -310,24 +363,7 @@ impl Machine {
         let Some(Pool::Rate(state)) = self.pools.get(&pool) else {
             return Err(self.wrong_kind(&pool, PoolKind::Rate));
         };
-        let member = state
-            .members
-            .get(&region)
-            .ok_or_else(|| CommandError::RegionNotInPool {
-                pool: pool.to_string(),
-                region: region.to_string(),
-            })?;
-        crate::fence::admit(&member.member, report.incarnation)?;
-        let current = member.account.share_version;
-        if report.applied_share_version > current {
-            return Err(CommandError::InvalidValue {
-                field: "applied_share_version".to_string(),
-                value: report.applied_share_version,
-                min: 0,
-                max: current,
-            });
-        }
-        Ok(())
+        state.admit(&pool, &region, report)
     }
 
     fn execute(&mut self, command: &Command, now_ms: u64) -> Result<Outcome, CommandError> {
@@ -403,9 +439,8 @@ impl Machine {
         want_millitokens: u64,
         now_ms: u64,
     ) -> Result<Outcome, CommandError> {
-        let lease_id = parse("lease_id", lease_id, LeaseId::parse)?;
-        let want = in_range("want_millitokens", want_millitokens, 1, MAX_VALUE)?;
-        let (pool, region) = self.locate(pool, region)?;
+        let (pool, region, lease_id, want) =
+            self.grant_fields(pool, region, lease_id, want_millitokens)?;
         let Some(Pool::Window(state)) = self.pools.get_mut(&pool) else {
             return Err(self.wrong_kind(&pool, PoolKind::Window));
         };
@@ -591,6 +626,21 @@ impl Machine {
 
     /// Parses and resolves a (pool, Region) pair: the pool exists, the Region
     /// is known, and it is a member of the pool.
+    /// A Grant's fields parsed, in range and located (one place for
+    /// `validate_grant` and `grant`, so they refuse alike).
+    fn grant_fields(
+        &self,
+        pool: &str,
+        region: &str,
+        lease_id: &str,
+        want_millitokens: u64,
+    ) -> Result<(PoolId, RegionId, LeaseId, u64), CommandError> {
+        let lease_id = parse("lease_id", lease_id, LeaseId::parse)?;
+        let want = in_range("want_millitokens", want_millitokens, 1, MAX_VALUE)?;
+        let (pool, region) = self.locate(pool, region)?;
+        Ok((pool, region, lease_id, want))
+    }
+
     fn locate(&self, pool: &str, region: &str) -> Result<(PoolId, RegionId), CommandError> {
         let pool = parse("pool", pool, PoolId::parse)?;
         let region = parse("region", region, RegionId::parse)?;

@@ -1,8 +1,12 @@
 //! An allocator node's config file (TOML) and the pools file it may seed.
 //!
 //! Relative paths are resolved against the config file's directory. Every
-//! error names the file and, when it comes from a place in the text, the
-//! line (`file:line: message`).
+//! error names the file and the line it comes from (`file:line: message`);
+//! every number is checked against its documented range before anything
+//! else ([`NODE_BOUNDS`], [`POOL_BOUNDS`], table in `docs/configuration.md`),
+//! and a refusal states that range. The helpers that do it ([`Bound`],
+//! [`check_bounds`], over [`leasehold_config_text`]'s spanned tree) serve
+//! the agent's config too.
 //!
 //! ```toml
 //! node_id = 1
@@ -35,21 +39,44 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use leasehold_config_text::{Lines, Node, Value};
+use leasehold_logging::quote;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::PoolConfig;
+use crate::config::{
+    PoolConfig, BASIS_POINTS_PER_UNIT, MAX_BURST_SECONDS, MAX_SILENT_INTERVALS, MAX_VALUE,
+};
 use crate::id::{PoolId, RegionId};
+use crate::pool::MAX_POOLS;
 use crate::raft::NodeId;
 
 /// Cap on configured peers (voters) of one cluster.
 pub const MAX_PEERS: usize = 9;
 /// Cap on Regions the prober watches.
 pub const MAX_PROBED_REGIONS: usize = 256;
+/// Largest node id (ids fit 32 bits).
+pub const MAX_NODE_ID: u64 = u32::MAX as u64;
+/// Longest `host:port` (a 253-byte DNS name, `:`, a port).
+pub const MAX_HOST_PORT_BYTES: usize = 260;
+/// Longest URL (health URLs, the agent's `redis_url`).
+pub const MAX_URL_BYTES: usize = 2_048;
+/// Longest path setting (`data_dir`, `pools_file`, the agent's files).
+pub const MAX_PATH_BYTES: usize = 4_096;
+/// Longest timeout or deadline a config file may set: one minute.
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
+/// Most pools a pools file may list: the state machine's own cap.
+pub const MAX_POOLS_IN_FILE: usize = MAX_POOLS;
+/// Longest window a pools file may set: 366 days.
+pub const MAX_WINDOW_MS: u64 = 366 * 86_400_000;
+/// Largest config or pools file read (1,024 pools take about 250 KiB).
+pub const MAX_CONFIG_FILE_BYTES: u64 = 4 << 20;
 
 /// Why a config or pools file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +94,153 @@ pub enum NodeConfigError {
         message: String,
     },
 }
+
+/// Reads a config file as UTF-8, refusing one above
+/// [`MAX_CONFIG_FILE_BYTES`] without reading it all.
+pub fn read_config_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "above the cap of {MAX_CONFIG_FILE_BYTES} bytes"
+        )));
+    }
+    Ok(text)
+}
+
+// ---------------------------------------------------------------------------
+// Ranges of numeric settings.
+// ---------------------------------------------------------------------------
+
+/// A numeric setting's allowed range, checked against the text before the
+/// typed parse (so a negative or huge value is refused with the range, not
+/// with serde's type message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// Dotted path from the checked table; a segment naming an array of
+    /// tables stands for each element (`global.pool.phase_ms`).
+    pub path: &'static str,
+    pub min: u64,
+    pub max: u64,
+    /// 0 is accepted too (it switches the setting off), below `min`.
+    pub zero_is_off: bool,
+}
+
+impl Bound {
+    pub const fn new(path: &'static str, min: u64, max: u64) -> Bound {
+        Bound {
+            path,
+            min,
+            max,
+            zero_is_off: false,
+        }
+    }
+
+    /// `[min, max]`, or 0 for off.
+    pub const fn or_off(path: &'static str, min: u64, max: u64) -> Bound {
+        Bound {
+            path,
+            min,
+            max,
+            zero_is_off: true,
+        }
+    }
+
+    pub fn admits(&self, value: i64) -> bool {
+        let Ok(value) = u64::try_from(value) else {
+            return false;
+        };
+        (value == 0 && self.zero_is_off) || (self.min..=self.max).contains(&value)
+    }
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.zero_is_off {
+            write!(f, "[{}, {}] (or 0: off)", self.min, self.max)
+        } else {
+            write!(f, "[{}, {}]", self.min, self.max)
+        }
+    }
+}
+
+/// A number outside its [`Bound`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {value} is outside {bound}")]
+pub struct OutOfBounds {
+    /// Concrete path (`global.pool[1].phase_ms`).
+    pub path: String,
+    pub line: usize,
+    pub value: i64,
+    pub bound: Bound,
+}
+
+/// Checks every integer at a bound's path under `node` (a tree of the text
+/// `lines` maps); the refusal is the earliest violation in the text. Values
+/// of another type are left to the typed parse.
+pub fn check_bounds(lines: &Lines, node: &Node, bounds: &[Bound]) -> Result<(), OutOfBounds> {
+    let mut first: Option<OutOfBounds> = None;
+    for bound in bounds {
+        for (path, value) in node.each(bound.path) {
+            let Value::Integer(number) = value.value else {
+                continue;
+            };
+            if bound.admits(number) {
+                continue;
+            }
+            let line = lines.of(value).unwrap_or(1);
+            if first.as_ref().is_none_or(|f| line < f.line) {
+                first = Some(OutOfBounds {
+                    path,
+                    line,
+                    value: number,
+                    bound: *bound,
+                });
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The ranges of a node config's numbers (documented in
+/// `docs/configuration.md`; cross-field rules are checked after them).
+pub const NODE_BOUNDS: &[Bound] = &[
+    Bound::new("node_id", 1, MAX_NODE_ID),
+    Bound::or_off("tick_interval_ms", 10, MAX_TIMEOUT_MS),
+    Bound::new("raft.heartbeat_ms", 1, 10_000),
+    Bound::new("raft.election_min_ms", 2, MAX_TIMEOUT_MS),
+    Bound::new("raft.election_max_ms", 3, 2 * MAX_TIMEOUT_MS),
+    Bound::new("raft.write_timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("raft.max_payload_entries", 1, 65_536),
+    Bound::new("raft.snapshot_every_entries", 1, 10_000_000),
+    Bound::new("raft.logs_kept_after_snapshot", 0, 10_000_000),
+    Bound::new("prober.interval_ms", 10, MAX_TIMEOUT_MS),
+    Bound::new("prober.timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("prober.failures_to_unhealthy", 1, 1_000),
+];
+
+/// The ranges of one `[[pool]]` table's numbers (paths relative to it).
+/// Within [`crate::config`]'s own ranges (what `CreatePool` accepts), some
+/// narrower: a file's window is at most 366 days, a Rebalance interval
+/// 100 ms to 1 h, a share TTL at most a day, the drift at most an hour.
+pub const POOL_BOUNDS: &[Bound] = &[
+    Bound::new("capacity_millitokens_per_window", 1, MAX_VALUE),
+    Bound::new("window_ms", 1_000, MAX_WINDOW_MS),
+    Bound::new("lease_ttl_ms", 1, MAX_WINDOW_MS),
+    Bound::new("limit_millitokens_per_s", 1, MAX_VALUE),
+    Bound::new("burst_millitokens", 1, MAX_VALUE),
+    Bound::new("burst_seconds", 1, MAX_BURST_SECONDS),
+    Bound::new("floor_basis_points", 0, BASIS_POINTS_PER_UNIT),
+    Bound::new("interval_ms", 100, 3_600_000),
+    Bound::new("max_raise_basis_points", 1, BASIS_POINTS_PER_UNIT),
+    Bound::new("reclaim.silent_intervals", 1, MAX_SILENT_INTERVALS),
+    Bound::new("reclaim.share_ttl_ms", 1, 86_400_000),
+    Bound::new("reclaim.max_drift_ms", 0, 3_600_000),
+    Bound::new("fallback_allowance_millitokens_per_s", 0, MAX_VALUE),
+];
 
 /// Raft timing. Defaults suit loopback and one data centre.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -163,19 +337,21 @@ pub struct NodeConfig {
     pub prober: ProberSettings,
 }
 
+// Tables are never `Spanned` here: `toml` has no span for a table the text
+// only implies (dotted keys), so lines of tables come from the tree.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    node_id: Spanned<u64>,
+    node_id: u64,
     listen: Spanned<String>,
     data_dir: Spanned<String>,
     #[serde(default)]
     pools_file: Option<Spanned<String>>,
     #[serde(default = "default_tick_interval_ms")]
     tick_interval_ms: u64,
-    peers: Spanned<BTreeMap<String, Spanned<String>>>,
+    peers: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
-    raft: Option<Spanned<RaftSettings>>,
+    raft: Option<RaftSettings>,
     #[serde(default)]
     prober: Option<RawProber>,
 }
@@ -188,11 +364,11 @@ fn default_tick_interval_ms() -> u64 {
 #[serde(deny_unknown_fields)]
 struct RawProber {
     #[serde(default)]
-    interval_ms: Option<Spanned<u64>>,
+    interval_ms: Option<u64>,
     #[serde(default)]
-    timeout_ms: Option<Spanned<u64>>,
+    timeout_ms: Option<u64>,
     #[serde(default)]
-    failures_to_unhealthy: Option<Spanned<u32>>,
+    failures_to_unhealthy: Option<u32>,
     #[serde(default)]
     region: Vec<RawProbeTarget>,
 }
@@ -204,37 +380,61 @@ struct RawProbeTarget {
     health: Spanned<String>,
 }
 
-/// 1-based line of byte offset `at` in `text`.
-pub fn line_of(text: &str, at: usize) -> usize {
-    let at = at.min(text.len());
-    text.as_bytes()[..at]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
+/// A file's text, its lines, its tree, and errors that point into it.
 struct Located<'a> {
     file: &'a str,
     text: &'a str,
+    lines: Lines,
+    tree: Node,
 }
 
-impl Located<'_> {
-    fn at(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> NodeConfigError {
+impl<'a> Located<'a> {
+    /// Parses the tree (a syntax error is refused here, with its line).
+    fn new(file: &'a str, text: &'a str) -> Result<Self, NodeConfigError> {
+        let lines = Lines::new(text);
+        let tree = Node::parse(text).map_err(|error| NodeConfigError::Invalid {
+            file: file.to_string(),
+            line: error.span().map_or(1, |span| lines.line(span.start)),
+            message: error.message().to_string(),
+        })?;
+        Ok(Located {
+            file,
+            text,
+            lines,
+            tree,
+        })
+    }
+
+    fn invalid(&self, line: usize, message: impl Into<String>) -> NodeConfigError {
         NodeConfigError::Invalid {
             file: self.file.to_string(),
-            line: line_of(self.text, span.start),
+            line,
             message: message.into(),
         }
     }
 
+    /// An error at a spanned value.
+    fn at(&self, span: Range<usize>, message: impl Into<String>) -> NodeConfigError {
+        self.invalid(self.lines.line(span.start), message)
+    }
+
+    /// An error at `path` (or its deepest written parent).
+    fn error(&self, path: &str, message: impl Into<String>) -> NodeConfigError {
+        self.invalid(self.tree.line(&self.lines, path), message)
+    }
+
+    /// Checks `bounds` under `node`; `label` prefixes the message.
+    fn bounds(&self, node: &Node, bounds: &[Bound], label: &str) -> Result<(), NodeConfigError> {
+        check_bounds(&self.lines, node, bounds)
+            .map_err(|e| self.invalid(e.line, format!("{label}{e}")))
+    }
+
     fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, NodeConfigError> {
-        toml::from_str(self.text).map_err(|error| NodeConfigError::Invalid {
-            file: self.file.to_string(),
-            line: error
-                .span()
-                .map_or(1, |span| line_of(self.text, span.start)),
-            message: error.message().to_string(),
+        toml::from_str(self.text).map_err(|error| {
+            self.invalid(
+                error.span().map_or(1, |span| self.lines.line(span.start)),
+                error.message().to_string(),
+            )
         })
     }
 }
@@ -243,7 +443,7 @@ impl NodeConfig {
     /// Reads and validates a config file and the pools file it names.
     pub fn load(path: &Path) -> Result<Self, NodeConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| NodeConfigError::Read {
+        let text = read_config_file(path).map_err(|source| NodeConfigError::Read {
             file: file.clone(),
             source,
         })?;
@@ -253,39 +453,35 @@ impl NodeConfig {
 
     /// Parses config text; relative paths are resolved against `base`.
     pub fn parse(file: &str, text: &str, base: &Path) -> Result<Self, NodeConfigError> {
-        let here = Located { file, text };
+        let here = Located::new(file, text)?;
+        here.bounds(&here.tree, NODE_BOUNDS, "")?;
         let raw: RawConfig = here.parse()?;
-        let node_id = *raw.node_id.get_ref();
-        if node_id == 0 {
-            return Err(here.at(raw.node_id.span(), "node_id: must be at least 1"));
-        }
-        let listen = raw
-            .listen
-            .get_ref()
-            .parse::<SocketAddr>()
-            .map_err(|e| here.at(raw.listen.span(), format!("listen: {e}")))?;
+        let node_id = raw.node_id;
+        let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|e| {
+            here.at(
+                raw.listen.span(),
+                format!(
+                    "listen: {} is not an ip:port address ({e})",
+                    quote(raw.listen.get_ref())
+                ),
+            )
+        })?;
+        check_path(&here, "data_dir", &raw.data_dir)?;
         let peers = parse_peers(&here, &raw.peers)?;
         if !peers.contains_key(&node_id) {
-            return Err(here.at(
-                raw.node_id.span(),
-                format!("node_id: {node_id} is not in [peers]"),
-            ));
+            return Err(here.error("node_id", format!("node_id: {node_id} is not in [peers]")));
         }
-        let raft = match raw.raft {
-            Some(raft) => {
-                check_raft(raft.get_ref()).map_err(|message| here.at(raft.span(), message))?;
-                raft.into_inner()
-            }
-            None => RaftSettings::default(),
-        };
+        let raft = raw.raft.unwrap_or_default();
+        check_raft(&raft).map_err(|(path, message)| here.error(path, message))?;
         let prober = match raw.prober {
             Some(prober) => parse_prober(&here, prober)?,
             None => ProberSettings::default(),
         };
         let pools = match &raw.pools_file {
             Some(pools_file) => {
+                check_path(&here, "pools_file", pools_file)?;
                 let path = base.join(pools_file.get_ref());
-                let text = std::fs::read_to_string(&path).map_err(|e| {
+                let text = read_config_file(&path).map_err(|e| {
                     here.at(
                         pools_file.span(),
                         format!("pools_file: {}: {e}", path.display()),
@@ -322,32 +518,56 @@ impl NodeConfig {
     }
 }
 
+/// A path setting: not empty, at most [`MAX_PATH_BYTES`].
+fn check_path(
+    here: &Located<'_>,
+    name: &str,
+    path: &Spanned<String>,
+) -> Result<(), NodeConfigError> {
+    check_path_text(path.get_ref())
+        .map_err(|message| here.at(path.span(), format!("{name}: {message}")))
+}
+
+/// Why a path setting is refused: empty, or above [`MAX_PATH_BYTES`].
+pub fn check_path_text(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if path.len() > MAX_PATH_BYTES {
+        return Err(format!(
+            "{} bytes, above the cap of {MAX_PATH_BYTES}",
+            path.len()
+        ));
+    }
+    Ok(())
+}
+
 fn parse_peers(
     here: &Located<'_>,
-    peers: &Spanned<BTreeMap<String, Spanned<String>>>,
+    peers: &BTreeMap<String, Spanned<String>>,
 ) -> Result<BTreeMap<NodeId, String>, NodeConfigError> {
-    if peers.get_ref().is_empty() {
-        return Err(here.at(peers.span(), "peers: at least one peer (this node)"));
+    if peers.is_empty() {
+        return Err(here.error("peers", "peers: at least one peer (this node)"));
     }
-    if peers.get_ref().len() > MAX_PEERS {
-        return Err(here.at(
-            peers.span(),
-            format!(
-                "peers: {} peers, above the cap of {MAX_PEERS}",
-                peers.get_ref().len()
-            ),
+    if peers.len() > MAX_PEERS {
+        return Err(here.error(
+            "peers",
+            format!("peers: {} peers, above the cap of {MAX_PEERS}", peers.len()),
         ));
     }
     let mut parsed = BTreeMap::new();
-    for (key, address) in peers.get_ref() {
+    for (key, address) in peers {
         let id = key
             .parse::<NodeId>()
             .ok()
-            .filter(|id| *id > 0)
+            .filter(|id| (1..=MAX_NODE_ID).contains(id))
             .ok_or_else(|| {
                 here.at(
                     address.span(),
-                    format!("peers: key {key:?} is not a node id (an integer ≥ 1)"),
+                    format!(
+                        "peers: key {} is not a node id (an integer in [1, {MAX_NODE_ID}])",
+                        quote(key)
+                    ),
                 )
             })?;
         check_host_port(address.get_ref())
@@ -359,69 +579,77 @@ fn parse_peers(
     Ok(parsed)
 }
 
-/// `host:port` with a non-empty host and a numeric port.
+/// `host:port` with a non-empty host and a numeric port, at most
+/// [`MAX_HOST_PORT_BYTES`].
 fn check_host_port(address: &str) -> Result<(), String> {
-    let (host, port) = address
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{address:?} is not host:port"))?;
+    if address.len() > MAX_HOST_PORT_BYTES {
+        return Err(format!(
+            "{} is {} bytes, above the cap of {MAX_HOST_PORT_BYTES}",
+            quote(address),
+            address.len()
+        ));
+    }
+    let not_host_port = || format!("{} is not host:port", quote(address));
+    let (host, port) = address.rsplit_once(':').ok_or_else(not_host_port)?;
     if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(format!("{address:?} is not host:port"));
+        return Err(not_host_port());
     }
     Ok(())
 }
 
-fn check_raft(raft: &RaftSettings) -> Result<(), String> {
-    if raft.heartbeat_ms == 0 {
-        return Err("raft.heartbeat_ms: must be at least 1".into());
-    }
-    if raft.election_min_ms <= raft.heartbeat_ms || raft.election_max_ms <= raft.election_min_ms {
-        return Err(format!(
-            "raft: need heartbeat_ms ({}) < election_min_ms ({}) < election_max_ms ({})",
-            raft.heartbeat_ms, raft.election_min_ms, raft.election_max_ms
+/// What the ranges alone cannot say: heartbeat < election_min <
+/// election_max. Returns the path at fault and why.
+fn check_raft(raft: &RaftSettings) -> Result<(), (&'static str, String)> {
+    if raft.election_min_ms <= raft.heartbeat_ms {
+        return Err((
+            "raft.election_min_ms",
+            format!(
+                "raft.election_min_ms: {} must be above raft.heartbeat_ms ({})",
+                raft.election_min_ms, raft.heartbeat_ms
+            ),
         ));
     }
-    if raft.write_timeout_ms == 0 || raft.max_payload_entries == 0 {
-        return Err("raft: write_timeout_ms and max_payload_entries must be at least 1".into());
-    }
-    if raft.snapshot_every_entries == 0 {
-        return Err("raft.snapshot_every_entries: must be at least 1".into());
+    if raft.election_max_ms <= raft.election_min_ms {
+        return Err((
+            "raft.election_max_ms",
+            format!(
+                "raft.election_max_ms: {} must be above raft.election_min_ms ({})",
+                raft.election_max_ms, raft.election_min_ms
+            ),
+        ));
     }
     Ok(())
 }
 
 fn parse_prober(here: &Located<'_>, raw: RawProber) -> Result<ProberSettings, NodeConfigError> {
-    let mut prober = ProberSettings::default();
-    if let Some(value) = raw.interval_ms {
-        if *value.get_ref() == 0 {
-            return Err(here.at(value.span(), "prober.interval_ms: must be at least 1"));
-        }
-        prober.interval_ms = value.into_inner();
-    }
-    if let Some(value) = raw.timeout_ms {
-        if *value.get_ref() == 0 {
-            return Err(here.at(value.span(), "prober.timeout_ms: must be at least 1"));
-        }
-        prober.timeout_ms = value.into_inner();
-    }
-    if let Some(value) = raw.failures_to_unhealthy {
-        if *value.get_ref() == 0 {
-            return Err(here.at(
-                value.span(),
-                "prober.failures_to_unhealthy: must be at least 1",
-            ));
-        }
-        prober.failures_to_unhealthy = value.into_inner();
-    }
+    let defaults = ProberSettings::default();
+    let mut prober = ProberSettings {
+        interval_ms: raw.interval_ms.unwrap_or(defaults.interval_ms),
+        timeout_ms: raw.timeout_ms.unwrap_or(defaults.timeout_ms),
+        failures_to_unhealthy: raw
+            .failures_to_unhealthy
+            .unwrap_or(defaults.failures_to_unhealthy),
+        targets: Vec::new(),
+    };
     if raw.region.len() > MAX_PROBED_REGIONS {
-        return Err(NodeConfigError::Invalid {
-            file: here.file.to_string(),
-            line: 1,
-            message: format!("prober.region: above the cap of {MAX_PROBED_REGIONS}"),
-        });
+        return Err(here.error(
+            &format!("prober.region[{MAX_PROBED_REGIONS}]"),
+            format!(
+                "prober.region: {} Regions, above the cap of {MAX_PROBED_REGIONS}",
+                raw.region.len()
+            ),
+        ));
     }
     for target in raw.region {
-        RegionId::parse(target.region.get_ref())
-            .map_err(|e| here.at(target.region.span(), format!("prober.region.region: {e}")))?;
+        RegionId::parse(target.region.get_ref()).map_err(|e| {
+            here.at(
+                target.region.span(),
+                format!(
+                    "prober.region.region: {}: {e}",
+                    quote(target.region.get_ref())
+                ),
+            )
+        })?;
         let (host_port, path) = parse_health_url(target.health.get_ref()).map_err(|message| {
             here.at(
                 target.health.span(),
@@ -445,10 +673,18 @@ fn parse_prober(here: &Located<'_>, raw: RawProber) -> Result<ProberSettings, No
 }
 
 /// `http://host:port/path`, `http://host:port` or `host:port` → (host:port,
-/// path), the path defaulting to `/health`. Only plain HTTP.
+/// path), the path defaulting to `/health`. Only plain HTTP; at most
+/// [`MAX_URL_BYTES`].
 pub fn parse_health_url(url: &str) -> Result<(String, String), String> {
+    if url.len() > MAX_URL_BYTES {
+        return Err(format!(
+            "{} is {} bytes, above the cap of {MAX_URL_BYTES}",
+            quote(url),
+            url.len()
+        ));
+    }
     if url.starts_with("https://") {
-        return Err(format!("{url:?}: only http:// is supported"));
+        return Err(format!("{}: only http:// is supported", quote(url)));
     }
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let (host_port, path) = match rest.find('/') {
@@ -460,7 +696,7 @@ pub fn parse_health_url(url: &str) -> Result<(String, String), String> {
         .bytes()
         .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
     {
-        return Err(format!("{url:?}: the path holds whitespace"));
+        return Err(format!("{}: the path holds whitespace", quote(url)));
     }
     Ok((host_port.to_string(), path.to_string()))
 }
@@ -469,50 +705,191 @@ pub fn parse_health_url(url: &str) -> Result<(String, String), String> {
 #[serde(deny_unknown_fields)]
 struct RawPools {
     #[serde(default)]
-    pool: Vec<Spanned<toml::Table>>,
+    pool: Vec<toml::Table>,
 }
 
-/// Parses a pools file: `[[pool]]` tables with `id`, `kind` (`window` |
-/// `rate`) and the fields of that kind's config (see [`crate::config`]).
-/// Every pool is validated; errors name the file and the pool's line. The
-/// simulation-only reclaim policy (`silence_only`) is refused: only pools
-/// seeded programmatically (`NodeConfig.pools`) may carry it.
+/// The fields of a window pool's table besides `id` and `kind`.
+const WINDOW_FIELDS: &[&str] = &[
+    "capacity_millitokens_per_window",
+    "window_ms",
+    "lease_ttl_ms",
+];
+/// The fields of a rate pool's table besides `id` and `kind`.
+const RATE_FIELDS: &[&str] = &[
+    "limit_millitokens_per_s",
+    "burst_millitokens",
+    "burst_seconds",
+    "floor_basis_points",
+    "interval_ms",
+    "max_raise_basis_points",
+    "reclaim",
+    "fallback_allowance_millitokens_per_s",
+];
+/// Each reclaim policy a file may name and its fields besides `policy`
+/// (`silence_only` parses, to be refused by name below).
+const RECLAIM_FIELDS: &[(&str, &[&str])] = &[
+    ("freeze", &[]),
+    ("two_signal", &["silent_intervals"]),
+    ("lease", &["share_ttl_ms", "max_drift_ms"]),
+    ("silence_only", &["silent_intervals"]),
+];
+
+/// Parses a pools file: at most [`MAX_POOLS_IN_FILE`] `[[pool]]` tables
+/// with `id`, `kind` (`window` | `rate`) and exactly the fields of that
+/// kind's config (see [`crate::config`]); an unknown field, or one of the
+/// other kind, is refused. Every number is checked against [`POOL_BOUNDS`],
+/// every pool validated; errors name the file, the line of the field at
+/// fault and the pool. The simulation-only reclaim policy (`silence_only`)
+/// is refused: only pools seeded programmatically (`NodeConfig.pools`) may
+/// carry it.
 pub fn parse_pools(file: &str, text: &str) -> Result<Vec<SeedPool>, NodeConfigError> {
-    let here = Located { file, text };
+    let here = Located::new(file, text)?;
     let raw: RawPools = here.parse()?;
+    if raw.pool.len() > MAX_POOLS_IN_FILE {
+        return Err(here.error(
+            &format!("pool[{MAX_POOLS_IN_FILE}]"),
+            format!(
+                "pool: {} pools, above the cap of {MAX_POOLS_IN_FILE}",
+                raw.pool.len()
+            ),
+        ));
+    }
     let mut pools: Vec<SeedPool> = Vec::new();
-    for table in raw.pool {
-        let span = table.span();
-        let mut table = table.into_inner();
-        let id = match table.remove("id") {
-            Some(toml::Value::String(id)) => id,
-            _ => return Err(here.at(span, "pool: missing string field id")),
-        };
-        PoolId::parse(&id).map_err(|e| here.at(span.clone(), format!("pool {id:?}: id: {e}")))?;
-        let config: PoolConfig =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| {
-                    here.at(span.clone(), format!("pool {id}: {}", e.message()))
-                })?;
-        if config.is_simulation_only() {
-            return Err(here.at(
-                span,
-                format!(
-                    "pool {id}: reclaim: silence_only is simulation only \
-                     (unsafe: it reclaims without the health signal); use two_signal or lease"
-                ),
+    for (index, table) in raw.pool.into_iter().enumerate() {
+        let path = format!("pool[{index}]");
+        let pool = parse_pool(&here, &path, table)?;
+        if pools.iter().any(|p| p.pool == pool.pool) {
+            return Err(here.error(
+                &format!("{path}.id"),
+                format!("pool {}: listed twice", pool.pool),
             ));
         }
-        config
-            .validate()
-            .map_err(|e| here.at(span.clone(), format!("pool {id}: {e}")))?;
-        if pools.iter().any(|p| p.pool == id) {
-            return Err(here.at(span, format!("pool {id}: listed twice")));
-        }
-        pools.push(SeedPool { pool: id, config });
+        pools.push(pool);
     }
     Ok(pools)
+}
+
+/// One `[[pool]]` table at `path` (`pool[i]`).
+fn parse_pool(
+    here: &Located<'_>,
+    path: &str,
+    mut table: toml::Table,
+) -> Result<SeedPool, NodeConfigError> {
+    let at = |key: &str, message: String| here.error(&format!("{path}.{key}"), message);
+    let id = match table.remove("id") {
+        Some(toml::Value::String(id)) => id,
+        Some(_) => return Err(at("id", "pool: id: must be a string".into())),
+        None => return Err(here.error(path, "pool: missing string field id")),
+    };
+    PoolId::parse(&id).map_err(|e| at("id", format!("pool {}: id: {e}", quote(&id))))?;
+    let label = format!("pool {id}");
+    let kind = match table.get("kind") {
+        Some(toml::Value::String(kind)) => kind.clone(),
+        _ => {
+            return Err(at(
+                "kind",
+                format!("{label}: kind: missing; \"window\" or \"rate\""),
+            ))
+        }
+    };
+    let (fields, other, other_fields) = match kind.as_str() {
+        "window" => (WINDOW_FIELDS, "rate", RATE_FIELDS),
+        "rate" => (RATE_FIELDS, "window", WINDOW_FIELDS),
+        _ => {
+            return Err(at(
+                "kind",
+                format!(
+                    "{label}: kind: {} is not \"window\" or \"rate\"",
+                    quote(&kind)
+                ),
+            ))
+        }
+    };
+    if let Some(key) = table
+        .keys()
+        .find(|key| *key != "kind" && !fields.contains(&key.as_str()))
+    {
+        let message = if other_fields.contains(&key.as_str()) {
+            format!("{label}: {key}: a field of {other} pools, not of {kind} pools")
+        } else {
+            format!(
+                "{label}: {}: unknown field; a {kind} pool takes id, kind, {}",
+                quote(key),
+                fields.join(", ")
+            )
+        };
+        return Err(at(key, message));
+    }
+    if let Some(reclaim) = table.get("reclaim") {
+        check_reclaim(reclaim).map_err(|(key, message)| at(&key, format!("{label}: {message}")))?;
+    }
+    if let Some(node) = here.tree.find(path) {
+        here.bounds(node, POOL_BOUNDS, &format!("{label}: "))?;
+    }
+    let config: PoolConfig = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| here.error(path, format!("{label}: {}", e.message())))?;
+    if config.is_simulation_only() {
+        return Err(at(
+            "reclaim",
+            format!(
+                "{label}: reclaim: silence_only is simulation only \
+                 (unsafe: it reclaims without the health signal); use two_signal or lease"
+            ),
+        ));
+    }
+    config
+        .validate()
+        .map_err(|e| at(&e.field, format!("{label}: {e}")))?;
+    Ok(SeedPool { pool: id, config })
+}
+
+/// `reclaim = { policy = …, … }` holds a known policy and only its fields;
+/// returns the key at fault (relative to the pool) and why.
+fn check_reclaim(reclaim: &toml::Value) -> Result<(), (String, String)> {
+    let toml::Value::Table(reclaim) = reclaim else {
+        return Err((
+            "reclaim".into(),
+            "reclaim: must be a table such as { policy = \"two_signal\", silent_intervals = 3 }"
+                .into(),
+        ));
+    };
+    let policy = match reclaim.get("policy") {
+        Some(toml::Value::String(policy)) => policy.as_str(),
+        _ => {
+            return Err((
+                "reclaim".into(),
+                "reclaim.policy: missing; freeze, two_signal or lease".into(),
+            ))
+        }
+    };
+    let Some((_, fields)) = RECLAIM_FIELDS.iter().find(|(name, _)| *name == policy) else {
+        return Err((
+            "reclaim.policy".into(),
+            format!(
+                "reclaim.policy: {} is not freeze, two_signal or lease",
+                quote(policy)
+            ),
+        ));
+    };
+    if let Some(key) = reclaim
+        .keys()
+        .find(|key| *key != "policy" && !fields.contains(&key.as_str()))
+    {
+        let takes = if fields.is_empty() {
+            "no other field".to_string()
+        } else {
+            fields.join(", ")
+        };
+        return Err((
+            format!("reclaim.{key}"),
+            format!(
+                "reclaim.{}: not a field of policy {policy} (it takes {takes})",
+                quote(key)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -539,55 +916,7 @@ region = "us"
 health = "127.0.0.1:7192"
 "#;
 
-    #[test]
-    fn good_config_resolves_paths_and_defaults() {
-        let config = NodeConfig::parse("n2.toml", GOOD, Path::new("/etc/lh")).unwrap();
-        assert_eq!(config.node_id, 2);
-        assert_eq!(config.data_dir, PathBuf::from("/etc/lh/data/2"));
-        assert_eq!(config.advertised_address(), "127.0.0.1:7302");
-        assert_eq!(config.raft, RaftSettings::default());
-        assert_eq!(config.prober.failures_to_unhealthy, 2);
-        assert_eq!(config.prober.targets[1].path, "/health");
-        assert_eq!(config.prober.targets[0].host_port, "127.0.0.1:7191");
-        assert_eq!(config.tick_interval_ms, 1_000);
-        assert_eq!(
-            config.peer_list(),
-            ["1=127.0.0.1:7301", "2=127.0.0.1:7302", "3=127.0.0.1:7303"]
-        );
-    }
-
-    #[test]
-    fn errors_name_the_file_and_line() {
-        let bad_listen = GOOD.replace("\"127.0.0.1:7302\"\ndata", "\"nope\"\ndata");
-        let error = NodeConfig::parse("n2.toml", &bad_listen, Path::new(".")).unwrap_err();
-        assert!(
-            error.to_string().starts_with("n2.toml:3: listen:"),
-            "{error}"
-        );
-
-        let stranger = GOOD.replace("node_id = 2", "node_id = 7");
-        let error = NodeConfig::parse("n2.toml", &stranger, Path::new(".")).unwrap_err();
-        assert_eq!(error.to_string(), "n2.toml:2: node_id: 7 is not in [peers]");
-
-        let bad_peer = GOOD.replace("3 = \"127.0.0.1:7303\"", "3 = \"no-port\"");
-        let error = NodeConfig::parse("n2.toml", &bad_peer, Path::new(".")).unwrap_err();
-        assert!(
-            error.to_string().starts_with("n2.toml:9: peers.3:"),
-            "{error}"
-        );
-
-        let unknown = GOOD.replace("data_dir", "data_dirr");
-        let error = NodeConfig::parse("n2.toml", &unknown, Path::new(".")).unwrap_err();
-        assert!(error.to_string().starts_with("n2.toml:4:"), "{error}");
-
-        let bad_raft = format!("{GOOD}\n[raft]\nheartbeat_ms = 700\n");
-        let error = NodeConfig::parse("n2.toml", &bad_raft, Path::new(".")).unwrap_err();
-        assert!(error.to_string().contains("election_min_ms"), "{error}");
-    }
-
-    #[test]
-    fn pools_file_is_validated_per_pool() {
-        let text = r#"
+    const POOLS: &str = r#"
 [[pool]]
 id = "api-window"
 kind = "window"
@@ -607,31 +936,314 @@ max_raise_basis_points = 1000
 reclaim = { policy = "two_signal", silent_intervals = 3 }
 fallback_allowance_millitokens_per_s = 500000
 "#;
-        let pools = parse_pools("pools.toml", text).unwrap();
+
+    fn node_error(text: &str) -> String {
+        NodeConfig::parse("n2.toml", text, Path::new("."))
+            .unwrap_err()
+            .to_string()
+    }
+
+    fn pools_error(text: &str) -> String {
+        parse_pools("pools.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn good_config_resolves_paths_and_defaults() {
+        let config = NodeConfig::parse("n2.toml", GOOD, Path::new("/etc/lh")).unwrap();
+        assert_eq!(config.node_id, 2);
+        assert_eq!(config.data_dir, PathBuf::from("/etc/lh/data/2"));
+        assert_eq!(config.advertised_address(), "127.0.0.1:7302");
+        assert_eq!(config.raft, RaftSettings::default());
+        assert_eq!(config.prober.failures_to_unhealthy, 2);
+        assert_eq!(config.prober.interval_ms, 1_000);
+        assert_eq!(config.prober.targets[1].path, "/health");
+        assert_eq!(config.prober.targets[0].host_port, "127.0.0.1:7191");
+        assert_eq!(config.tick_interval_ms, 1_000);
+        assert_eq!(
+            config.peer_list(),
+            ["1=127.0.0.1:7301", "2=127.0.0.1:7302", "3=127.0.0.1:7303"]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let bad_listen = GOOD.replace("\"127.0.0.1:7302\"\ndata", "\"nope\"\ndata");
+        let error = node_error(&bad_listen);
+        assert!(
+            error.starts_with("n2.toml:3: listen: nope is not"),
+            "{error}"
+        );
+
+        let stranger = GOOD.replace("node_id = 2", "node_id = 7");
+        assert_eq!(
+            node_error(&stranger),
+            "n2.toml:2: node_id: 7 is not in [peers]"
+        );
+
+        let bad_peer = GOOD.replace("3 = \"127.0.0.1:7303\"", "3 = \"no-port\"");
+        let error = node_error(&bad_peer);
+        assert!(error.starts_with("n2.toml:9: peers.3:"), "{error}");
+
+        let unknown = GOOD.replace("data_dir", "data_dirr");
+        assert!(node_error(&unknown).starts_with("n2.toml:4:"));
+
+        let bad_raft = format!("{GOOD}\n[raft]\nheartbeat_ms = 700\n");
+        let error = node_error(&bad_raft);
+        assert!(
+            error.starts_with("n2.toml:20: raft.election_min_ms: 600 must be above"),
+            "{error}"
+        );
+
+        let syntax = GOOD.replace("node_id = 2", "node_id = = 2");
+        assert!(node_error(&syntax).starts_with("n2.toml:2:"));
+    }
+
+    #[test]
+    fn numbers_past_their_range_are_refused_with_line_and_range() {
+        let huge = format!("tick_interval_ms = {}\n{GOOD}", i64::MAX);
+        assert_eq!(
+            node_error(&huge),
+            format!(
+                "n2.toml:1: tick_interval_ms: {} is outside [10, 60000] (or 0: off)",
+                i64::MAX
+            )
+        );
+        let off = format!("tick_interval_ms = 0\n{GOOD}");
+        let config = NodeConfig::parse("n2.toml", &off, Path::new(".")).unwrap();
+        assert_eq!(config.tick_interval_ms, 0);
+
+        let negative = format!("{GOOD}\n[raft]\nelection_max_ms = -1\n");
+        assert_eq!(
+            node_error(&negative),
+            "n2.toml:21: raft.election_max_ms: -1 is outside [3, 120000]"
+        );
+        let zero_id = GOOD.replace("node_id = 2", "node_id = 0");
+        assert_eq!(
+            node_error(&zero_id),
+            "n2.toml:2: node_id: 0 is outside [1, 4294967295]"
+        );
+        let timeout = GOOD.replace(
+            "failures_to_unhealthy = 2",
+            "failures_to_unhealthy = 2\ntimeout_ms = 60001",
+        );
+        assert_eq!(
+            node_error(&timeout),
+            "n2.toml:13: prober.timeout_ms: 60001 is outside [1, 60000]"
+        );
+    }
+
+    #[test]
+    fn dotted_keys_are_located_like_tables() {
+        let dotted = format!("raft.heartbeat_ms = 0\n{GOOD}");
+        assert_eq!(
+            node_error(&dotted),
+            "n2.toml:1: raft.heartbeat_ms: 0 is outside [1, 10000]"
+        );
+        let ok = format!("raft.heartbeat_ms = 50\n{GOOD}");
+        let config = NodeConfig::parse("n2.toml", &ok, Path::new(".")).unwrap();
+        assert_eq!(config.raft.heartbeat_ms, 50);
+    }
+
+    #[test]
+    fn too_many_peers_and_oversized_addresses_are_refused() {
+        let mut text = GOOD.to_string();
+        for id in 4..=10 {
+            text = text.replace(
+                "3 = \"127.0.0.1:7303\"",
+                &format!("3 = \"127.0.0.1:7303\"\n{id} = \"127.0.0.1:{}\"", 7300 + id),
+            );
+        }
+        assert!(node_error(&text).starts_with("n2.toml:6: peers: 10 peers, above the cap of 9"));
+        let long = GOOD.replace("127.0.0.1:7303", &format!("{}:1", "h".repeat(300)));
+        let error = node_error(&long);
+        assert!(error.contains("above the cap of 260"), "{error}");
+        assert!(error.len() < 200, "the value is quoted short: {error}");
+        let big_key = GOOD.replace("3 = ", "4294967296 = ");
+        assert!(node_error(&big_key).contains("is not a node id"));
+    }
+
+    #[test]
+    fn pools_file_is_validated_per_pool() {
+        let pools = parse_pools("pools.toml", POOLS).unwrap();
         assert_eq!(pools.len(), 2);
         assert!(matches!(pools[1].config, PoolConfig::Rate(_)));
 
-        let simulated = text.replace(
+        let simulated = POOLS.replace(
             "{ policy = \"two_signal\", silent_intervals = 3 }",
             "{ policy = \"silence_only\", silent_intervals = 3 }",
         );
-        assert_ne!(simulated, text);
-        let error = parse_pools("pools.toml", &simulated)
-            .unwrap_err()
-            .to_string();
+        assert_ne!(simulated, POOLS);
+        let error = pools_error(&simulated);
         assert!(
             error.starts_with(
-                "pools.toml:9: pool api-rate: reclaim: silence_only is simulation only"
+                "pools.toml:18: pool api-rate: reclaim: silence_only is simulation only"
             ),
             "{error}"
         );
 
-        let bad = text.replace("window_ms = 60000", "window_ms = 0");
-        let error = parse_pools("pools.toml", &bad).unwrap_err().to_string();
+        let bad = POOLS.replace("window_ms = 60000", "window_ms = 0");
+        assert_eq!(
+            pools_error(&bad),
+            "pools.toml:6: pool api-window: window_ms: 0 is outside [1000, 31622400000]"
+        );
+        let short_burst = POOLS.replace("burst_millitokens = 20000000", "burst_millitokens = 5");
+        let error = pools_error(&short_burst);
         assert!(
-            error.starts_with("pools.toml:2: pool api-window: window_ms:"),
+            error.starts_with("pools.toml:13: pool api-rate: burst_millitokens: 5 is below"),
             "{error}"
         );
+        let twice = POOLS.replace("\"api-rate\"", "\"api-window\"");
+        assert_eq!(
+            pools_error(&twice),
+            "pools.toml:10: pool api-window: listed twice"
+        );
+    }
+
+    #[test]
+    fn pools_file_refuses_unknown_fields_and_the_other_kinds_fields() {
+        let other_kind = POOLS.replace(
+            "lease_ttl_ms = 10000",
+            "lease_ttl_ms = 10000\nburst_seconds = 2",
+        );
+        assert_eq!(
+            pools_error(&other_kind),
+            "pools.toml:8: pool api-window: burst_seconds: a field of rate pools, not of window pools"
+        );
+        let window_in_rate =
+            POOLS.replace("burst_seconds = 2", "burst_seconds = 2\nwindow_ms = 1000");
+        assert!(pools_error(&window_in_rate)
+            .starts_with("pools.toml:15: pool api-rate: window_ms: a field of window pools"));
+        let unknown = POOLS.replace("lease_ttl_ms = 10000", "lease_ttl_ms = 10000\nbogus = 1");
+        let error = pools_error(&unknown);
+        assert!(
+            error.starts_with("pools.toml:8: pool api-window: bogus: unknown field; a window pool takes id, kind, capacity_millitokens_per_window"),
+            "{error}"
+        );
+        let top = format!("bogus = 1\n{POOLS}");
+        assert!(pools_error(&top).starts_with("pools.toml:1:"));
+        let reclaim = POOLS.replace(
+            "silent_intervals = 3 }",
+            "silent_intervals = 3, share_ttl_ms = 9 }",
+        );
+        let error = pools_error(&reclaim);
+        assert!(
+            error.starts_with("pools.toml:18: pool api-rate: reclaim.share_ttl_ms: not a field of policy two_signal"),
+            "{error}"
+        );
+        let policy = POOLS.replace("\"two_signal\"", "\"sometimes\"");
+        assert!(pools_error(&policy).contains("reclaim.policy: sometimes is not freeze"));
+        let kind = POOLS.replace("kind = \"window\"", "kind = \"hourly\"");
+        assert!(pools_error(&kind).starts_with("pools.toml:4: pool api-window: kind: hourly"));
+        let no_kind = POOLS.replace("kind = \"window\"\n", "");
+        assert!(pools_error(&no_kind).starts_with("pools.toml:2: pool api-window: kind: missing"));
+    }
+
+    #[test]
+    fn pools_file_holds_at_most_the_machines_pool_cap() {
+        let pool = |i: usize| {
+            format!(
+                "[[pool]]\nid = \"p{i}\"\nkind = \"window\"\ncapacity_millitokens_per_window = 1\nwindow_ms = 1000\nlease_ttl_ms = 1\n"
+            )
+        };
+        let at_cap: String = (0..MAX_POOLS_IN_FILE).map(pool).collect();
+        assert_eq!(parse_pools("pools.toml", &at_cap).unwrap().len(), 1_024);
+        let past: String = (0..=MAX_POOLS_IN_FILE).map(pool).collect();
+        assert_eq!(
+            pools_error(&past),
+            format!(
+                "pools.toml:{}: pool: 1025 pools, above the cap of 1024",
+                1_024 * 6 + 1
+            )
+        );
+    }
+
+    #[test]
+    fn pool_field_lists_match_the_config_structs() {
+        fn keys(config: &PoolConfig) -> Vec<String> {
+            let value = serde_json::to_value(config).unwrap();
+            let mut keys: Vec<String> = value
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| *k != "kind")
+                .cloned()
+                .collect();
+            keys.sort();
+            keys
+        }
+        let sorted = |fields: &[&str]| {
+            let mut fields: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+            fields.sort();
+            fields
+        };
+        let pools = parse_pools("pools.toml", POOLS).unwrap();
+        assert_eq!(keys(&pools[0].config), sorted(WINDOW_FIELDS));
+        assert_eq!(keys(&pools[1].config), sorted(RATE_FIELDS));
+        for policy in [
+            crate::ReclaimPolicy::Freeze,
+            crate::ReclaimPolicy::two_signal_default(),
+            crate::ReclaimPolicy::lease_default(1_000, 0),
+            crate::ReclaimPolicy::SilenceOnly {
+                silent_intervals: 1,
+            },
+        ] {
+            let value = serde_json::to_value(&policy).unwrap();
+            let object = value.as_object().unwrap();
+            let name = object["policy"].as_str().unwrap();
+            let (_, fields) = RECLAIM_FIELDS.iter().find(|(n, _)| *n == name).unwrap();
+            let mut found: Vec<String> =
+                object.keys().filter(|k| *k != "policy").cloned().collect();
+            found.sort();
+            assert_eq!(found, sorted(fields), "{name}");
+        }
+    }
+
+    #[test]
+    fn odd_values_anywhere_are_refused_without_panicking() {
+        let odd = [
+            "-1",
+            "0",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "1.5",
+            "nan",
+            "\"\"",
+            "\"x\"",
+            "[]",
+            "[1, \"a\"]",
+            "{}",
+            "{ a = { b = 1 } }",
+            "1979-05-27T07:32:00Z",
+            "true",
+            "\"\u{00e9}\u{1F600}\"",
+        ];
+        for source in [GOOD, POOLS] {
+            let lines: Vec<&str> = source.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let Some((key, _)) = line.split_once(" = ") else {
+                    continue;
+                };
+                for value in odd {
+                    let mut changed = lines.clone();
+                    let replaced = format!("{key} = {value}");
+                    changed[i] = &replaced;
+                    let text = changed.join("\n");
+                    let _ = NodeConfig::parse("n.toml", &text, Path::new("."));
+                    let _ = parse_pools("p.toml", &text);
+                }
+            }
+        }
+        for text in [
+            "",
+            "[",
+            "= 1",
+            "[[pool]]\n[[pool]]\nid = 1",
+            "pool = 3",
+            "pool = [1]",
+        ] {
+            let _ = parse_pools("p.toml", text);
+            let _ = NodeConfig::parse("n.toml", text, Path::new("."));
+        }
     }
 
     #[test]
@@ -647,6 +1259,19 @@ fallback_allowance_millitokens_per_s = 500000
     }
 
     #[test]
+    fn oversized_files_are_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.toml");
+        let comment = format!("# {}\n", "x".repeat(1 << 20));
+        std::fs::write(&path, comment.repeat(5)).unwrap();
+        let error = NodeConfig::load(&path).unwrap_err().to_string();
+        assert!(
+            error.ends_with("big.toml: above the cap of 4194304 bytes"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn health_urls() {
         assert_eq!(
             parse_health_url("http://h:1/x").unwrap(),
@@ -654,5 +1279,6 @@ fallback_allowance_millitokens_per_s = 500000
         );
         assert!(parse_health_url("https://h:1").is_err());
         assert!(parse_health_url("h").is_err());
+        assert!(parse_health_url(&format!("http://h:1/{}", "x".repeat(3_000))).is_err());
     }
 }

@@ -60,8 +60,13 @@ impl Pool {
         }
     }
 
-    /// `UpdatePool` with a validated config.
-    pub(crate) fn update(&mut self, pool: &PoolId, config: PoolConfig) -> Result<(), CommandError> {
+    /// Every refusal of [`Pool::update`], without changing anything: the
+    /// kind cannot change, nor a window pool's `window_ms`.
+    pub(crate) fn admit_update(
+        &self,
+        pool: &PoolId,
+        config: &PoolConfig,
+    ) -> Result<(), CommandError> {
         match (self, config) {
             (Pool::Window(state), PoolConfig::Window(config)) => {
                 if config.window_ms != state.config.window_ms {
@@ -70,13 +75,9 @@ impl Pool {
                         field: "window_ms".to_string(),
                     });
                 }
-                state.config = config;
                 Ok(())
             }
-            (Pool::Rate(state), PoolConfig::Rate(config)) => {
-                state.reconfigure(config);
-                Ok(())
-            }
+            (Pool::Rate(_), PoolConfig::Rate(_)) => Ok(()),
             (_, config) => Err(CommandError::WrongPoolKind {
                 pool: pool.to_string(),
                 expected: match config {
@@ -87,30 +88,61 @@ impl Pool {
         }
     }
 
-    /// `RegisterRegion`.
+    /// `UpdatePool` with a validated config; refuses (state unchanged) what
+    /// [`Pool::admit_update`] refuses.
+    pub(crate) fn update(&mut self, pool: &PoolId, config: PoolConfig) -> Result<(), CommandError> {
+        self.admit_update(pool, &config)?;
+        match (self, config) {
+            (Pool::Window(state), PoolConfig::Window(config)) => state.config = config,
+            (Pool::Rate(state), PoolConfig::Rate(config)) => state.reconfigure(config),
+            // Another kind: refused by `admit_update` above.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Every refusal of [`Pool::register`], without changing anything: a
+    /// new member needs room under [`MAX_REGIONS_PER_POOL`].
+    pub(crate) fn admit_register(
+        &self,
+        pool: &PoolId,
+        region: &RegionId,
+    ) -> Result<(), CommandError> {
+        let members = match self {
+            Pool::Window(window) => window.members.len(),
+            Pool::Rate(rate) => rate.members.len(),
+        };
+        if self.member(region).is_none() && members >= MAX_REGIONS_PER_POOL {
+            return Err(CommandError::TooManyRegionsInPool {
+                pool: pool.to_string(),
+                cap: MAX_REGIONS_PER_POOL,
+            });
+        }
+        Ok(())
+    }
+
+    /// `RegisterRegion`; refuses (state unchanged) what
+    /// [`Pool::admit_register`] refuses.
     pub(crate) fn register(
         &mut self,
         pool: &PoolId,
         region: &RegionId,
         now_ms: u64,
     ) -> Result<Outcome, CommandError> {
+        self.admit_register(pool, region)?;
         let window = match self {
             Pool::Rate(state) => return state.register(pool, region, now_ms),
             Pool::Window(window) => window,
         };
-        if !window.members.contains_key(region) && window.members.len() >= MAX_REGIONS_PER_POOL {
-            return Err(CommandError::TooManyRegionsInPool {
-                pool: pool.to_string(),
-                cap: MAX_REGIONS_PER_POOL,
-            });
-        }
         let member = window
             .members
             .entry(region.clone())
             .or_insert_with(|| Member::joined(now_ms));
         crate::fence::rejoin(member, now_ms);
+        let incarnation = member.incarnation;
+        debug_assert!(window.members.len() <= MAX_REGIONS_PER_POOL);
         Ok(Outcome::Registered {
-            incarnation: member.incarnation,
+            incarnation,
             share: None,
         })
     }

@@ -9,6 +9,7 @@
 //! served from this node's applied state and flagged `stale` when the
 //! caller allows it.
 
+use leasehold_logging::quote;
 use tonic::{Request, Response, Status};
 
 use crate::command::{Command, Outcome};
@@ -43,18 +44,20 @@ impl AllocatorService {
     }
 }
 
+/// The pool and Region a command names, [`quote`]d for a log line (they
+/// are unvalidated input until the state machine parses them).
 fn scope_of(command: &Command) -> (String, String) {
     match command {
         Command::CreatePool { pool, .. } | Command::UpdatePool { pool, .. } => {
-            (pool.clone(), String::new())
+            (quote(pool), String::new())
         }
         Command::RegisterRegion { pool, region }
         | Command::Grant { pool, region, .. }
         | Command::Rebalance { pool, region, .. }
         | Command::AckShare { pool, region, .. }
         | Command::AdminFreeze { pool, region, .. }
-        | Command::AdminReclaim { pool, region } => (pool.clone(), region.clone()),
-        Command::HealthVerdict { region, .. } => (String::new(), region.clone()),
+        | Command::AdminReclaim { pool, region } => (quote(pool), quote(region)),
+        Command::HealthVerdict { region, .. } => (String::new(), quote(region)),
         Command::Tick => (String::new(), String::new()),
     }
 }
@@ -228,7 +231,9 @@ impl pb::allocator_server::Allocator for AllocatorService {
                 .state_machine()
                 .read(|state| state.machine.pool(pool).is_some());
             if !known {
-                let error = crate::command::CommandError::UnknownPool { pool: pool.clone() };
+                let error = crate::command::CommandError::UnknownPool {
+                    pool: pool.to_string(),
+                };
                 return Err(ErrorInfo::command(&error, 0).into_status());
             }
         }
@@ -275,26 +280,13 @@ impl pb::allocator_server::Allocator for AllocatorService {
         pool_reply(committed)
     }
 
+    /// Ids, addresses and the group's state are checked by the node
+    /// ([`crate::raft::membership`]): a refusal appends nothing.
     async fn add_node(
         &self,
         request: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::MembershipReply>, Status> {
         let r = request.into_inner();
-        if r.node_id == 0 {
-            return Err(
-                ErrorInfo::invalid("node_id", "node_id: must be at least 1".into()).into_status(),
-            );
-        }
-        if r.address
-            .rsplit_once(':')
-            .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
-        {
-            return Err(ErrorInfo::invalid(
-                "address",
-                format!("address: {:?} is not host:port", r.address),
-            )
-            .into_status());
-        }
         let change = self
             .node
             .add_node(r.node_id, r.address, r.voter)

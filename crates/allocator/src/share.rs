@@ -266,8 +266,10 @@ impl RatePool {
         Ok(())
     }
 
-    /// Admits a report: a member, not fenced, reporting a version it was sent.
-    fn admit(
+    /// Every refusal of `rebalance` and `ack_share`, without changing
+    /// anything: the report must come from a member, not fenced, and name a
+    /// share version it was sent.
+    pub(crate) fn admit(
         &self,
         pool: &PoolId,
         region: &RegionId,

@@ -9,6 +9,8 @@
 use prost::Message;
 use tonic::{Code, Status};
 
+use leasehold_logging::{cap_status_message, MAX_STATUS_MESSAGE_BYTES};
+
 use crate::command::{CommandError, Rejection};
 use crate::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
 use crate::grant::{GrantAnswer, GrantRecord, WindowPool};
@@ -399,7 +401,16 @@ impl ErrorInfo {
 
     /// The gRPC status: the message names the field; details hold the
     /// encoded [`pb::ErrorDetail`]; NOT_LEADER adds the leader metadata.
-    pub fn into_status(self) -> Status {
+    /// The message and the detail's texts are capped at
+    /// [`MAX_STATUS_MESSAGE_BYTES`] each (they travel in the trailer, which
+    /// a stock client refuses past its metadata limit); inputs inside them
+    /// are already [`leasehold_logging::quote`]d where they were formatted.
+    pub fn into_status(mut self) -> Status {
+        for text in [&mut self.detail.message, &mut self.detail.field] {
+            if text.len() > MAX_STATUS_MESSAGE_BYTES {
+                *text = cap_status_message(text);
+            }
+        }
         let mut metadata = tonic::metadata::MetadataMap::new();
         if self.detail.code == pb::ErrorCode::NotLeader as i32
             && !self.detail.leader_address.is_empty()
@@ -420,7 +431,7 @@ impl ErrorInfo {
         };
         Status::with_details_and_metadata(
             self.code,
-            message,
+            cap_status_message(&message),
             prost::bytes::Bytes::from(self.detail.encode_to_vec()),
             metadata,
         )
@@ -549,6 +560,25 @@ mod tests {
             "{}",
             status.message()
         );
+    }
+
+    #[test]
+    fn a_status_message_is_capped_and_so_is_its_detail() {
+        let long = format!("address: {} is not host:port", "x".repeat(70_000));
+        let status = ErrorInfo::invalid("address", long).into_status();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE_BYTES);
+        assert!(status.message().starts_with("address: xxx"));
+        let detail = error_detail(&status).unwrap();
+        assert!(detail.message.len() <= MAX_STATUS_MESSAGE_BYTES);
+        assert!(detail.message.ends_with(" bytes)"), "{}", detail.message);
+
+        let unknown = CommandError::UnknownPool {
+            pool: "p".repeat(65_536),
+        };
+        let status = ErrorInfo::command(&unknown, 0).into_status();
+        assert!(status.message().len() < 200, "{}", status.message());
+        assert!(status.message().contains("(65536 bytes)"));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Bad commands are refused with a typed error naming what is wrong, and
-//! leave the machine byte-for-byte unchanged.
+//! leave the machine byte-for-byte unchanged — and `validate_at` refuses
+//! each of them first, with the same error, so the leader appends nothing.
 
 mod common;
 
@@ -9,6 +10,15 @@ use leasehold_allocator::id::{IdError, MAX_ID_BYTES};
 use leasehold_allocator::pool::{PoolKind, MAX_POOLS};
 use leasehold_allocator::region::MAX_REGIONS_PER_POOL;
 use leasehold_allocator::{Command, CommandError, PoolConfig};
+
+/// `Harness::refused` (apply refuses, state unchanged), after checking that
+/// `validate_at` at the same stamp refuses with the same error.
+fn refused(harness: &mut Harness, time_ms: u64, command: Command) -> CommandError {
+    let early = harness.machine.validate_at(&command, time_ms);
+    let error = harness.refused(time_ms, command);
+    assert_eq!(early, Err(error.clone()), "not refused before proposing");
+    error
+}
 
 fn harness() -> Harness {
     let mut harness = Harness::default();
@@ -51,13 +61,13 @@ fn invalid_value(field: &str, value: u64, min: u64, max: u64) -> CommandError {
 fn unknown_pool_is_refused() {
     let mut harness = harness();
     assert_eq!(
-        harness.refused(1, grant("nope", "a", 1, "l", 1)),
+        refused(&mut harness, 1, grant("nope", "a", 1, "l", 1)),
         CommandError::UnknownPool {
             pool: "nope".into()
         }
     );
     assert_eq!(
-        harness.refused(1, register("nope", "a")),
+        refused(&mut harness, 1, register("nope", "a")),
         CommandError::UnknownPool {
             pool: "nope".into()
         }
@@ -68,11 +78,11 @@ fn unknown_pool_is_refused() {
 fn want_of_zero_or_above_two_to_the_forty_is_refused() {
     let mut harness = harness();
     assert_eq!(
-        harness.refused(1, grant("quota", "a", 1, "l", 0)),
+        refused(&mut harness, 1, grant("quota", "a", 1, "l", 0)),
         invalid_value("want_millitokens", 0, 1, MAX_VALUE)
     );
     assert_eq!(
-        harness.refused(1, grant("quota", "a", 1, "l", MAX_VALUE + 1)),
+        refused(&mut harness, 1, grant("quota", "a", 1, "l", MAX_VALUE + 1)),
         invalid_value("want_millitokens", MAX_VALUE + 1, 1, MAX_VALUE)
     );
 }
@@ -85,7 +95,7 @@ fn oversized_and_out_of_charset_ids_name_their_field() {
         length_bytes: MAX_ID_BYTES + 1,
         cap_bytes: MAX_ID_BYTES,
     };
-    let error = harness.refused(1, grant(&long, "a", 1, "l", 1));
+    let error = refused(&mut harness, 1, grant(&long, "a", 1, "l", 1));
     assert_eq!(
         error,
         CommandError::InvalidId {
@@ -93,7 +103,7 @@ fn oversized_and_out_of_charset_ids_name_their_field() {
             error: too_long.clone()
         }
     );
-    let error = harness.refused(1, grant("quota", &long, 1, "l", 1));
+    let error = refused(&mut harness, 1, grant("quota", &long, 1, "l", 1));
     assert_eq!(
         error,
         CommandError::InvalidId {
@@ -101,7 +111,7 @@ fn oversized_and_out_of_charset_ids_name_their_field() {
             error: too_long.clone()
         }
     );
-    let error = harness.refused(1, grant("quota", "a", 1, &long, 1));
+    let error = refused(&mut harness, 1, grant("quota", "a", 1, &long, 1));
     assert_eq!(
         error,
         CommandError::InvalidId {
@@ -109,12 +119,13 @@ fn oversized_and_out_of_charset_ids_name_their_field() {
             error: too_long
         }
     );
-    let error = harness.refused(1, register("rate", "Bad_Region"));
+    let error = refused(&mut harness, 1, register("rate", "Bad_Region"));
     assert!(
         matches!(error, CommandError::InvalidId { ref field, .. } if field == "region"),
         "{error}"
     );
-    let error = harness.refused(
+    let error = refused(
+        &mut harness,
         1,
         Command::HealthVerdict {
             region: String::new(),
@@ -135,13 +146,14 @@ fn unknown_and_wrong_regions_are_refused() {
     let mut harness = harness();
     // Never registered anywhere.
     assert_eq!(
-        harness.refused(1, rebalance("rate", "ghost", 1, 1, 0, 0)),
+        refused(&mut harness, 1, rebalance("rate", "ghost", 1, 1, 0, 0)),
         CommandError::UnknownRegion {
             region: "ghost".into()
         }
     );
     assert_eq!(
-        harness.refused(
+        refused(
+            &mut harness,
             1,
             Command::HealthVerdict {
                 region: "ghost".into(),
@@ -154,7 +166,7 @@ fn unknown_and_wrong_regions_are_refused() {
     );
     // Known, but not a member of this pool.
     assert_eq!(
-        harness.refused(1, rebalance("rate", "b", 1, 1, 0, 0)),
+        refused(&mut harness, 1, rebalance("rate", "b", 1, 1, 0, 0)),
         CommandError::RegionNotInPool {
             pool: "rate".into(),
             region: "b".into()
@@ -162,7 +174,7 @@ fn unknown_and_wrong_regions_are_refused() {
     );
     // A member, with a stale incarnation.
     assert_eq!(
-        harness.refused(1, rebalance("rate", "a", 0, 1, 0, 0)),
+        refused(&mut harness, 1, rebalance("rate", "a", 0, 1, 0, 0)),
         CommandError::Fenced {
             current_incarnation: 1
         }
@@ -173,14 +185,14 @@ fn unknown_and_wrong_regions_are_refused() {
 fn commands_of_the_other_pool_kind_are_refused() {
     let mut harness = harness();
     assert_eq!(
-        harness.refused(1, grant("rate", "a", 1, "l", 1)),
+        refused(&mut harness, 1, grant("rate", "a", 1, "l", 1)),
         CommandError::WrongPoolKind {
             pool: "rate".into(),
             expected: PoolKind::Window
         }
     );
     assert_eq!(
-        harness.refused(1, rebalance("quota", "a", 1, 1, 0, 0)),
+        refused(&mut harness, 1, rebalance("quota", "a", 1, 1, 0, 0)),
         CommandError::WrongPoolKind {
             pool: "quota".into(),
             expected: PoolKind::Rate
@@ -192,7 +204,8 @@ fn commands_of_the_other_pool_kind_are_refused() {
         lease_ttl_ms: 1,
     };
     assert_eq!(
-        harness.refused(
+        refused(
+            &mut harness,
             1,
             Command::UpdatePool {
                 pool: "rate".into(),
@@ -210,11 +223,19 @@ fn commands_of_the_other_pool_kind_are_refused() {
 fn out_of_range_reports_are_refused() {
     let mut harness = harness();
     assert_eq!(
-        harness.refused(1, rebalance("rate", "a", 1, MAX_VALUE + 1, 0, 0)),
+        refused(
+            &mut harness,
+            1,
+            rebalance("rate", "a", 1, MAX_VALUE + 1, 0, 0)
+        ),
         invalid_value("demand_requests", MAX_VALUE + 1, 0, MAX_VALUE)
     );
     assert_eq!(
-        harness.refused(1, rebalance("rate", "a", 1, 1, MAX_VALUE + 1, 0)),
+        refused(
+            &mut harness,
+            1,
+            rebalance("rate", "a", 1, 1, MAX_VALUE + 1, 0)
+        ),
         invalid_value(
             "applied_share_millitokens_per_s",
             MAX_VALUE + 1,
@@ -224,7 +245,7 @@ fn out_of_range_reports_are_refused() {
     );
     // A share version the machine never sent.
     assert_eq!(
-        harness.refused(1, rebalance("rate", "a", 1, 1, 0, 99)),
+        refused(&mut harness, 1, rebalance("rate", "a", 1, 1, 0, 99)),
         invalid_value("applied_share_version", 99, 0, 0)
     );
 }
@@ -234,7 +255,7 @@ fn invalid_configs_name_the_field() {
     let mut harness = harness();
     let mut config = RatePoolConfig::with_defaults(L);
     config.interval_ms = 0;
-    let error = harness.refused(1, create_rate("new", config));
+    let error = refused(&mut harness, 1, create_rate("new", config));
     let CommandError::InvalidConfig {
         error: ConfigError { field, .. },
     } = error
@@ -242,7 +263,7 @@ fn invalid_configs_name_the_field() {
         panic!("{error}")
     };
     assert_eq!(field, "interval_ms");
-    let error = harness.refused(1, create_window("quota-2", 0, 1_000, 1_000));
+    let error = refused(&mut harness, 1, create_window("quota-2", 0, 1_000, 1_000));
     let CommandError::InvalidConfig {
         error: ConfigError { field, .. },
     } = error
@@ -251,12 +272,13 @@ fn invalid_configs_name_the_field() {
     };
     assert_eq!(field, "capacity_millitokens_per_window");
     assert_eq!(
-        harness.refused(1, create_rate("rate", rate_config(L))),
+        refused(&mut harness, 1, create_rate("rate", rate_config(L))),
         CommandError::PoolExists {
             pool: "rate".into()
         }
     );
-    let error = harness.refused(
+    let error = refused(
+        &mut harness,
         1,
         Command::UpdatePool {
             pool: "quota".into(),
@@ -283,7 +305,7 @@ fn caps_on_pools_and_members_refuse_without_change() {
         harness.ok(0, create_window(&format!("p{index}"), 1, 1_000, 1_000));
     }
     assert_eq!(
-        harness.refused(0, create_window("one-more", 1, 1_000, 1_000)),
+        refused(&mut harness, 0, create_window("one-more", 1, 1_000, 1_000)),
         CommandError::TooManyPools { cap: MAX_POOLS }
     );
 
@@ -293,7 +315,7 @@ fn caps_on_pools_and_members_refuse_without_change() {
         harness.ok(0, register("rate", &format!("r{index}")));
     }
     assert_eq!(
-        harness.refused(0, register("rate", "one-more")),
+        refused(&mut harness, 0, register("rate", "one-more")),
         CommandError::TooManyRegionsInPool {
             pool: "rate".into(),
             cap: MAX_REGIONS_PER_POOL
@@ -306,7 +328,7 @@ fn a_stamped_time_beyond_the_range_is_refused() {
     let mut harness = harness();
     let limit = leasehold_allocator::machine::MAX_TIME_MS;
     assert_eq!(
-        harness.refused(limit + 1, Command::Tick),
+        refused(&mut harness, limit + 1, Command::Tick),
         invalid_value("stamped_time_ms", limit + 1, 0, limit)
     );
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use leasehold_allocator::config::{RatePoolConfig, WindowPoolConfig};
 use leasehold_allocator::raft::types::{LogId, RaftEntry, Vote};
 use leasehold_allocator::raft::{
-    open_node_storage, MemLogStore, NodeDb, Proposal, ProposalResponse, Raft, SledLogStore,
-    StateMachineStore, TypeConfig,
+    open_node_storage, recover, MemLogStore, NodeDb, Proposal, ProposalResponse, Raft,
+    SledLogStore, StateMachineStore, TypeConfig,
 };
 use leasehold_allocator::{Command, CommandError, Outcome, PoolConfig, Rejection, Reply};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
@@ -25,8 +25,9 @@ use openraft::raft::{
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{
-    AnyError, BasicNode, CommittedLeaderId, Entry, EntryPayload, Membership, RaftLogReader,
-    RaftNetwork, RaftNetworkFactory, RaftSnapshotBuilder, StorageError, StorageHelper,
+    AnyError, BasicNode, ChangeMembers, CommittedLeaderId, Entry, EntryPayload, Membership,
+    RaftLogReader, RaftNetwork, RaftNetworkFactory, RaftSnapshotBuilder, StorageError,
+    StorageHelper,
 };
 use tempfile::TempDir;
 
@@ -654,6 +655,169 @@ fn single_node_raft_commits_through_the_stores_and_recovers_after_restart() {
             (restored, state.machine.clone())
         });
         assert_eq!(after.0, after.1);
+        raft.shutdown().await.expect("shutdown");
+    });
+}
+
+/// The group's voters, learners and whether a change is in progress, as
+/// node 1 sees it.
+fn membership_of(raft: &Raft) -> (Vec<BTreeSet<u64>>, BTreeSet<u64>) {
+    let membership = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone();
+    let learners = membership.learner_ids().collect();
+    (membership.get_joint_config().clone(), learners)
+}
+
+fn window_pool(pool: &str) -> Command {
+    Command::CreatePool {
+        pool: pool.into(),
+        config: PoolConfig::Window(WindowPoolConfig {
+            capacity_millitokens_per_window: 1_000,
+            window_ms: 60_000,
+            lease_ttl_ms: 10_000,
+        }),
+    }
+}
+
+/// Issue 13 item 2 on real sled files: a cluster of one promotes a learner
+/// at a dead address (what AddNode did before it probed and waited for
+/// catch-up). The joint configuration {1} + {1, 42} can never commit; a
+/// restart keeps it; `--drop-stuck-membership`'s rollback (dry run first)
+/// removes it and what follows, and the restarted node leads again in a
+/// higher term, commits, and removes the learner.
+#[test]
+fn a_stuck_joint_configuration_is_rolled_back_on_the_sled_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (stuck_index, stuck_term) = runtime().block_on(async {
+        let (raft, _state_machine) = start_single_node(dir.path(), true).await;
+        write(&raft, 1_000, window_pool("before"))
+            .await
+            .expect("created");
+        tokio::time::timeout(
+            WAIT,
+            raft.add_learner(42, BasicNode::new("127.0.0.1:1"), false),
+        )
+        .await
+        .expect("learner entry in time")
+        .expect("learner added");
+        let promote = raft.change_membership(ChangeMembers::AddVoterIds([42].into()), false);
+        // Never commits: node 42 does not exist. (Bounded: no fixed wait
+        // is needed for an event that cannot happen.)
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), promote)
+                .await
+                .is_err(),
+            "the joint configuration committed without node 42"
+        );
+        let (configs, _) = membership_of(&raft);
+        assert_eq!(configs, vec![[1].into(), [1, 42].into()]);
+        // A client write after it is appended, never committed.
+        let proposal = Proposal::single(2_000, window_pool("never"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), raft.client_write(proposal))
+                .await
+                .is_err()
+        );
+        let metrics = raft.metrics().borrow().clone();
+        let stuck = metrics
+            .membership_config
+            .log_id()
+            .expect("membership log id");
+        raft.shutdown().await.expect("shutdown");
+        (stuck.index, stuck.leader_id.term)
+    });
+
+    // A restart does not help: node 1 resumes its term, in the joint
+    // configuration, and commits nothing.
+    runtime().block_on(async {
+        let (raft, _state_machine) = start_single_node(dir.path(), false).await;
+        let (configs, _) = membership_of(&raft);
+        assert_eq!(configs, vec![[1].into(), [1, 42].into()]);
+        let proposal = Proposal::single(3_000, window_pool("still-never"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), raft.client_write(proposal))
+                .await
+                .is_err()
+        );
+        raft.shutdown().await.expect("shutdown");
+    });
+
+    let facts = |dir: &Path| {
+        runtime().block_on(async {
+            let db = NodeDb::open(dir).expect("opens");
+            let mut log = SledLogStore::open(&db).expect("log");
+            let state = StateMachineStore::open_sled(&db).expect("state");
+            recover::read_facts(&mut log, &state, 1)
+                .await
+                .expect("facts")
+        })
+    };
+    let before = facts(dir.path());
+    // The dry run plans and writes nothing.
+    let dry = runtime()
+        .block_on(recover::drop_stuck_membership(dir.path(), 1, false))
+        .expect("a plan");
+    assert!(!dry.written);
+    assert_eq!(dry.plan.truncate_from.index, stuck_index);
+    assert!(dry.plan.led_by_this_node);
+    assert!(dry.plan.dropped_command_entries >= 1, "{}", dry.plan);
+    let (_, restored) = &dry.plan.restored;
+    assert_eq!(restored.voter_ids().collect::<Vec<_>>(), vec![1]);
+    assert_eq!(restored.learner_ids().collect::<Vec<_>>(), vec![42]);
+    assert_eq!(facts(dir.path()), before, "a dry run wrote");
+
+    let written = runtime()
+        .block_on(recover::drop_stuck_membership(dir.path(), 1, true))
+        .expect("rolled back");
+    assert!(written.written);
+    assert_eq!(written.plan, dry.plan);
+    let after = facts(dir.path());
+    assert_eq!(
+        after.entries.last().map(|entry| entry.log_id.index),
+        Some(stuck_index - 1)
+    );
+    assert_eq!(after.vote, Some(written.plan.vote_after));
+    assert!(written.plan.vote_after.leader_id.term > stuck_term);
+    // Run again: nothing left to roll back.
+    assert!(matches!(
+        runtime().block_on(recover::drop_stuck_membership(dir.path(), 1, true)),
+        Err(recover::RecoverError::Nothing(_))
+    ));
+
+    runtime().block_on(async {
+        let (raft, state_machine) = start_single_node(dir.path(), false).await;
+        let (configs, learners) = membership_of(&raft);
+        assert_eq!(configs, vec![BTreeSet::from([1])]);
+        assert_eq!(learners, BTreeSet::from([42]));
+        let created = write(&raft, 4_000, window_pool("after"))
+            .await
+            .expect("commits again");
+        assert!(
+            created.epoch > stuck_term,
+            "a higher term: {}",
+            created.epoch
+        );
+        state_machine.read(|state| {
+            assert!(state.machine.pool("before").is_some());
+            assert!(state.machine.pool("after").is_some());
+            assert!(state.machine.pool("never").is_none());
+        });
+        let removed = tokio::time::timeout(
+            WAIT,
+            raft.change_membership(ChangeMembers::RemoveNodes([42].into()), false),
+        )
+        .await
+        .expect("in time")
+        .expect("learner removed");
+        let membership = removed.membership.expect("membership");
+        assert_eq!(
+            membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![1]
+        );
         raft.shutdown().await.expect("shutdown");
     });
 }

@@ -187,6 +187,7 @@ fn client_settings() -> ClientSettings {
         leader_wait: Duration::from_secs(30),
         max_attempts: 1_000,
         retry_pause: Duration::from_millis(100),
+        hedge_after: None,
     }
 }
 

@@ -1,15 +1,42 @@
 //! The agent's config file (TOML). Relative paths are resolved against the
-//! config file's directory. Errors name the file and line.
+//! config file's directory. Every refusal names the file and line; every
+//! number is checked against its documented range first ([`AGENT_BOUNDS`],
+//! [`GLOBAL_BOUNDS`], table in `docs/configuration.md`) and a refusal states
+//! that range. Line numbers come from [`leasehold_config_text`] and the
+//! allocator's config helpers ([`check_bounds`]), shared by every Leasehold
+//! config file.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use leasehold_allocator::node_config::{
+    check_bounds, check_path_text, read_config_file, Bound, MAX_TIMEOUT_MS, MAX_URL_BYTES,
+};
+use leasehold_config_text::{Lines, Node};
+use leasehold_logging::{quote, quote_with};
 use serde::Deserialize;
 
 use crate::breaker::BreakerConfig;
 use crate::fallback::DEFAULT_MAX_KEYS;
-use crate::global::settings::GlobalSettings;
+use crate::global::settings::{GlobalSettings, GLOBAL_BOUNDS};
+
+/// Cap on `store.max_in_flight`.
+pub const MAX_IN_FLIGHT: u64 = 1_000_000;
+/// Cap on `fallback.max_keys` (each live bucket is a few hundred bytes).
+pub const MAX_FALLBACK_KEYS: u64 = 10_000_000;
+
+/// The ranges of the agent config's numbers outside `[global]` (see
+/// [`GLOBAL_BOUNDS`] for those), paths from the file's root.
+pub const AGENT_BOUNDS: &[Bound] = &[
+    Bound::new("store.call_deadline_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("store.connect_timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("store.max_in_flight", 1, MAX_IN_FLIGHT),
+    Bound::new("store.breaker_failures", 1, 1_000),
+    Bound::new("store.breaker_open_ms", 1, 600_000),
+    Bound::new("fallback.max_keys", 1, MAX_FALLBACK_KEYS),
+    Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
+];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +61,10 @@ pub struct AgentConfig {
     /// Global pools synced with the allocator (absent: none).
     #[serde(default)]
     pub global: Option<GlobalSettings>,
+    /// The file this config was read from (its label when generated);
+    /// start-up errors name it. Not a setting: a file cannot set it.
+    #[serde(skip)]
+    pub file: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -96,23 +127,20 @@ pub enum ConfigError {
         file: String,
         source: std::io::Error,
     },
+    /// Not TOML, or not the config's shape (unknown key, wrong type).
     #[error("{file}:{line}: {message}")]
     Parse {
         file: String,
         line: usize,
         message: String,
     },
+    /// A value out of its range or refused by a rule; `field` is its path
+    /// (`store.call_deadline_ms`, `global.pool[1].id`).
     #[error("{file}:{line}: field {field}: {message}")]
-    InvalidGlobal {
+    Invalid {
         file: String,
         line: usize,
         field: String,
-        message: String,
-    },
-    #[error("{file}: field {field}: {message}")]
-    Invalid {
-        file: String,
-        field: &'static str,
         message: String,
     },
 }
@@ -121,7 +149,7 @@ impl AgentConfig {
     /// Reads and validates a config file; paths inside become absolute.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_config_file(path).map_err(|source| ConfigError::Read {
             file: file.clone(),
             source,
         })?;
@@ -132,48 +160,82 @@ impl AgentConfig {
         Ok(config)
     }
 
+    /// Parses and validates config text; `file` names it in every error.
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
-        let config: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let lines = Lines::new(text);
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             file: file.to_string(),
-            line: e
-                .span()
-                .map(|span| text[..span.start.min(text.len())].lines().count().max(1))
-                .unwrap_or(1),
+            line: e.span().map_or(1, |span| lines.line(span.start)),
             message: e.message().to_string(),
-        })?;
-        if let Some(global) = &config.global {
-            if let Err((field, message)) = global.validate() {
-                return Err(ConfigError::InvalidGlobal {
-                    file: file.to_string(),
-                    line: line_of_key(text, field.rsplit('.').next().unwrap_or(&field)),
-                    field,
-                    message,
-                });
-            }
-        }
-        if crate::key::Tenant::parse(&config.region).is_err() {
-            return Err(ConfigError::Invalid {
+        };
+        let tree = Node::parse(text).map_err(parse_error)?;
+        for bounds in [AGENT_BOUNDS, GLOBAL_BOUNDS] {
+            check_bounds(&lines, &tree, bounds).map_err(|e| ConfigError::Invalid {
                 file: file.to_string(),
-                field: "region",
-                message: "must match [a-z0-9-]{1,32}".into(),
-            });
+                line: e.line,
+                field: e.path,
+                message: format!("{} is outside {}", e.value, e.bound),
+            })?;
         }
+        let mut config: AgentConfig = toml::from_str(text).map_err(parse_error)?;
+        config.file = file.to_string();
+        config
+            .check()
+            .map_err(|(field, message)| ConfigError::Invalid {
+                file: file.to_string(),
+                line: tree.line(&lines, &field),
+                field,
+                message,
+            })?;
         Ok(config)
+    }
+
+    /// What the ranges and serde cannot check; returns the field at fault.
+    fn check(&self) -> Result<(), (String, String)> {
+        if crate::key::Tenant::parse(&self.region).is_err() {
+            return Err((
+                "region".into(),
+                format!("{} must match [a-z0-9-]{{1,32}}", quote(&self.region)),
+            ));
+        }
+        if self.listen == self.http_listen && self.listen.port() != 0 {
+            return Err((
+                "http_listen".into(),
+                format!("{} is also listen's address", self.http_listen),
+            ));
+        }
+        if let Some(url) = &self.redis_url {
+            check_redis_url(url).map_err(|message| ("redis_url".to_string(), message))?;
+        }
+        for (field, path) in [
+            ("pepper_file", &self.pepper_file),
+            ("policy_file", &self.policy_file),
+        ] {
+            check_path_text(&path.to_string_lossy()).map_err(|m| (field.to_string(), m))?;
+        }
+        match &self.global {
+            Some(global) => global.validate(),
+            None => Ok(()),
+        }
     }
 }
 
-/// The line where `key` (a field name, without its index) is first set;
-/// 1 when not found. Good enough to point at a `[global]` field.
-fn line_of_key(text: &str, key: &str) -> usize {
-    let key = key.split('[').next().unwrap_or(key);
-    text.lines()
-        .position(|line| {
-            let line = line.trim_start();
-            line.starts_with(key) && line[key.len()..].trim_start().starts_with('=')
-                || line == format!("[{key}]")
-                || line == format!("[[global.{key}]]")
-        })
-        .map_or(1, |i| i + 1)
+/// A URL the Redis client accepts (`redis://host:port/db`,
+/// `unix:///path`), at most [`MAX_URL_BYTES`]. The URL is never echoed: it
+/// may hold a password.
+pub fn check_redis_url(url: &str) -> Result<(), String> {
+    if url.len() > MAX_URL_BYTES {
+        return Err(format!(
+            "{} bytes, above the cap of {MAX_URL_BYTES}",
+            url.len()
+        ));
+    }
+    redis::Client::open(url).map(drop).map_err(|e| {
+        format!(
+            "not a usable Redis URL ({}); expected redis://host:port/db",
+            quote_with(&e.to_string(), 160)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -188,24 +250,59 @@ pepper_file = "pepper"
 policy_file = "policy.toml"
 "#;
 
+    fn error(text: &str) -> String {
+        AgentConfig::parse("eu.toml", text).unwrap_err().to_string()
+    }
+
     #[test]
     fn minimal_config_gets_defaults() {
         let c = AgentConfig::parse("eu.toml", GOOD).unwrap();
         assert_eq!(c.store.call_deadline_ms, 50);
+        assert_eq!(c.fallback.max_keys, DEFAULT_MAX_KEYS);
         assert!(c.redis_url.is_none());
+        assert_eq!(c.file, "eu.toml");
     }
 
     #[test]
     fn errors_name_file_and_line() {
         let bad = GOOD.replace("listen = \"127.0.0.1:7101\"", "listen = \"nowhere\"");
-        let e = AgentConfig::parse("eu.toml", &bad).unwrap_err().to_string();
-        assert!(e.starts_with("eu.toml:3:"), "{e}");
+        assert!(error(&bad).starts_with("eu.toml:3:"));
         let unknown = format!("{GOOD}\nbogus = 1\n");
-        let e = AgentConfig::parse("eu.toml", &unknown)
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("eu.toml:"), "{e}");
+        let e = error(&unknown);
+        assert!(e.starts_with("eu.toml:8:"), "{e}");
         assert!(e.contains("bogus"), "{e}");
+        assert!(error("region = = 1").starts_with("eu.toml:1:"));
+        let file = format!("{GOOD}file = \"x\"\n");
+        assert!(error(&file).contains("unknown field `file`"));
+    }
+
+    #[test]
+    fn numbers_past_their_range_name_file_line_and_range() {
+        let huge = format!("{GOOD}[store]\ncall_deadline_ms = {}\n", i64::MAX);
+        assert_eq!(
+            error(&huge),
+            format!(
+                "eu.toml:8: field store.call_deadline_ms: {} is outside [1, 60000]",
+                i64::MAX
+            )
+        );
+        let zero = format!("{GOOD}[fallback]\nmax_keys = 0\n");
+        assert_eq!(
+            error(&zero),
+            "eu.toml:8: field fallback.max_keys: 0 is outside [1, 10000000]"
+        );
+        let dotted = format!("store.max_in_flight = -5\n{GOOD}");
+        assert_eq!(
+            error(&dotted),
+            "eu.toml:1: field store.max_in_flight: -5 is outside [1, 1000000]"
+        );
+        let phase = format!(
+            "{GOOD}[global]\nallocators = [\"a:1\"]\n[[global.pool]]\nid = \"a\"\n[[global.pool]]\nid = \"b\"\nphase_ms = 3600001\n"
+        );
+        assert_eq!(
+            error(&phase),
+            "eu.toml:13: field global.pool[1].phase_ms: 3600001 is outside [0, 3600000]"
+        );
     }
 
     #[test]
@@ -217,20 +314,81 @@ policy_file = "policy.toml"
         let global = c.global.unwrap();
         assert_eq!(global.pools[0].id, "api-rate");
         let bad = with.replace("http://127.0.0.1:7301", "127.0.0.1");
-        let e = AgentConfig::parse("eu.toml", &bad).unwrap_err().to_string();
+        let e = error(&bad);
         assert!(
             e.starts_with("eu.toml:9: field global.allocators[0]"),
             "{e}"
         );
         let bad = with.replace("\"api-rate\"", "\"api rate\"");
-        let e = AgentConfig::parse("eu.toml", &bad).unwrap_err().to_string();
+        let e = error(&bad);
         assert!(e.starts_with("eu.toml:11: field global.pool[0].id"), "{e}");
+        let water = with.replace(
+            "id = \"api-rate\"",
+            "id = \"api-rate\"\nchunk_millitokens = 10\nlow_water_millitokens = 10",
+        );
+        let e = error(&water);
+        assert_eq!(
+            e,
+            "eu.toml:13: field global.pool[0].low_water_millitokens: 10 must be below chunk_millitokens (10)"
+        );
     }
 
     #[test]
     fn bad_region_is_refused() {
         let bad = GOOD.replace("\"eu\"", "\"EU west\"");
-        let e = AgentConfig::parse("eu.toml", &bad).unwrap_err().to_string();
-        assert!(e.contains("field region"), "{e}");
+        assert!(error(&bad).starts_with("eu.toml:2: field region: EU west must match"));
+    }
+
+    #[test]
+    fn one_address_for_both_listeners_is_refused_unless_the_port_is_chosen() {
+        let same = GOOD.replace("7191", "7101");
+        assert_eq!(
+            error(&same),
+            "eu.toml:4: field http_listen: 127.0.0.1:7101 is also listen's address"
+        );
+        let ephemeral = GOOD.replace("7191", "0").replace("7101", "0");
+        assert!(AgentConfig::parse("eu.toml", &ephemeral).is_ok());
+    }
+
+    #[test]
+    fn malformed_redis_urls_are_refused_at_load_without_echoing_them() {
+        for url in [
+            "127.0.0.1:6379",
+            "http://secret@h:1/",
+            "redis://",
+            "rediss://h:1/",
+        ] {
+            let text = format!("{GOOD}redis_url = \"{url}\"\n");
+            let e = error(&text);
+            assert!(
+                e.starts_with("eu.toml:7: field redis_url: not a usable Redis URL"),
+                "{url}: {e}"
+            );
+            assert!(!e.contains("secret"), "{e}");
+        }
+        let long = format!("{GOOD}redis_url = \"redis://{}\"\n", "h".repeat(3_000));
+        assert!(error(&long).contains("above the cap of 2048"));
+        let good = format!("{GOOD}redis_url = \"redis://user:pw@127.0.0.1:6379/0\"\n");
+        assert!(AgentConfig::parse("eu.toml", &good).is_ok());
+    }
+
+    #[test]
+    fn empty_paths_are_refused() {
+        let empty = GOOD.replace("\"pepper\"", "\"\"");
+        assert_eq!(
+            error(&empty),
+            "eu.toml:5: field pepper_file: must not be empty"
+        );
+    }
+
+    #[test]
+    fn deploy_configs_load() {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/regions");
+        for region in ["eu", "us", "ap"] {
+            let path = deploy.join(format!("agent-{region}.toml"));
+            let config = AgentConfig::load(&path).unwrap();
+            assert_eq!(config.region, region);
+            assert_eq!(config.file, path.display().to_string());
+        }
     }
 }

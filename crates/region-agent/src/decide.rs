@@ -7,9 +7,10 @@
 //! the rules degrade per fail mode. Never a compensating refund.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use tokio::time::Instant;
 
+use leasehold_logging::{default_limiter, error_limited, warn_limited, SharedLimiter};
 use leasehold_proto::agent::v1 as pb;
 
 use crate::algorithm::bucket::BucketParams;
@@ -23,7 +24,24 @@ use crate::policy::{
 };
 use crate::request::{self, InvalidField, RequestTarget};
 use crate::script::{ScriptCall, ScriptKind, ScriptReply};
-use crate::store::{BucketStore, CallResult, StoreError};
+use crate::store::{BucketStore, CallResult, NotSent, StoreError};
+
+/// The decision path's store warnings: one line per kind of store error
+/// per interval, with the count of the ones dropped (a Redis outage must not
+/// write one line per request).
+static STORE_LOGS: LazyLock<SharedLimiter> = LazyLock::new(default_limiter);
+
+/// The kind of a store error, as a rate-limited log line's cause: bounded
+/// and free of request data (keys, principals, addresses).
+pub(crate) fn store_cause(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::NotSent(NotSent::BreakerOpen) => "store.breaker_open",
+        StoreError::NotSent(NotSent::InFlightLimit) => "store.in_flight_limit",
+        StoreError::NotSent(NotSent::Unreachable(_)) => "store.unreachable",
+        StoreError::Script(_) => "store.script",
+        StoreError::Ambiguous(_) => "store.ambiguous",
+    }
+}
 
 /// Millitokens per token: the wire speaks tokens, the scripts millitokens.
 pub const MILLI: u64 = 1_000;
@@ -494,7 +512,13 @@ impl Decider {
         match reply {
             Ok(reply) => self.decision_from_reply(bundle, plan, &reply, decision_id),
             Err(StoreError::Script(e)) => {
-                tracing::error!(decision_id, error = %e, "policy fault from the store");
+                error_limited!(
+                    STORE_LOGS,
+                    "store.script",
+                    decision_id,
+                    error = %e,
+                    "policy fault from the store"
+                );
                 self.degrade(
                     bundle,
                     plan,
@@ -505,7 +529,13 @@ impl Decider {
                 )
             }
             Err(e) => {
-                tracing::warn!(decision_id, error = %e, "store unavailable: degrading per fail mode");
+                warn_limited!(
+                    STORE_LOGS,
+                    store_cause(&e),
+                    decision_id,
+                    error = %e,
+                    "store unavailable: degrading per fail mode"
+                );
                 self.degrade(
                     bundle,
                     plan,

@@ -29,7 +29,7 @@ pub enum KeyError {
     Id,
     #[error("principal id must be 1-256 bytes")]
     Principal,
-    #[error("pepper must be at least 16 bytes")]
+    #[error("pepper must be at least {} bytes", MIN_PEPPER_LEN)]
     Pepper,
     #[error("pool id must match [a-z0-9-]{{1,64}}")]
     Pool,

@@ -3,9 +3,12 @@
 //! back (`give_back.lua`, idempotent per lease id, capped at capacity).
 //! Security rules are never leased (the policy refuses it).
 
+use std::sync::LazyLock;
+
+use leasehold_logging::{default_limiter, warn_limited, SharedLimiter};
 use leasehold_proto::agent::v1 as pb;
 
-use crate::decide::{resolve, Decider, MILLI, NO_ROOM_RETRY_MS};
+use crate::decide::{resolve, store_cause, Decider, MILLI, NO_ROOM_RETRY_MS};
 use crate::fallback::LocalCharge;
 use crate::policy::{FailMode, Rule};
 use crate::request::{self, InvalidField, RequestTarget};
@@ -19,6 +22,13 @@ pub const GIVE_BACK_RECORD_TTL_MS: u64 = 60_000;
 /// Retry hint when a closed leased rule cannot reach its store.
 const UNAVAILABLE_RETRY_MS: i64 = 1_000;
 
+/// Store warnings of block leases, give-backs and concurrency slots, one
+/// limiter per operation: one line per kind of store error per interval,
+/// with the count of the ones dropped.
+static LEASE_LOGS: LazyLock<SharedLimiter> = LazyLock::new(default_limiter);
+static GIVE_BACK_LOGS: LazyLock<SharedLimiter> = LazyLock::new(default_limiter);
+static CONCURRENCY_LOGS: LazyLock<SharedLimiter> = LazyLock::new(default_limiter);
+
 impl Decider {
     fn leased_rule(
         &self,
@@ -31,7 +41,13 @@ impl Decider {
             .filter(|r| r.leased.is_some())
             .cloned()
             .ok_or_else(|| {
-                InvalidField::new("rule_id", "no leased rule with this id in the domain")
+                InvalidField::new(
+                    "rule_id",
+                    format!(
+                        "{}: no leased rule with this id in the domain",
+                        request::shown(rule_id)
+                    ),
+                )
             })?;
         Ok((bundle, rule))
     }
@@ -121,7 +137,13 @@ impl Decider {
         error: &StoreError,
         response: &mut pb::LeaseBlockResponse,
     ) {
-        tracing::warn!(rule = rule.id.as_str(), error = %error, "lease store unavailable: degrading per fail mode");
+        warn_limited!(
+            LEASE_LOGS,
+            store_cause(error),
+            rule = rule.id.as_str(),
+            error = %error,
+            "lease store unavailable: degrading per fail mode"
+        );
         response.fallback = true;
         let grant = match rule.fail_mode {
             FailMode::Closed => false,
@@ -193,7 +215,13 @@ impl Decider {
             }
             // A lost give-back only leaves tokens unused: never worse than the bound.
             Err(e) => {
-                tracing::warn!(rule = rule.id.as_str(), error = %e, "give-back not applied");
+                warn_limited!(
+                    GIVE_BACK_LOGS,
+                    store_cause(&e),
+                    rule = rule.id.as_str(),
+                    error = %e,
+                    "give-back not applied"
+                );
                 Ok(pb::ReturnBlockResponse::default())
             }
         }
@@ -241,7 +269,13 @@ impl Decider {
                     (v.first() == Some(&1), v.get(1).copied().unwrap_or(0))
                 }
                 Err(e) => {
-                    tracing::warn!(rule = rule.id.as_str(), error = %e, "concurrency store unavailable");
+                    warn_limited!(
+                        CONCURRENCY_LOGS,
+                        store_cause(&e),
+                        rule = rule.id.as_str(),
+                        error = %e,
+                        "concurrency store unavailable"
+                    );
                     decision.fallback = true;
                     match rule.fail_mode {
                         FailMode::Closed => {

@@ -27,7 +27,7 @@ use crate::fallback::LocalFallback;
 use crate::global::room::{GlobalRoom, PoolView};
 use crate::global::settings::GlobalSettings;
 use crate::global::sync::{GlobalSync, SyncError};
-use crate::key::KeyBuilder;
+use crate::key::{KeyBuilder, KeyError, MIN_PEPPER_LEN};
 use crate::memory::{Clock, MemoryStore, SystemClock};
 use crate::metrics::{breaker_gauge, AgentMetrics};
 use crate::policy::{self, Bundle, PolicyHolder};
@@ -56,44 +56,64 @@ pub struct AgentSpec {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("{file}: {message}")]
-    File { file: String, message: String },
-    #[error("policy: {0}")]
-    Policy(String),
+    /// A file or value a setting names, refused at start-up: names the
+    /// agent's config file and the setting.
+    #[error("agent config {config}: {setting}: {message}")]
+    Setting {
+        config: String,
+        setting: &'static str,
+        message: String,
+    },
     #[error("pepper: {0}")]
     Pepper(String),
-    #[error("store: {0}")]
-    Store(String),
     #[error("global pools: {0}")]
     Global(#[from] SyncError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-    #[error("bind {addr}: {source}")]
+    /// `setting` is the listener's config key (`listen`, `http_listen`).
+    #[error("{setting} = {addr}: {source}")]
     Bind {
+        setting: &'static str,
         addr: SocketAddr,
         source: std::io::Error,
     },
 }
 
 impl AgentSpec {
-    /// Loads the pepper and policy files and opens the store.
+    /// Loads the pepper and policy files and opens the store. Every error
+    /// names the config file (`config.file`) and the setting at fault.
     pub fn from_config(config: &AgentConfig) -> Result<Self, StartError> {
-        let read = |path: &PathBuf| {
-            std::fs::read(path).map_err(|e| StartError::File {
-                file: path.display().to_string(),
-                message: e.to_string(),
-            })
+        let refused = |setting: &'static str, message: String| StartError::Setting {
+            config: config.file.clone(),
+            setting,
+            message,
         };
-        let pepper = read(&config.pepper_file)?;
+        let read = |setting: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| refused(setting, format!("{}: {e}", path.display())))
+        };
+        let pepper = read("pepper_file", &config.pepper_file)?;
         let pepper = String::from_utf8_lossy(&pepper).trim().as_bytes().to_vec();
+        if pepper.len() < MIN_PEPPER_LEN {
+            return Err(refused(
+                "pepper_file",
+                format!(
+                    "{}: {} (the file holds {} bytes after trimming whitespace)",
+                    config.pepper_file.display(),
+                    KeyError::Pepper,
+                    pepper.len()
+                ),
+            ));
+        }
         let policy_text =
-            String::from_utf8(read(&config.policy_file)?).map_err(|e| StartError::File {
-                file: config.policy_file.display().to_string(),
-                message: e.to_string(),
+            String::from_utf8(read("policy_file", &config.policy_file)?).map_err(|e| {
+                refused(
+                    "policy_file",
+                    format!("{}: {e}", config.policy_file.display()),
+                )
             })?;
         let file_name = config.policy_file.display().to_string();
         let bundle = policy::parse(&file_name, &policy_text, None)
-            .map_err(|e| StartError::Policy(e.to_string()))?;
+            .map_err(|e| refused("policy_file", e.to_string()))?;
         let store: Arc<dyn BucketStore> = match &config.redis_url {
             Some(url) => Arc::new(
                 RedisStore::new(RedisStoreConfig {
@@ -103,7 +123,7 @@ impl AgentSpec {
                     breaker: config.store.breaker(),
                     ..RedisStoreConfig::new(url.clone())
                 })
-                .map_err(|e| StartError::Store(e.to_string()))?,
+                .map_err(|e| refused("redis_url", e.to_string()))?,
             ),
             None => Arc::new(MemoryStore::default()),
         };
@@ -283,29 +303,29 @@ pub fn http_router(decider: &Arc<Decider>) -> axum::Router {
         )
 }
 
+/// Builds and serves an agent. A listener that cannot bind is refused
+/// naming its setting and address (`listen = 127.0.0.1:7101: …`); the
+/// caller adds which config file set it.
 pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     let (listen, http_listen) = (spec.listen, spec.http_listen);
     let built = build(spec)?;
+    let bind_error = |setting: &'static str, addr: SocketAddr| {
+        move |source: std::io::Error| StartError::Bind {
+            setting,
+            addr,
+            source,
+        }
+    };
     let grpc = TcpListener::bind(listen)
         .await
-        .map_err(|source| StartError::Bind {
-            addr: listen,
-            source,
-        })?;
+        .map_err(bind_error("listen", listen))?;
     let http = TcpListener::bind(http_listen)
         .await
-        .map_err(|source| StartError::Bind {
-            addr: http_listen,
-            source,
-        })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| StartError::Bind {
-        addr: listen,
-        source,
-    })?;
-    let http_addr = http.local_addr().map_err(|source| StartError::Bind {
-        addr: http_listen,
-        source,
-    })?;
+        .map_err(bind_error("http_listen", http_listen))?;
+    let grpc_addr = grpc.local_addr().map_err(bind_error("listen", listen))?;
+    let http_addr = http
+        .local_addr()
+        .map_err(bind_error("http_listen", http_listen))?;
     let (shutdown, signal) = watch::channel(false);
     let mut tasks = Vec::new();
 

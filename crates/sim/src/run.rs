@@ -318,6 +318,7 @@ fn client_settings() -> ClientSettings {
         leader_wait: Duration::from_millis(5_000),
         max_attempts: 16,
         retry_pause: Duration::from_millis(100),
+        hedge_after: None,
     }
 }
 

@@ -11,11 +11,17 @@
 //!   the machine, and its snapshots.
 //! - [`runtime`]: openraft's Tokio runtime with a per-node seedable RNG.
 //! - [`network`]: the raft RPCs over tonic, through the node's connector.
-//! - [`node`]: a running node ([`node::start`], [`node::start_with`]).
+//! - [`membership`]: what an AddNode or RemoveNode may do (pure rules).
+//! - [`node`]: a running node ([`node::start`], [`node::start_with`]),
+//!   membership requests carried out on the leader.
+//! - [`recover`]: offline rollback of a stuck membership entry on a stopped
+//!   node's sled files (`leasehold allocator --drop-stuck-membership`).
 
 pub mod log_store;
+pub mod membership;
 pub mod network;
 pub mod node;
+pub mod recover;
 pub mod runtime;
 pub mod state_machine;
 pub mod storage;

@@ -9,14 +9,27 @@
 //! [`Connector`] (real TCP: TCP_NODELAY, connect timeout), every call
 //! bounded by openraft's own per-RPC deadline (`RPCOption::hard_ttl`: the
 //! heartbeat interval for append-entries, the election timeout for votes).
-//! An unreachable node is reported `Unreachable` (openraft then backs off
-//! [`UNREACHABLE_BACKOFF`] between attempts); any other failure `Network`.
+//! An unreachable node is reported `Unreachable`; any other failure
+//! `Network` or `Timeout` — until [`FAILURES_BEFORE_BACKOFF`] calls in a row
+//! to the target have failed, after which every failure is reported
+//! `Unreachable` too (a black-holed or frozen node times out instead of
+//! refusing). On `Unreachable` openraft backs off: [`UNREACHABLE_BACKOFF`],
+//! doubling per failure in a row up to [`MAX_UNREACHABLE_BACKOFF`], reset by
+//! the first answer.
+//!
+//! Logging: openraft logs every failed replication attempt (WARN and ERROR,
+//! targets `openraft::replication` and
+//! `openraft::engine::handler::replication_handler`); filter those out and
+//! read ours instead: one WARN per failing peer per
+//! [`leasehold_logging::DEFAULT_INTERVAL`] (cause `raft peer <source>-><target>`,
+//! with the count of failures suppressed since), and one INFO when it
+//! answers again.
 //!
 //! Server side ([`RaftRpcService`]): decodes, hands the request to the local
 //! `Raft`, encodes its answer; plus `NodeStatus` for cluster initialization.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use openraft::error::{
@@ -36,14 +49,40 @@ use tonic::{Request, Response, Status};
 use crate::raft::types::{NodeId, Raft, TypeConfig};
 pub use crate::transport::{lazy_channel, CONNECT_TIMEOUT};
 use crate::transport::{Connector, TcpConnector};
+use leasehold_logging::{warn_limited, SharedLimiter, DEFAULT_INTERVAL};
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::raft_client::RaftClient;
 
 /// Largest raft message accepted or sent (a snapshot chunk is at most
 /// `snapshot_max_chunk_size`, 1 MiB, about 4 MiB as JSON).
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
-/// Pause before openraft retries a node it could not reach.
+/// First pause before openraft retries a node it could not reach; it
+/// doubles per failure in a row up to [`MAX_UNREACHABLE_BACKOFF`].
 pub const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(250);
+/// Longest pause between two attempts at a node that keeps failing (also
+/// the longest a restarted peer waits for the leader to notice it).
+pub const MAX_UNREACHABLE_BACKOFF: Duration = Duration::from_secs(2);
+/// Calls to one target failing in a row (timeouts and network errors
+/// included) from which on a failure is reported `Unreachable`, so openraft
+/// backs off instead of retrying at every heartbeat.
+pub const FAILURES_BEFORE_BACKOFF: u32 = 3;
+
+/// What a binary appends to its default log filter
+/// (`warn,<this>`): openraft's per-attempt replication lines off (this
+/// module logs failing peers instead, rate-limited). `RUST_LOG` overrides.
+pub const OPENRAFT_REPLICATION_FILTER: &str =
+    "openraft::replication=off,openraft::engine::handler::replication_handler=error";
+
+/// One WARN per failing peer per interval (causes are per source and target:
+/// the simulation runs several nodes in one process).
+static PEER_LOG: LazyLock<SharedLimiter> = LazyLock::new(|| SharedLimiter::new(DEFAULT_INTERVAL));
+
+/// The pauses openraft takes between attempts at an unreachable node.
+pub fn unreachable_backoff() -> impl Iterator<Item = Duration> + Send + 'static {
+    std::iter::successors(Some(UNREACHABLE_BACKOFF), |previous| {
+        Some((*previous * 2).min(MAX_UNREACHABLE_BACKOFF))
+    })
+}
 /// Bound on the server side of `NodeStatus` (asks the local raft core).
 const NODE_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -95,6 +134,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             address: node.addr.clone(),
             client,
+            failures: 0,
         }
     }
 }
@@ -106,6 +146,8 @@ pub struct Connection {
     address: String,
     /// None when the address cannot make a URI (every call: Unreachable).
     client: Option<RaftClient<Channel>>,
+    /// Calls that failed in a row (reset by an answer).
+    failures: u32,
 }
 
 /// Why a call did not produce the remote's answer.
@@ -155,12 +197,59 @@ impl Connection {
         serde_json::from_slice(&payload.json).map_err(|e| CallError::Network(e.to_string()))
     }
 
+    /// Records an answer: logs once when the target answers again.
+    fn answered(&mut self) {
+        if self.failures > 0 {
+            if self.failures >= FAILURES_BEFORE_BACKOFF {
+                tracing::info!(
+                    source = self.source,
+                    target = self.target,
+                    address = %self.address,
+                    failures = self.failures,
+                    "raft peer answering again"
+                );
+            }
+            self.failures = 0;
+        }
+    }
+
+    /// Records a failed call (logged, rate-limited) and turns it into
+    /// openraft's error: `Unreachable` once [`FAILURES_BEFORE_BACKOFF`]
+    /// calls in a row failed.
     fn rpc_error<E: std::error::Error>(
-        &self,
+        &mut self,
         error: CallError,
         action: RPCTypes,
         ttl: Duration,
     ) -> RPCError<NodeId, BasicNode, E> {
+        self.failures = self.failures.saturating_add(1);
+        let detail = match &error {
+            CallError::Unreachable(detail) | CallError::Network(detail) => detail.clone(),
+            CallError::Timeout => format!("no answer within {} ms", ttl.as_millis()),
+        };
+        if self.failures >= FAILURES_BEFORE_BACKOFF {
+            let cause = format!("raft peer {}->{}", self.source, self.target);
+            warn_limited!(
+                PEER_LOG,
+                cause.as_str(),
+                address = %self.address,
+                failures_in_a_row = self.failures,
+                rpc = ?action,
+                error = %detail,
+                "raft peer not answering (retried with backoff)"
+            );
+        }
+        let error = match error {
+            CallError::Network(_) | CallError::Timeout
+                if self.failures >= FAILURES_BEFORE_BACKOFF =>
+            {
+                CallError::Unreachable(format!(
+                    "{detail} ({} calls in a row failed)",
+                    self.failures
+                ))
+            }
+            other => other,
+        };
         match error {
             CallError::Unreachable(detail) => RPCError::Unreachable(Unreachable::new(&Described(
                 format!("{}: {detail}", self.address),
@@ -174,6 +263,25 @@ impl Connection {
                 target: self.target,
                 timeout: ttl,
             }),
+        }
+    }
+
+    /// A call's outcome: an answer resets the failure count, a failure is
+    /// counted and converted ([`Connection::rpc_error`]). The error is
+    /// openraft's own (what `RaftNetwork` returns), large as it is.
+    #[allow(clippy::result_large_err)]
+    fn settle<T, E: std::error::Error>(
+        &mut self,
+        outcome: Result<T, CallError>,
+        action: RPCTypes,
+        ttl: Duration,
+    ) -> Result<T, RPCError<NodeId, BasicNode, E>> {
+        match outcome {
+            Ok(answer) => {
+                self.answered();
+                Ok(answer)
+            }
+            Err(error) => Err(self.rpc_error(error, action, ttl)),
         }
     }
 
@@ -201,14 +309,14 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let ttl = option.hard_ttl();
-        let answer: AppendResult = self
+        let answer: Result<AppendResult, CallError> = self
             .call(
                 &rpc,
                 ttl,
                 |mut c, p| async move { c.append_entries(p).await },
             )
-            .await
-            .map_err(|e| self.rpc_error(e, RPCTypes::AppendEntries, ttl))?;
+            .await;
+        let answer = self.settle(answer, RPCTypes::AppendEntries, ttl)?;
         answer.map_err(|e| self.remote(e))
     }
 
@@ -221,14 +329,14 @@ impl RaftNetwork<TypeConfig> for Connection {
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
         let ttl = option.hard_ttl();
-        let answer: SnapshotResult = self
+        let answer: Result<SnapshotResult, CallError> = self
             .call(
                 &rpc,
                 ttl,
                 |mut c, p| async move { c.install_snapshot(p).await },
             )
-            .await
-            .map_err(|e| self.rpc_error(e, RPCTypes::InstallSnapshot, ttl))?;
+            .await;
+        let answer = self.settle(answer, RPCTypes::InstallSnapshot, ttl)?;
         answer.map_err(|e| self.remote(e))
     }
 
@@ -238,15 +346,15 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let ttl = option.hard_ttl();
-        let answer: VoteResult = self
+        let answer: Result<VoteResult, CallError> = self
             .call(&rpc, ttl, |mut c, p| async move { c.vote(p).await })
-            .await
-            .map_err(|e| self.rpc_error(e, RPCTypes::Vote, ttl))?;
+            .await;
+        let answer = self.settle(answer, RPCTypes::Vote, ttl)?;
         answer.map_err(|e| self.remote(e))
     }
 
     fn backoff(&self) -> Backoff {
-        Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+        Backoff::new(unreachable_backoff())
     }
 }
 

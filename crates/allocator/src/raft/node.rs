@@ -17,24 +17,30 @@
 //!   list — and then only the lowest id does it ([`InitMode::Auto`]). A node
 //!   with a log recovers from sled and never initializes again, so a cluster
 //!   is never initialized twice with different memberships.
-//! - **Proposals** ([`Node::propose`]): only the leader proposes. It refuses
-//!   input the state machine would refuse *before* proposing
-//!   (`Machine::validate`: nothing is appended), stamps its clock into the
-//!   proposal (§2, the only place a clock is read for the machine; the
-//!   node's [`WallClock`]) and
-//!   waits for the committed answer at most `write_timeout_ms` (an isolated
-//!   0.9 leader's `client_write` can hang). A refusal is only given on an
-//!   applied state that has caught up with the leader's log (else the
-//!   request waits for it, bounded).
+//! - **Proposals** ([`Node::propose`]): only the leader proposes. It reads
+//!   its clock once (§2, the only place a clock is read for the machine;
+//!   the node's [`WallClock`]), refuses what the state machine would refuse
+//!   at that stamp *before* proposing (`Machine::validate_at`: nothing is
+//!   appended), answers a grant replay from the state (no entry either),
+//!   proposes the rest stamped with it and waits for the committed answer
+//!   at most `write_timeout_ms` (an isolated 0.9 leader's `client_write`
+//!   can hang). A refusal or a replay answer is only given after a
+//!   linearizable read (bounded).
 //! - **Batching**: openraft 0.9 flushes once per `client_write`, so
 //!   validated commands are queued to one batcher task, which packs up to
 //!   [`MAX_COMMANDS_PER_ENTRY`] waiting commands into one entry's
-//!   [`Proposal`] (one stamp), keeps at most [`MAX_ENTRIES_IN_FLIGHT`] such
+//!   [`Proposal`] (one stamp: the highest of theirs), keeps at most [`MAX_ENTRIES_IN_FLIGHT`] such
 //!   entries being written, and answers each caller with its own command's
 //!   result. A failed or timed-out write answers every caller of its entry
 //!   with the error (grants are idempotent by lease id: retrying is safe).
 //! - **Reads** ([`Node::linearizable_read`]): `ensure_linearizable`, then
 //!   the state machine catches up with the leader's log; bounded.
+//! - **Membership** ([`Node::add_node`], [`Node::remove_node`], in
+//!   `node/members.rs`): checked by [`crate::raft::membership`] before
+//!   anything is proposed; a joiner must answer as itself, a new voter
+//!   catches up as a learner before it is promoted (else it is removed
+//!   again), a voter change needs majorities of answering nodes; one request
+//!   at a time, bounded ([`add_node_bound`], [`remove_node_bound`]).
 //! - **Leader duties** (a task on every node, active on the leader): create
 //!   the pools of the pools file that are missing, and propose a `Tick`
 //!   when one would reclaim or roll something ([`tick_due`]); the health
@@ -45,24 +51,25 @@
 //! `propose` refuses at once with [`ProposeError::Busy`] (UNAVAILABLE),
 //! never waits for room. Every raft call made here is wrapped in a timeout.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
+use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{self, SystemClock, WallClock};
-use crate::command::{Command, CommandError, Rejection, Reply};
-use crate::machine::Machine;
+use crate::command::{Command, CommandError, Outcome, Rejection, Reply};
+use crate::machine::{Admission, Machine};
 use crate::node_config::{NodeConfig, RaftSettings};
 use crate::pool::Pool;
 use crate::prober::{self, ProberHost};
+use crate::raft::membership::MembershipInvalid;
 use crate::raft::network::{self, Network, RaftRpcService, MAX_RAFT_MESSAGE_BYTES};
 use crate::raft::runtime::with_rng_seed;
 use crate::raft::storage::{open_node_storage, StoreError};
@@ -73,6 +80,10 @@ use crate::transport::{self, Connector, Incoming, Listen};
 use crate::wire::ErrorInfo;
 use leasehold_proto::allocator::v1::allocator_server::AllocatorServer;
 use leasehold_proto::allocator::v1::raft_server::RaftServer;
+
+mod members;
+
+pub use members::{add_node_bound, remove_node_bound, CATCH_UP_FACTOR, PROBE_TIMEOUT};
 
 /// Cap on validated commands queued for the batcher on one node; when the
 /// queue is full, `propose` refuses with [`ProposeError::Busy`].
@@ -112,7 +123,7 @@ pub enum NodeError {
     RaftConfig(String),
     #[error("raft: {0}")]
     Raft(String),
-    #[error("bind {addr}: {source}")]
+    #[error("listen = {addr}: {source}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
@@ -123,7 +134,8 @@ pub enum NodeError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Committed {
     pub reply: Reply,
-    /// The log index of the entry that carried it.
+    /// The log index of the entry that carried it (a grant replay answered
+    /// from the state: the last applied index it was read at).
     pub log_index: u64,
 }
 
@@ -147,6 +159,10 @@ pub enum ProposeError {
     Busy(String),
     #[error("membership: {0}")]
     Membership(String),
+    /// A membership request refused before anything was proposed (or
+    /// rolled back, as the variant says).
+    #[error("membership refused: {0}")]
+    MembershipInvalid(MembershipInvalid),
     #[error("raft stopped: {0}")]
     Fatal(String),
 }
@@ -164,6 +180,24 @@ impl ProposeError {
                     ErrorInfo::internal(tonic::Code::FailedPrecondition, message.clone());
                 info.detail.code = leasehold_proto::allocator::v1::ErrorCode::Membership as i32;
                 info
+            }
+            ProposeError::MembershipInvalid(invalid) => {
+                use leasehold_proto::allocator::v1 as pb;
+                let code = invalid.code();
+                let error_code = if code == tonic::Code::InvalidArgument {
+                    pb::ErrorCode::InvalidValue
+                } else {
+                    pb::ErrorCode::Membership
+                };
+                ErrorInfo {
+                    code,
+                    detail: Box::new(pb::ErrorDetail {
+                        code: error_code as i32,
+                        field: invalid.field().to_string(),
+                        message: invalid.to_string(),
+                        ..Default::default()
+                    }),
+                }
             }
             ProposeError::Busy(message) | ProposeError::Fatal(message) => {
                 ErrorInfo::internal(tonic::Code::Unavailable, message.clone())
@@ -198,6 +232,9 @@ pub struct MembershipChange {
 /// A validated command waiting for the batcher, and where its answer goes.
 struct Queued {
     command: Command,
+    /// The leader's clock reading `propose` validated the command at: its
+    /// entry is stamped with the highest of its commands' readings.
+    stamped_time_ms: u64,
     answer: oneshot::Sender<Result<Committed, ProposeError>>,
 }
 
@@ -212,6 +249,8 @@ struct NodeInner {
     /// Every outgoing connection of the node goes through it.
     connector: Arc<dyn Connector>,
     clock: Arc<dyn WallClock>,
+    /// Held while a membership request is carried out (one at a time).
+    membership_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A handle on a running node: cheap to clone.
@@ -239,12 +278,7 @@ fn unconfirmed(timeout: Duration) -> ProposeError {
 /// already gave up are not proposed. Ends when every queue sender is gone
 /// (after its writes finish) or when aborted (its writes are aborted too:
 /// their callers are answered "outcome unknown").
-async fn run_batcher(
-    raft: Raft,
-    mut queue: mpsc::Receiver<Queued>,
-    timeout: Duration,
-    clock: Arc<dyn WallClock>,
-) {
+async fn run_batcher(raft: Raft, mut queue: mpsc::Receiver<Queued>, timeout: Duration) {
     let window = Arc::new(Semaphore::new(MAX_ENTRIES_IN_FLIGHT));
     let mut writes = JoinSet::new();
     loop {
@@ -264,34 +298,39 @@ async fn run_batcher(
         }
         batch.retain(|queued| !queued.answer.is_closed());
         if !batch.is_empty() {
-            writes.spawn(write_batch(
-                raft.clone(),
-                batch,
-                Arc::clone(&clock),
-                timeout,
-                slot,
-            ));
+            writes.spawn(write_batch(raft.clone(), batch, timeout, slot));
         }
     }
     while writes.join_next().await.is_some() {}
 }
 
-/// Proposes `batch` as one entry stamped with `clock`, bounded by
-/// `timeout`, and answers each caller with its command's result (every
-/// caller with the error if the write failed). Holds `_slot` until done.
+/// Proposes `batch` as one entry, bounded by `timeout`, and answers each
+/// caller with its command's result (every caller with the error if the
+/// write failed). Holds `_slot` until done.
+///
+/// The entry's stamp is the highest of the stamps its commands were
+/// validated at: exactly the command's own for an entry of one, never
+/// below any. A later time can only forget grant records (a lease id two
+/// windows old) and empty the record count, never add a refusal, so a
+/// command admitted at its stamp is admitted at the entry's (a concurrent
+/// earlier entry aside: see `Machine::validate_at`).
 async fn write_batch(
     raft: Raft,
     batch: Vec<Queued>,
-    clock: Arc<dyn WallClock>,
     timeout: Duration,
     _slot: OwnedSemaphorePermit,
 ) {
+    let stamped_time_ms = batch
+        .iter()
+        .map(|queued| queued.stamped_time_ms)
+        .max()
+        .unwrap_or_default();
     let (commands, answers): (Vec<Command>, Vec<_>) = batch
         .into_iter()
         .map(|queued| (queued.command, queued.answer))
         .unzip();
     let proposal = Proposal {
-        stamped_time_ms: clock.now_ms(),
+        stamped_time_ms,
         commands,
     };
     let response = match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
@@ -393,29 +432,55 @@ impl Node {
     }
 
     /// Proposes `command` and waits for the state machine's answer.
+    ///
+    /// Reads the clock once (§2): the command is validated at that stamp
+    /// (`Machine::validate_at`, on the applied state) and proposed with it,
+    /// so what apply would refuse is refused here and appends nothing. Bad
+    /// input is refused at once; a refusal found in the state only by a
+    /// confirmed leader on a state holding every entry committed before the
+    /// request ([`Node::linearizable_read`]); one the caught-up state
+    /// withdraws is proposed. A `Grant`
+    /// replaying a recorded request is answered from the state, after the
+    /// same linearizable read, without an entry either (see
+    /// `replay_from_state`). The one refusal still given by apply, after an
+    /// entry, is one caused by a concurrent entry ahead of it in the log.
     pub async fn propose(&self, command: Command) -> Result<Committed, ProposeError> {
         if !self.is_leader() {
             return Err(ProposeError::NotLeader(self.leader()));
         }
         let timeout = self.inner.settings.write_timeout();
-        if let Err(error) = self.inner.state.validate(&command) {
-            // The applied state may lag the log (just after an election or
-            // a restart): refuse only on a state that has caught up.
-            if !self.caught_up(timeout).await {
-                return Err(ProposeError::Unconfirmed(
-                    "the state machine is behind the log".into(),
-                ));
+        let stamped_time_ms = self.inner.clock.now_ms();
+        let admission = match self.inner.state.validate_at(&command, stamped_time_ms) {
+            Ok(admission) => admission,
+            Err(error) if error.is_input_error() => return Err(ProposeError::Invalid(error)),
+            Err(error) => {
+                // The applied state may lag the log (just after an election
+                // or a restart), a deposed leader's the cluster: a refusal
+                // found in the state is given only on a linearizable one.
+                self.linearizable_read().await?;
+                let admission = self
+                    .inner
+                    .state
+                    .validate_at(&command, stamped_time_ms)
+                    .map_err(ProposeError::Invalid)?;
+                tracing::debug!(%error, "refusal withdrawn after catching up");
+                admission
             }
-            self.inner
-                .state
-                .validate(&command)
-                .map_err(ProposeError::Invalid)?;
-            tracing::debug!(%error, "refusal withdrawn after catching up");
+        };
+        if let Admission::Replay(_) = admission {
+            if let Some(committed) = self.replay_from_state(&command, stamped_time_ms).await? {
+                return Ok(committed);
+            }
         }
         let (answer, answered) = oneshot::channel();
+        let queued = Queued {
+            command,
+            stamped_time_ms,
+            answer,
+        };
         self.inner
             .queue
-            .try_send(Queued { command, answer })
+            .try_send(queued)
             .map_err(|error| match error {
                 TrySendError::Full(_) => ProposeError::Busy(format!(
                     "{MAX_QUEUED_COMMANDS} commands already wait to be proposed; retry later"
@@ -428,6 +493,44 @@ impl Node {
                 "node stopping; the outcome is unknown, retrying is safe".into(),
             )),
             Err(_) => Err(unconfirmed(timeout)),
+        }
+    }
+
+    /// A `Grant` repeating a recorded request, answered without a log entry:
+    /// after a linearizable read (this node leads at `term`, its state holds
+    /// every committed entry), validated again at `stamped_time_ms`; if still
+    /// a replay, the stored answer as apply would give it — at this leader's
+    /// epoch, at `max(last applied time, stamp)`, `log_index` the last
+    /// applied entry. `None` when it is no longer a replay (the record was
+    /// forgotten meanwhile) or the term moved: then it is proposed. The only
+    /// state apply would have touched is bookkeeping (the member's
+    /// last-heard time, the window roll), which no answer depends on.
+    async fn replay_from_state(
+        &self,
+        command: &Command,
+        stamped_time_ms: u64,
+    ) -> Result<Option<Committed>, ProposeError> {
+        let term = self.inner.raft.metrics().borrow().current_term;
+        self.linearizable_read().await?;
+        let (admission, applied_time_ms, last_applied) = self.inner.state.read(|state| {
+            (
+                state.machine.validate_at(command, stamped_time_ms),
+                state.machine.now_at(stamped_time_ms),
+                state.last_applied,
+            )
+        });
+        let still_leading =
+            self.is_leader() && self.inner.raft.metrics().borrow().current_term == term;
+        match admission.map_err(ProposeError::Invalid)? {
+            Admission::Replay(answer) if still_leading => Ok(Some(Committed {
+                reply: Reply {
+                    epoch: term,
+                    applied_time_ms,
+                    outcome: Outcome::Granted(answer),
+                },
+                log_index: last_applied.map_or(0, |log_id| log_id.index),
+            })),
+            _ => Ok(None),
         }
     }
 
@@ -478,14 +581,6 @@ impl Node {
             })?
     }
 
-    /// Waits (at most `timeout`) until the state machine has applied this
-    /// node's whole log as of now. False on timeout.
-    async fn caught_up(&self, timeout: Duration) -> bool {
-        let last = self.inner.raft.metrics().borrow().last_log_index;
-        let wait = self.inner.raft.wait(Some(timeout));
-        wait.applied_index_at_least(last, "caught up").await.is_ok()
-    }
-
     /// This node's view of the group.
     pub async fn raft_view(&self) -> RaftView {
         let committed_index = tokio::time::timeout(
@@ -520,85 +615,6 @@ impl Node {
                 .nodes()
                 .map(|(id, node)| (*id, node.addr.clone()))
                 .collect(),
-        }
-    }
-
-    /// Adds a node (as a learner, then as a voter if asked), on the leader.
-    pub async fn add_node(
-        &self,
-        node_id: NodeId,
-        address: String,
-        voter: bool,
-    ) -> Result<MembershipChange, ProposeError> {
-        if !self.is_leader() {
-            return Err(ProposeError::NotLeader(self.leader()));
-        }
-        let timeout = self.membership_timeout();
-        let raft = &self.inner.raft;
-        let added = tokio::time::timeout(
-            timeout,
-            raft.add_learner(node_id, BasicNode::new(address), true),
-        )
-        .await
-        .map_err(|_| ProposeError::Unconfirmed("add_learner: no answer".into()))?
-        .map_err(client_write_error)?;
-        let response = if voter {
-            let ids = BTreeSet::from([node_id]);
-            tokio::time::timeout(
-                timeout,
-                raft.change_membership(ChangeMembers::AddVoterIds(ids), false),
-            )
-            .await
-            .map_err(|_| ProposeError::Unconfirmed("change_membership: no answer".into()))?
-            .map_err(client_write_error)?
-        } else {
-            added
-        };
-        Ok(self.membership_change(response.log_id, response.membership))
-    }
-
-    /// Removes a voter or learner from the group, on the leader.
-    pub async fn remove_node(&self, node_id: NodeId) -> Result<MembershipChange, ProposeError> {
-        if !self.is_leader() {
-            return Err(ProposeError::NotLeader(self.leader()));
-        }
-        let timeout = self.membership_timeout();
-        let ids = BTreeSet::from([node_id]);
-        let is_voter = self.raft_view().await.voters.contains(&node_id);
-        let change = if is_voter {
-            ChangeMembers::RemoveVoters(ids)
-        } else {
-            ChangeMembers::RemoveNodes(ids)
-        };
-        let response =
-            tokio::time::timeout(timeout, self.inner.raft.change_membership(change, false))
-                .await
-                .map_err(|_| ProposeError::Unconfirmed("change_membership: no answer".into()))?
-                .map_err(client_write_error)?;
-        Ok(self.membership_change(response.log_id, response.membership))
-    }
-
-    fn membership_timeout(&self) -> Duration {
-        self.inner.settings.write_timeout() * 5
-    }
-
-    fn membership_change(
-        &self,
-        log_id: crate::raft::types::LogId,
-        membership: Option<openraft::Membership<NodeId, BasicNode>>,
-    ) -> MembershipChange {
-        let (voters, nodes) = match membership {
-            Some(m) => (
-                m.voter_ids().collect(),
-                m.nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
-            ),
-            None => (Vec::new(), BTreeMap::new()),
-        };
-        MembershipChange {
-            epoch: log_id.leader_id.term,
-            log_index: log_id.index,
-            voters,
-            nodes,
         }
     }
 }
@@ -892,7 +908,6 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
         raft.clone(),
         queued,
         config.raft.write_timeout(),
-        Arc::clone(&clock),
     ));
     let node = Node {
         inner: Arc::new(NodeInner {
@@ -904,6 +919,7 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
             queue,
             connector: Arc::clone(&connector),
             clock,
+            membership_lock: Arc::default(),
         }),
     };
     let (bound, address) = match listen {

@@ -30,7 +30,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, CommandError, Rejection, Reply, StampedCommand};
-use crate::machine::Machine;
+use crate::machine::{Admission, Machine};
 use crate::raft::storage::{Flusher, NodeDb, StoreError, STATE_MACHINE_TREE};
 use crate::raft::types::{
     LogId, Membership, NodeId, Proposal, ProposalResponse, RaftEntry, TypeConfig,
@@ -219,10 +219,15 @@ impl StateMachineStore {
         read(&self.applied())
     }
 
-    /// [`Machine::validate`] against the applied state: the leader refuses
-    /// input that `apply` would refuse, without appending a log entry.
-    pub fn validate(&self, command: &Command) -> Result<(), CommandError> {
-        self.read(|state| state.machine.validate(command))
+    /// [`Machine::validate_at`] against the applied state: the leader
+    /// refuses input that `apply` would refuse at the stamp it is about to
+    /// propose it with, without appending a log entry.
+    pub fn validate_at(
+        &self,
+        command: &Command,
+        stamped_time_ms: u64,
+    ) -> Result<Admission, CommandError> {
+        self.read(|state| state.machine.validate_at(command, stamped_time_ms))
     }
 
     /// The last applied log id.

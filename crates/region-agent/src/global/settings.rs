@@ -3,10 +3,37 @@
 //! interval, burst, reclaim policy, fallback allowance) are read from the
 //! allocator, so one source of truth sizes every Region.
 
+use leasehold_allocator::node_config::{Bound, MAX_HOST_PORT_BYTES, MAX_TIMEOUT_MS};
+use leasehold_logging::quote;
 use serde::Deserialize;
+
+use crate::args::MAX_ARG;
 
 /// Cap on pools one agent syncs (one task each).
 pub const MAX_GLOBAL_POOLS: usize = 64;
+/// Cap on allocator addresses (a cluster has at most 9 voters).
+pub const MAX_ALLOCATORS: usize = 16;
+/// Largest configured phase: an hour (it is taken modulo the pool's
+/// interval, which the allocator sets).
+pub const MAX_PHASE_MS: u64 = 3_600_000;
+
+const REQUEST_TIMEOUT: Bound = Bound::new("global.request_timeout_ms", 1, MAX_TIMEOUT_MS);
+const TICK: Bound = Bound::new("global.tick_ms", 10, 10_000);
+const PHASE: Bound = Bound::new("global.pool.phase_ms", 0, MAX_PHASE_MS);
+const CHUNK: Bound = Bound::new("global.pool.chunk_millitokens", 1, MAX_ARG);
+const LOW_WATER: Bound = Bound::new("global.pool.low_water_millitokens", 0, MAX_ARG - 1);
+
+/// The ranges of the `[global]` numbers, paths from the agent config's root
+/// (documented in `docs/configuration.md`).
+pub const GLOBAL_BOUNDS: &[Bound] = &[REQUEST_TIMEOUT, TICK, PHASE, CHUNK, LOW_WATER];
+
+/// `Err((field, "v is outside [min, max]"))` unless `bound` admits `value`.
+fn in_bound(field: String, value: u64, bound: Bound) -> Result<(), (String, String)> {
+    match i64::try_from(value) {
+        Ok(v) if bound.admits(v) => Ok(()),
+        _ => Err((field, format!("{value} is outside {bound}"))),
+    }
+}
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -93,69 +120,100 @@ impl GlobalPoolSettings {
 }
 
 impl GlobalSettings {
-    /// Checks what serde cannot: returns the field at fault and why.
+    /// Checks every range and what serde cannot (a config file's numbers
+    /// were range-checked already, with their line, by [`GLOBAL_BOUNDS`]);
+    /// returns the field at fault (`global.pool[1].id`) and why.
     pub fn validate(&self) -> Result<(), (String, String)> {
         if self.allocators.is_empty() {
             return Err(("global.allocators".into(), "at least one address".into()));
         }
+        if self.allocators.len() > MAX_ALLOCATORS {
+            return Err((
+                format!("global.allocators[{MAX_ALLOCATORS}]"),
+                format!(
+                    "{} addresses, above the cap of {MAX_ALLOCATORS}",
+                    self.allocators.len()
+                ),
+            ));
+        }
         for (i, address) in self.allocators.iter().enumerate() {
-            let bare = address.trim().trim_start_matches("http://");
-            let port_ok = bare
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !port_ok {
-                return Err((
-                    format!("global.allocators[{i}]"),
-                    format!("{address:?} must be host:port (plain gRPC, optional http://)"),
-                ));
-            }
+            check_allocator_address(address).map_err(|m| (format!("global.allocators[{i}]"), m))?;
         }
         if self.pools.len() > MAX_GLOBAL_POOLS {
             return Err((
-                "global.pool".into(),
-                format!("{} pools, at most {MAX_GLOBAL_POOLS}", self.pools.len()),
+                format!("global.pool[{MAX_GLOBAL_POOLS}]"),
+                format!(
+                    "{} pools, above the cap of {MAX_GLOBAL_POOLS}",
+                    self.pools.len()
+                ),
             ));
         }
-        if !(1..=60_000).contains(&self.request_timeout_ms) {
-            return Err((
-                "global.request_timeout_ms".into(),
-                "must be in [1, 60000]".into(),
-            ));
-        }
-        if !(10..=10_000).contains(&self.tick_ms) {
-            return Err(("global.tick_ms".into(), "must be in [10, 10000]".into()));
-        }
+        in_bound(
+            REQUEST_TIMEOUT.path.into(),
+            self.request_timeout_ms,
+            REQUEST_TIMEOUT,
+        )?;
+        in_bound(TICK.path.into(), self.tick_ms, TICK)?;
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
+            let field = |name: &str| format!("global.pool[{i}].{name}");
             if leasehold_allocator::id::PoolId::parse(&pool.id).is_err() {
                 return Err((
-                    format!("global.pool[{i}].id"),
-                    "must match [a-z0-9-]{1,64} (the allocator's pool ids)".into(),
+                    field("id"),
+                    format!(
+                        "{} must match [a-z0-9-]{{1,64}} (the allocator's pool ids)",
+                        quote(&pool.id)
+                    ),
                 ));
             }
             if !seen.insert(pool.id.as_str()) {
-                return Err((
-                    format!("global.pool[{i}].id"),
-                    format!("{:?} is listed twice", pool.id),
-                ));
+                return Err((field("id"), format!("{} is listed twice", pool.id)));
+            }
+            if let Some(phase) = pool.phase_ms {
+                in_bound(field("phase_ms"), phase, PHASE)?;
             }
             if let Some(chunk) = pool.chunk_millitokens {
-                if !(1..=crate::args::MAX_ARG).contains(&chunk) {
-                    return Err((
-                        format!("global.pool[{i}].chunk_millitokens"),
-                        "must be in [1, 2^40]".into(),
-                    ));
-                }
+                in_bound(field("chunk_millitokens"), chunk, CHUNK)?;
+            }
+            if let Some(low_water) = pool.low_water_millitokens {
+                in_bound(field("low_water_millitokens"), low_water, LOW_WATER)?;
             }
             if pool.low_water_millitokens() >= pool.chunk_millitokens() {
                 return Err((
-                    format!("global.pool[{i}].low_water_millitokens"),
-                    "must be below chunk_millitokens".into(),
+                    field("low_water_millitokens"),
+                    format!(
+                        "{} must be below chunk_millitokens ({})",
+                        pool.low_water_millitokens(),
+                        pool.chunk_millitokens()
+                    ),
                 ));
             }
         }
         Ok(())
     }
+}
+
+/// `host:port` or `http://host:port` (plain gRPC), at most
+/// [`MAX_HOST_PORT_BYTES`] after the scheme.
+fn check_allocator_address(address: &str) -> Result<(), String> {
+    let bare = address.trim().trim_start_matches("http://");
+    if bare.len() > MAX_HOST_PORT_BYTES {
+        return Err(format!(
+            "{} is {} bytes, above the cap of {MAX_HOST_PORT_BYTES}",
+            quote(address),
+            address.len()
+        ));
+    }
+    let port_ok = bare
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(format!(
+            "{} must be host:port (plain gRPC, optional http://)",
+            quote(address)
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -214,5 +272,49 @@ mod tests {
             s.validate().unwrap_err().0,
             "global.pool[0].low_water_millitokens"
         );
+    }
+
+    #[test]
+    fn programmatic_settings_are_held_to_the_documented_ranges() {
+        let base = settings("allocators = [\"http://a:1\"]\n[[pool]]\nid = \"a\"\n");
+        let mut s = base.clone();
+        s.request_timeout_ms = 0;
+        assert_eq!(
+            s.validate().unwrap_err(),
+            (
+                "global.request_timeout_ms".to_string(),
+                "0 is outside [1, 60000]".to_string()
+            )
+        );
+        let mut s = base.clone();
+        s.tick_ms = u64::MAX;
+        assert_eq!(s.validate().unwrap_err().0, "global.tick_ms");
+        let mut s = base.clone();
+        s.pools[0].phase_ms = Some(MAX_PHASE_MS);
+        assert_eq!(s.validate(), Ok(()));
+        s.pools[0].phase_ms = Some(MAX_PHASE_MS + 1);
+        assert_eq!(s.validate().unwrap_err().0, "global.pool[0].phase_ms");
+        let mut s = base.clone();
+        s.allocators = vec!["a:1".to_string(); MAX_ALLOCATORS];
+        assert_eq!(s.validate(), Ok(()));
+        s.allocators.push("a:1".to_string());
+        assert_eq!(s.validate().unwrap_err().0, "global.allocators[16]");
+        let mut s = base.clone();
+        s.pools = (0..=MAX_GLOBAL_POOLS)
+            .map(|i| GlobalPoolSettings {
+                id: format!("p{i}"),
+                phase_ms: None,
+                chunk_millitokens: None,
+                low_water_millitokens: None,
+            })
+            .collect();
+        assert_eq!(s.validate().unwrap_err().0, "global.pool[64]");
+        s.pools.pop();
+        assert_eq!(s.validate(), Ok(()));
+        let mut s = base;
+        s.allocators = vec![format!("{}:1", "h".repeat(10_000))];
+        let (field, message) = s.validate().unwrap_err();
+        assert_eq!(field, "global.allocators[0]");
+        assert!(message.len() < 200, "quoted short: {message}");
     }
 }

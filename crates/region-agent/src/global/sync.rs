@@ -108,15 +108,9 @@ impl GlobalSync {
         clock: Arc<dyn Clock>,
         connector: Arc<dyn Connector>,
     ) -> Result<Self, SyncError> {
-        let timeout = Duration::from_millis(settings.request_timeout_ms.max(1));
         let client = AllocatorClient::with_connector(
             &settings.allocators,
-            ClientSettings {
-                call_timeout: timeout,
-                leader_wait: timeout * 2,
-                max_attempts: 16,
-                retry_pause: Duration::from_millis(100),
-            },
+            client_settings(settings.request_timeout_ms),
             connector,
         )?;
         let boot_id = u64::try_from(clock.now_ms()).unwrap_or(0);
@@ -188,6 +182,17 @@ impl GlobalSync {
             Err(_) => false,
         };
         self.room.set_allocator_reachable(reachable);
+    }
+
+    /// A call out for longer than one request timeout without an answer,
+    /// or one whose every node failed without answering: the allocator is
+    /// unreachable as far as anyone can tell (the call itself may go on
+    /// retrying until `leader_wait`).
+    fn unanswered_since(&self, sent: Instant) {
+        let timeout = Duration::from_millis(self.settings.request_timeout_ms.max(1));
+        if sent.elapsed() >= timeout || self.client.all_silent() {
+            self.room.set_allocator_reachable(false);
+        }
     }
 
     async fn run_pool(self: Arc<Self>, pool: GlobalPoolSettings, mut stop: watch::Receiver<bool>) {
@@ -481,11 +486,13 @@ impl GlobalSync {
         epoch: u64,
     ) -> T {
         tokio::pin!(call);
+        let sent = Instant::now();
         loop {
             tokio::select! {
                 out = &mut call => return out,
                 _ = tokio::time::sleep(Duration::from_millis(self.tick())) => {
                     self.publish_rate(slot, sync, epoch);
+                    self.unanswered_since(sent);
                 }
             }
         }
@@ -518,33 +525,37 @@ impl GlobalSync {
         // Chunks granted but not yet credited into the store (store down).
         let mut uncredited: Vec<HeldChunk> = Vec::new();
         loop {
-            let now = self.wall_ms();
-            let spent = slot
-                .counters
-                .spent_millitokens
-                .swap(0, std::sync::atomic::Ordering::Relaxed);
-            if spent > 0 {
-                // Fails only when the chunks already expired: nothing to track.
-                let _ = holder.spend(spent, now);
-            }
+            drain_spent(slot, &mut holder, self.wall_ms());
             if fenced_now {
                 let Some((_, reply)) = self.register(&pool.id, &mut stop).await else {
                     return Ok(());
                 };
                 incarnation = reply.incarnation;
                 fenced_now = false;
-            } else if let Some(request) = holder.poll(now) {
+            } else if let Some(request) = holder.poll(self.wall_ms()) {
                 let sent = self.wall_ms();
-                let result = self
-                    .client
-                    .grant(
-                        &pool.id,
-                        &self.region,
-                        incarnation,
-                        &request.lease_id,
-                        request.want_millitokens,
-                    )
-                    .await;
+                let call = self.client.grant(
+                    &pool.id,
+                    &self.region,
+                    incarnation,
+                    &request.lease_id,
+                    request.want_millitokens,
+                );
+                // While the call is out (a hung leader, a partition), the
+                // chunks held keep being spent and the view stays true:
+                // spends are drained and the view republished every tick.
+                tokio::pin!(call);
+                let out_since = Instant::now();
+                let result = loop {
+                    tokio::select! {
+                        out = &mut call => break out,
+                        _ = tokio::time::sleep(Duration::from_millis(self.tick())) => {
+                            drain_spent(slot, &mut holder, self.wall_ms());
+                            self.publish_window(pool, slot, &holder, &uncredited, incarnation, fenced_now);
+                            self.unanswered_since(out_since);
+                        }
+                    }
+                };
                 self.reached(&result);
                 match result {
                     Ok(reply) => {
@@ -572,32 +583,46 @@ impl GlobalSync {
                 }
             }
             self.credit(&mut uncredited).await;
-            let now = self.wall_ms();
-            let chunks: Vec<HeldChunk> = holder
-                .chunks()
-                .iter()
-                .filter(|c| !uncredited.iter().any(|u| u.lease_id == c.lease_id))
-                .filter_map(|c| {
-                    Some(HeldChunk {
-                        lease_id: c.lease_id.clone(),
-                        key: self.keys.chunk_counter(&pool.id, &c.lease_id).ok()?,
-                        granted_millitokens: c.granted_millitokens,
-                        expires_at_ms: c.expires_at_ms,
-                    })
-                })
-                .collect();
-            slot.set(PoolView::Window(WindowView {
-                chunks,
-                chunk_millitokens: pool.chunk_millitokens(),
-                incarnation,
-                epoch: holder.highest_epoch(),
-                fenced: fenced_now,
-                available_millitokens: holder.available_millitokens(now),
-            }));
+            self.publish_window(pool, slot, &holder, &uncredited, incarnation, fenced_now);
             if sleep_or_stop(self.tick(), &mut stop).await {
                 return Ok(());
             }
         }
+    }
+
+    /// Publishes the window pool's view: the credited chunks the holder
+    /// has (the decider spends from them) and what they have left.
+    fn publish_window(
+        &self,
+        pool: &GlobalPoolSettings,
+        slot: &PoolSlot,
+        holder: &ChunkHolder,
+        uncredited: &[HeldChunk],
+        incarnation: u64,
+        fenced: bool,
+    ) {
+        let now = self.wall_ms();
+        let chunks: Vec<HeldChunk> = holder
+            .chunks()
+            .iter()
+            .filter(|c| !uncredited.iter().any(|u| u.lease_id == c.lease_id))
+            .filter_map(|c| {
+                Some(HeldChunk {
+                    lease_id: c.lease_id.clone(),
+                    key: self.keys.chunk_counter(&pool.id, &c.lease_id).ok()?,
+                    granted_millitokens: c.granted_millitokens,
+                    expires_at_ms: c.expires_at_ms,
+                })
+            })
+            .collect();
+        slot.set(PoolView::Window(WindowView {
+            chunks,
+            chunk_millitokens: pool.chunk_millitokens(),
+            incarnation,
+            epoch: holder.highest_epoch(),
+            fenced,
+            available_millitokens: holder.available_millitokens(now),
+        }));
     }
 
     /// Hands a Grant reply to the holder (allocator times translated to the
@@ -681,6 +706,24 @@ impl GlobalSync {
     }
 }
 
+/// The agent's allocator client: each attempt at most `request_timeout`,
+/// a hedge to another node after a quarter of it (at most 500 ms), and
+/// calls bounded by twice the timeout. A hung leader costs one hedge delay
+/// plus the election; a node that timed out is passed over (see
+/// `leasehold_allocator::follow`).
+fn client_settings(request_timeout_ms: u64) -> ClientSettings {
+    let timeout = Duration::from_millis(request_timeout_ms.max(1));
+    ClientSettings {
+        call_timeout: timeout,
+        leader_wait: timeout * 2,
+        // Bounded by leader_wait first; enough for NOT_LEADER answers
+        // every retry pause through an election.
+        max_attempts: 64,
+        retry_pause: Duration::from_millis(100),
+        hedge_after: Some((timeout / 4).min(Duration::from_millis(500))),
+    }
+}
+
 /// What the agent does when it cannot renew a rate pool's share, from the
 /// pool's policy (§4.4): `lease` falls to the fallback allowance, the others
 /// keep the last applied share. `sim_unclamped_lease` (simulation only,
@@ -701,6 +744,18 @@ fn agent_reclaim(
             pb::reclaim_policy::Policy::TwoSignal(_) | pb::reclaim_policy::Policy::SilenceOnly(_),
         ) => AgentReclaim::TwoSignal,
         Some(pb::reclaim_policy::Policy::Freeze(_)) | None => AgentReclaim::Freeze,
+    }
+}
+
+/// Hands what the decider spent since the last call to the holder.
+fn drain_spent(slot: &PoolSlot, holder: &mut ChunkHolder, now_ms: u64) {
+    let spent = slot
+        .counters
+        .spent_millitokens
+        .swap(0, std::sync::atomic::Ordering::Relaxed);
+    if spent > 0 {
+        // Fails only when the chunks already expired: nothing to track.
+        let _ = holder.spend(spent, now_ms);
     }
 }
 

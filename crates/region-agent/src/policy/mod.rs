@@ -98,7 +98,6 @@
 pub mod error;
 pub mod holder;
 pub mod model;
-mod node;
 pub mod parse;
 pub mod resolve;
 pub mod validate;

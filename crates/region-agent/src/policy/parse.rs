@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use leasehold_config_text::{Lines, Node, Value};
+use leasehold_logging::{cap_message, quote};
 use sha2::{Digest, Sha256};
 
 use super::error::{Collector, PolicyError, PolicyErrors, Problem};
@@ -17,7 +19,6 @@ use super::model::{
     Algorithm, Bundle, ConcurrencyCap, Domain, FailMode, Leased, Match, Rate, Rule, Scope,
     POOL_RATE,
 };
-use super::node::{self, Lines, Node, Value};
 use super::validate::{
     concurrency_rate, domain_findings, domain_name, duplicate_ids, rule_findings, rule_id,
     DEFAULT_SLACK_MS, DURATION_MS_MAX, MAX_DOMAINS, MAX_RULES_PER_DOMAIN, TOKENS_MAX, VERSION_MAX,
@@ -28,6 +29,8 @@ use crate::key::RuleId;
 /// Largest bundle text accepted, in bytes (1 MiB): bounds parse time and
 /// memory for a file or an admin RPC alike.
 pub const MAX_BUNDLE_BYTES: usize = 1 << 20;
+/// Longest TOML parser message kept in a syntax error (it may quote text).
+pub const MAX_SYNTAX_MESSAGE_BYTES: usize = 256;
 
 type Table = BTreeMap<String, Node>;
 
@@ -84,7 +87,7 @@ pub fn parse(
         verify_checksum(file_name, expected, &checksum)?;
     }
     let lines = Lines::new(text);
-    let root = node::parse_tree(text).map_err(|e| syntax_error(file_name, &lines, &e))?;
+    let root = Node::parse(text).map_err(|e| syntax_error(file_name, &lines, &e))?;
     let mut parser = Parser {
         file: file_name,
         lines: &lines,
@@ -125,7 +128,11 @@ fn syntax_error(file: &str, lines: &Lines, error: &toml::de::Error) -> PolicyErr
         .join("; ");
     PolicyError {
         line: error.span().map(|span| lines.line(span.start)),
-        ..PolicyError::whole(file, Problem::Syntax(message))
+        // The parser's message may repeat a key or value of the text.
+        ..PolicyError::whole(
+            file,
+            Problem::Syntax(cap_message(&message, MAX_SYNTAX_MESSAGE_BYTES)),
+        )
     }
     .into()
 }
@@ -191,7 +198,8 @@ impl<'a> Parser<'a> {
             .iter()
             .filter(|(k, _)| !TOP_FIELDS.contains(&k.as_str()))
         {
-            let error = self.error(Some(node), key, Problem::UnknownField);
+            // A key of the file: quoted (it may be of any length).
+            let error = self.error(Some(node), &quote(key), Problem::UnknownField);
             self.errors.push(error);
         }
         let version = match table
@@ -279,7 +287,7 @@ impl<'a> Parser<'a> {
             .iter()
             .filter(|(k, _)| !DOMAIN_FIELDS.contains(&k.as_str()))
         {
-            self.push_domain(&label, Some(node), key, Problem::UnknownField);
+            self.push_domain(&label, Some(node), &quote(key), Problem::UnknownField);
         }
         let read = match table.get("rule") {
             Some(node) => self.rules(&label, node),
@@ -432,8 +440,9 @@ struct RuleReader<'a> {
 }
 
 impl RuleReader<'_> {
+    /// A field's dotted path; the key, from the file, is [`quote`]d.
     fn path(prefix: &str, key: &str) -> String {
-        format!("{prefix}{key}")
+        format!("{prefix}{}", quote(key))
     }
 
     /// The node at `prefix + key`, remembering its line.
@@ -786,5 +795,31 @@ impl RuleReader<'_> {
             },
             period_ms: period_ms?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_unknown_key_is_quoted_in_every_error() {
+        let key = "k".repeat(65_536);
+        let text = format!(
+            "version = 1\n{key} = 1\n[[domain]]\nname = \"api\"\n{key} = 2\n\
+             [[domain.rule]]\nid = \"r\"\n{key} = 3\n"
+        );
+        let errors = parse("t.toml", &text, None).unwrap_err();
+        let unknown: Vec<String> = errors
+            .errors()
+            .iter()
+            .filter(|e| e.problem == Problem::UnknownField)
+            .map(PolicyError::to_string)
+            .collect();
+        assert_eq!(unknown.len(), 3, "{errors}");
+        for message in unknown {
+            assert!(message.contains("… (65536 bytes)"), "{message}");
+        }
+        assert!(errors.to_string().len() < 1_000, "{errors}");
     }
 }

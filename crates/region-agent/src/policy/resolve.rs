@@ -46,7 +46,7 @@ impl Resolved<'_> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
     /// The agent answers InvalidArgument on field `domain`.
-    #[error("unknown domain {0:?}")]
+    #[error("unknown domain {:?}", leasehold_logging::quote(.0))]
     UnknownDomain(String),
     /// Only for a bundle built by hand: `parse` refuses one whose rules
     /// could overflow a request.

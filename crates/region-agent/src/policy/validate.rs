@@ -470,7 +470,8 @@ fn match_findings(scope: Scope, matcher: &Match, out: &mut Vec<(String, Problem)
         ));
     }
     for (key, value) in &matcher.descriptors {
-        let field = format!("match.descriptors.{key}");
+        // The key is from the file: quoted, as the parser's paths are.
+        let field = format!("match.descriptors.{}", leasehold_logging::quote(key));
         if !match_name(key) {
             let pattern = NAME_PATTERN;
             out.push((field, Problem::Charset { pattern }));
