@@ -18,7 +18,7 @@ use leasehold_allocator::machine::{Admission, MAX_TIME_MS};
 use leasehold_allocator::pool::Pool;
 use leasehold_allocator::{Command, CommandError, Machine, Outcome, Rejection, StampedCommand};
 use proptest::prelude::*;
-use proptest::test_runner::TestRunner;
+use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
 
 /// How a command's ids are spoiled before it is checked.
 #[derive(Clone, Copy, Debug)]
@@ -205,44 +205,52 @@ fn validate_at_refuses_exactly_what_apply_refuses() {
         sequence(120),
         proptest::collection::vec((spoil(), 0usize..3, stamp()), 140),
     );
-    let mut runner = TestRunner::new(ProptestConfig::with_cases(128));
-    let outcome = runner.run(&strategy, |(ops, spoils)| {
-        let mut seen = seen.borrow_mut();
-        let mut driver = Driver::default();
-        for (position, op) in ops.iter().enumerate() {
-            // A time or epoch move: `command` made it already.
-            let Some(entry) = driver.command(op) else {
-                continue;
-            };
-            let (spoil, which, stamp) = spoils[position % spoils.len()];
-            let mut command = entry.command.clone();
-            spoil_command(&mut command, spoil, which);
-            let stamped_time_ms = stamped(entry.stamped_time_ms, stamp);
-            let machine = &driver.machine;
+    // Two runners: a fresh random one (new sequences every run) and a
+    // fixed-seed one, so the coverage asserted below never depends on luck.
+    let mut random = TestRunner::new(ProptestConfig::with_cases(128));
+    let mut fixed = TestRunner::new_with_rng(
+        ProptestConfig::with_cases(128),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    for runner in [&mut random, &mut fixed] {
+        let outcome = runner.run(&strategy, |(ops, spoils)| {
+            let mut seen = seen.borrow_mut();
+            let mut driver = Driver::default();
+            for (position, op) in ops.iter().enumerate() {
+                // A time or epoch move: `command` made it already.
+                let Some(entry) = driver.command(op) else {
+                    continue;
+                };
+                let (spoil, which, stamp) = spoils[position % spoils.len()];
+                let mut command = entry.command.clone();
+                spoil_command(&mut command, spoil, which);
+                let stamped_time_ms = stamped(entry.stamped_time_ms, stamp);
+                let machine = &driver.machine;
 
-            // As committed: its epoch may be below the applied one.
-            let as_is = StampedCommand {
-                epoch: entry.epoch,
-                stamped_time_ms,
-                command,
-            };
-            agree(machine, &as_is, &mut seen)?;
-            // As the leader validates it: at the stamp, its term admissible.
-            let admissible = StampedCommand {
-                epoch: entry.epoch.max(machine.epoch()),
-                ..as_is
-            };
-            prop_assert_eq!(
-                machine.validate_at(&admissible.command, stamped_time_ms),
-                machine.validate_entry(&admissible)
-            );
-            agree(machine, &admissible, &mut seen)?;
-            driver.apply(op);
+                // As committed: its epoch may be below the applied one.
+                let as_is = StampedCommand {
+                    epoch: entry.epoch,
+                    stamped_time_ms,
+                    command,
+                };
+                agree(machine, &as_is, &mut seen)?;
+                // As the leader validates it: at the stamp, its term admissible.
+                let admissible = StampedCommand {
+                    epoch: entry.epoch.max(machine.epoch()),
+                    ..as_is
+                };
+                prop_assert_eq!(
+                    machine.validate_at(&admissible.command, stamped_time_ms),
+                    machine.validate_entry(&admissible)
+                );
+                agree(machine, &admissible, &mut seen)?;
+                driver.apply(op);
+            }
+            Ok(())
+        });
+        if let Err(failure) = outcome {
+            panic!("{failure}");
         }
-        Ok(())
-    });
-    if let Err(failure) = outcome {
-        panic!("{failure}");
     }
     // Not vacuous: the sequences reach the refusals that depend on the
     // stamp, the epoch and the grant records, and replays.
