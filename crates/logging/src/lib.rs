@@ -36,21 +36,16 @@ pub fn quote_with(value: &str, prefix_bytes: usize) -> String {
     format!("{}… ({} bytes)", &value[..cut], value.len())
 }
 
-/// Cuts an already formatted message to at most `max_bytes` (plus the
-/// short `… (N bytes)` tail), for status messages built from many parts.
-pub fn cap_message(message: &str, max_bytes: usize) -> String {
-    quote_with(message, max_bytes)
-}
-
 /// Cap on the message of a gRPC status built from our errors: a stock
 /// client refuses trailers past its metadata limit (and then reports
 /// RESOURCE_EXHAUSTED instead of the real code).
 pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
 
-/// `message` cut so that the result, its `… (N bytes)` tail included, is at
-/// most `max_bytes` long (when `max_bytes` leaves room for the tail at all;
+/// An already formatted message (a status built from many parts) cut so
+/// that the result, its `… (N bytes)` tail included, is at most
+/// `max_bytes` long (when `max_bytes` leaves room for the tail at all;
 /// otherwise the tail alone).
-pub fn cap_total(message: &str, max_bytes: usize) -> String {
+pub fn cap_message(message: &str, max_bytes: usize) -> String {
     if message.len() <= max_bytes {
         return message.to_string();
     }
@@ -64,7 +59,7 @@ pub fn cap_total(message: &str, max_bytes: usize) -> String {
 
 /// A status message capped at [`MAX_STATUS_MESSAGE_BYTES`], tail included.
 pub fn cap_status_message(message: &str) -> String {
-    cap_total(message, MAX_STATUS_MESSAGE_BYTES)
+    cap_message(message, MAX_STATUS_MESSAGE_BYTES)
 }
 
 /// Causes a limiter remembers; past it the oldest window is forgotten, so
@@ -233,7 +228,7 @@ mod tests {
         let capped = cap_status_message(&"m".repeat(70_000));
         assert!(capped.len() <= MAX_STATUS_MESSAGE_BYTES, "{}", capped.len());
         assert!(capped.ends_with("… (70000 bytes)"), "{capped}");
-        let wide = cap_total(&"ü".repeat(600), 101);
+        let wide = cap_message(&"ü".repeat(600), 101);
         assert!(
             wide.len() <= 101 && wide.ends_with("… (1200 bytes)"),
             "{wide}"
@@ -284,7 +279,7 @@ mod tests {
 
         #[test]
         fn a_capped_message_is_at_most_the_cap(value in ".{0,600}", cap in 40usize..300) {
-            let capped = cap_total(&value, cap);
+            let capped = cap_message(&value, cap);
             prop_assert!(capped.len() <= cap);
             if value.len() <= cap {
                 prop_assert_eq!(capped, value);
