@@ -154,6 +154,23 @@ impl Machine {
         self.last_applied_time_ms.max(stamped_time_ms)
     }
 
+    /// True when a `Tick` at `now_ms` would reclaim `region` from rate pool
+    /// `pool` (its policy's silence, and under two_signal the unhealthy
+    /// verdict, both reached; not admin-frozen). The leader proposes that
+    /// `Tick` ahead of the Region's late report, so whether a lapsed Region
+    /// is reclaimed never depends on which of the two reached the log first.
+    pub fn reclaim_due(&self, pool: &str, region: &str, now_ms: u64) -> bool {
+        let (Ok(pool), Ok(region)) = (PoolId::parse(pool), RegionId::parse(region)) else {
+            return false;
+        };
+        match self.pools.get(&pool) {
+            Some(Pool::Rate(rate)) => rate
+                .due_for_reclaim(self.now_at(now_ms), &self.regions)
+                .contains(&region),
+            _ => false,
+        }
+    }
+
     /// Every refusal `apply(entry)` gives, without changing anything:
     /// `Err(e)` here ⇔ `apply(entry)` is `Err(Rejection { epoch, error: e })`
     /// with state unchanged; `Ok(Replay(answer))` ⇔ `apply` answers

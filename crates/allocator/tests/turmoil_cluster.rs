@@ -396,3 +396,81 @@ fn every_seed_of_a_sweep_converges() {
         check_converged(&run(seed));
     }
 }
+
+/// One node that never ticks by itself (`tick_interval_ms = 0`): a lease
+/// Region silent past share_ttl + max_drift sends a late report and is
+/// fenced (the leader proposed the reclaiming `Tick` first), while a Region
+/// that kept reporting is not. Without the reclaim-first step the late report
+/// would renew the lapsed share, and whether it is reclaimed would depend on
+/// which reached the log first, the leader's tick or the report.
+#[test]
+fn a_late_report_from_a_lapsed_lease_region_is_fenced_before_any_tick() {
+    const SHARE_TTL_MS: u64 = 3_000;
+    const MAX_DRIFT_MS: u64 = 500;
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(5)
+        .epoch(UNIX_EPOCH + Duration::from_millis(EPOCH_MS))
+        .simulation_duration(Duration::from_secs(120))
+        .tick_duration(Duration::from_millis(1))
+        .build();
+    sim.host(host(1), || async {
+        let mut config = node_config(1);
+        config.peers = [(1, address(1))].into_iter().collect();
+        let parts = NodeParts {
+            listen: sim_net::listen(config.listen).await?,
+            connector: sim_net::connector(),
+            clock: sim_net::clock(),
+            storage: MemoryDisk::new().storage().await?,
+            rng_seed: Some(1),
+            init: InitMode::Auto,
+            config,
+        };
+        let _running = start_with(parts).await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    sim.client("client", async {
+        let client = AllocatorClient::with_connector(
+            &[address(1)],
+            client_settings(),
+            sim_net::connector(),
+        )?;
+        leader(&client, None).await;
+        let mut config = RatePoolConfig::with_defaults(10_000_000);
+        config.reclaim = leasehold_allocator::ReclaimPolicy::Lease {
+            share_ttl_ms: SHARE_TTL_MS,
+            max_drift_ms: MAX_DRIFT_MS,
+        };
+        client.create_pool("r", &PoolConfig::Rate(config)).await?;
+        let mut incarnations = BTreeMap::new();
+        for region in ["eu", "us"] {
+            let reply = client.register("r", region).await?;
+            incarnations.insert(region, reply.incarnation);
+        }
+        let report = |region: &str| pb::RebalanceRequest {
+            pool: "r".into(),
+            region: region.into(),
+            incarnation: incarnations[region],
+            demand_requests: 10,
+            applied_share_millitokens_per_s: 0,
+            applied_share_version: 0,
+        };
+        // us keeps reporting every second; eu is silent for 2 × (ttl + drift).
+        for _ in 0..(2 * (SHARE_TTL_MS + MAX_DRIFT_MS) / 1_000) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            client.rebalance(report("us")).await?;
+        }
+        let late = client.rebalance(report("eu")).await;
+        let error = late.expect_err("a lapsed lease renewed by a late report");
+        let detail = error.detail().expect("an error detail");
+        assert_eq!(detail.code, pb::ErrorCode::Fenced as i32, "{error}");
+        assert!(detail.current_incarnation > incarnations["eu"], "{error}");
+        // The Region that kept its lease is untouched.
+        let reply = client.rebalance(report("us")).await?;
+        let share = reply.share.expect("share");
+        assert_eq!(share.incarnation, incarnations["us"]);
+        assert!(share.share_millitokens_per_s > 0);
+        Ok(())
+    });
+    sim.run().expect("simulation");
+}

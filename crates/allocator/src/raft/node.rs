@@ -444,15 +444,44 @@ impl Node {
     /// same linearizable read, without an entry either (see
     /// `replay_from_state`). The one refusal still given by apply, after an
     /// entry, is one caused by a concurrent entry ahead of it in the log.
+    ///
+    /// A share report (`Rebalance`, `AckShare`) from a Region that a `Tick`
+    /// at the stamp would reclaim is preceded by that `Tick` (committed
+    /// first, then the report is validated again: `Fenced`). So a Region
+    /// silent past its policy's delay is reclaimed whether the leader's tick
+    /// or its own late report comes first — after an allocator outage
+    /// longer than share_ttl + max_drift, every lease Region returns fenced.
     pub async fn propose(&self, command: Command) -> Result<Committed, ProposeError> {
         if !self.is_leader() {
             return Err(ProposeError::NotLeader(self.leader()));
         }
-        let timeout = self.inner.settings.write_timeout();
         let stamped_time_ms = self.inner.clock.now_ms();
-        let admission = match self.inner.state.validate_at(&command, stamped_time_ms) {
-            Ok(admission) => admission,
-            Err(error) if error.is_input_error() => return Err(ProposeError::Invalid(error)),
+        let mut admission = self.admit(&command, stamped_time_ms).await?;
+        if self.lapsed_report(&command, stamped_time_ms) {
+            // Tick is admitted at any stamp; after it the report is judged
+            // on the state it left (the Region now fenced).
+            self.enqueue(Command::Tick, stamped_time_ms).await?;
+            admission = self.admit(&command, stamped_time_ms).await?;
+        }
+        if let Admission::Replay(_) = admission {
+            if let Some(committed) = self.replay_from_state(&command, stamped_time_ms).await? {
+                return Ok(committed);
+            }
+        }
+        self.enqueue(command, stamped_time_ms).await
+    }
+
+    /// `Machine::validate_at` of `command` at the stamp; a refusal found in
+    /// the state only after a linearizable read (the state then holds every
+    /// committed entry).
+    async fn admit(
+        &self,
+        command: &Command,
+        stamped_time_ms: u64,
+    ) -> Result<Admission, ProposeError> {
+        match self.inner.state.validate_at(command, stamped_time_ms) {
+            Ok(admission) => Ok(admission),
+            Err(error) if error.is_input_error() => Err(ProposeError::Invalid(error)),
             Err(error) => {
                 // The applied state may lag the log (just after an election
                 // or a restart), a deposed leader's the cluster: a refusal
@@ -461,17 +490,37 @@ impl Node {
                 let admission = self
                     .inner
                     .state
-                    .validate_at(&command, stamped_time_ms)
+                    .validate_at(command, stamped_time_ms)
                     .map_err(ProposeError::Invalid)?;
                 tracing::debug!(%error, "refusal withdrawn after catching up");
-                admission
-            }
-        };
-        if let Admission::Replay(_) = admission {
-            if let Some(committed) = self.replay_from_state(&command, stamped_time_ms).await? {
-                return Ok(committed);
+                Ok(admission)
             }
         }
+    }
+
+    /// A share report (`Rebalance`, `AckShare`) from a Region a `Tick` at
+    /// the stamp would reclaim. Asked after [`Node::admit`] admitted it, so
+    /// the Region is a member in the applied state; that state may lag the
+    /// log, but only with older last-heard times (more silence, never less),
+    /// and the `Tick` is applied on the full log anyway.
+    fn lapsed_report(&self, command: &Command, stamped_time_ms: u64) -> bool {
+        let (Command::Rebalance { pool, region, .. } | Command::AckShare { pool, region, .. }) =
+            command
+        else {
+            return false;
+        };
+        self.inner
+            .state
+            .read(|state| state.machine.reclaim_due(pool, region, stamped_time_ms))
+    }
+
+    /// Queues an admitted command for the batcher and waits for its answer.
+    async fn enqueue(
+        &self,
+        command: Command,
+        stamped_time_ms: u64,
+    ) -> Result<Committed, ProposeError> {
+        let timeout = self.inner.settings.write_timeout();
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             command,
