@@ -1,0 +1,40 @@
+//! Mutual TLS for every Leasehold component (ARCHITECTURE §8).
+//!
+//! Owns: who a certificate speaks for (SPIFFE URI SANs), reading the
+//! certificate files and re-reading them when they change, the mTLS
+//! acceptor and connector (rustls with the `ring` provider, named
+//! explicitly in every config; no OpenSSL), the tonic glue on both sides,
+//! and generating a CA and every identity's certificate. Does not own
+//! authorization (which identity may call which RPC): servers read the
+//! caller's [`Identity`] with [`peer`] and decide in their own table.
+//!
+//! Map:
+//! - [`identity`] — [`Identity`], [`parse_spiffe`], [`identity_of`].
+//! - [`files`] — [`TlsFiles`], PEM loading whose errors name the file.
+//! - [`reload`] — [`Reloading`]: the config in force, rebuilt when a file
+//!   changes, the last good one kept when a changed file is broken.
+//! - `verify` (private) — the SPIFFE checks inside the handshake.
+//! - [`server`] — [`TlsAcceptor`], [`TlsConnection`] (tonic `Connected`
+//!   with [`PeerInfo`]), [`incoming`] for `serve_with_incoming`, [`peer`].
+//! - [`client`] — [`TlsConnector`], [`ExpectedPeer`], [`channel`].
+//! - [`certs`] — [`certs::init`] (`leasehold certs init`), [`certs::issue`].
+//! - [`error`] — [`TlsError`].
+//!
+//! Every connection runs a full TLS 1.3 handshake (no resumption), so the
+//! CA, the certificate and the identity checks in force apply to each.
+
+pub mod certs;
+pub mod client;
+pub mod error;
+pub mod files;
+pub mod identity;
+pub mod reload;
+pub mod server;
+mod verify;
+
+pub use client::{channel, ClientOptions, ExpectedPeer, GrpcConnector, TlsConnector};
+pub use error::TlsError;
+pub use files::TlsFiles;
+pub use identity::{identity_of, parse_spiffe, Identity, IdentityError};
+pub use reload::{Reloading, ReloadingClientConfig, ReloadingServerConfig};
+pub use server::{incoming, peer, Alpn, PeerInfo, ServerOptions, TlsAcceptor, TlsConnection};
