@@ -74,12 +74,15 @@ pub struct Validity {
 }
 
 impl Validity {
-    /// From [`CLOCK_SKEW_ALLOWANCE`] ago to `days` from now.
+    /// From [`CLOCK_SKEW_ALLOWANCE`] ago to `days` (at most
+    /// [`MAX_VALIDITY_DAYS`], larger values are clamped) from now.
     pub fn days_from_now(days: u64) -> Self {
         let now = SystemTime::now();
+        // Clamped, so the multiplication below cannot overflow.
+        let days = u32::try_from(days.min(MAX_VALIDITY_DAYS)).unwrap_or(1);
         Validity {
             not_before: now - CLOCK_SKEW_ALLOWANCE,
-            not_after: now + DAY * u32::try_from(days).unwrap_or(u32::MAX),
+            not_after: now + DAY * days,
         }
     }
 

@@ -361,7 +361,11 @@ async fn accept_loop(
         };
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _remote)) => tcp,
+                Ok((tcp, _remote)) => {
+                    // gRPC writes small frames: no Nagle delay on them.
+                    let _ = tcp.set_nodelay(true);
+                    tcp
+                }
                 Err(error) => {
                     warn_limited!(LOGS, "tls.accept", %error, "accept failed");
                     tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;

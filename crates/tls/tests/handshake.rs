@@ -204,14 +204,21 @@ async fn incoming_serves_others_while_one_client_stalls_and_another_is_refused()
     let mut incoming = Box::pin(leasehold_tls::incoming(listener, acceptor));
 
     let _stalled = TcpStream::connect(address).await.unwrap();
+    // The refused client runs in its own task: its handshake must not
+    // hold up the test either, whatever the server does.
     let refused = common::raw_client(pki.ca.cert_pem(), None);
-    let tcp = TcpStream::connect(address).await.unwrap();
-    let _ = refused
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await;
+    let refused = tokio::spawn(async move {
+        let tcp = TcpStream::connect(address).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut stream = refused
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut byte = [0u8; 1];
+        tokio::io::AsyncReadExt::read_exact(&mut stream, &mut byte)
+            .await
+            .map_err(|e| e.to_string())
+    });
 
     let connector = pki.connector(&eu());
     let client = tokio::spawn(async move {
@@ -227,6 +234,11 @@ async fn incoming_serves_others_while_one_client_stalls_and_another_is_refused()
         .expect("stream yielded an error");
     assert_eq!(first.peer().identity, eu());
     client.await.unwrap().expect("client connected");
+    let refusal = tokio::time::timeout(EXCHANGE_DEADLINE, refused)
+        .await
+        .expect("the refused client was never answered")
+        .unwrap();
+    assert!(refusal.is_err(), "a client without certificate was served");
 }
 
 /// At most `max_handshakes_in_flight` handshakes run: with one slot held
