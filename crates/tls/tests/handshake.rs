@@ -282,3 +282,62 @@ async fn handshakes_in_flight_are_bounded() {
     assert_eq!(connection.peer().identity, eu());
     client.await.unwrap().expect("client connected");
 }
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_handshake_is_dropped_at_the_timeout() {
+    let pki = Pki::new();
+    let options = ServerOptions {
+        handshake_timeout: Duration::from_millis(200),
+        ..ServerOptions::default()
+    };
+    let acceptor =
+        TlsAcceptor::with_options(pki.files_for(&Identity::Node(1)), TD, options).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let _stalled = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (tcp, _) = listener.accept().await.unwrap();
+    let outcome = tokio::time::timeout(EXCHANGE_DEADLINE, acceptor.accept(tcp))
+        .await
+        .expect("accept outlived its handshake timeout");
+    assert!(
+        matches!(outcome, Err(TlsError::HandshakeTimeout { timeout_ms: 200 })),
+        "{:?}",
+        outcome.err()
+    );
+}
+
+#[test]
+fn settings_outside_their_bounds_are_refused() {
+    let pki = Pki::new();
+    let files = pki.files_for(&Identity::Node(1));
+    let bad = [
+        ServerOptions {
+            handshake_timeout: Duration::ZERO,
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            handshake_timeout: leasehold_tls::server::MAX_HANDSHAKE_TIMEOUT * 2,
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            max_handshakes_in_flight: 0,
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            check_interval: leasehold_tls::reload::MAX_CHECK_INTERVAL * 2,
+            ..ServerOptions::default()
+        },
+    ];
+    for options in bad {
+        let refused = TlsAcceptor::with_options(files.clone(), TD, options.clone());
+        assert!(
+            matches!(refused, Err(TlsError::Config { .. })),
+            "{options:?}"
+        );
+    }
+    assert!(matches!(
+        TlsAcceptor::new(files, "Not A Domain"),
+        Err(TlsError::Config { .. })
+    ));
+}
