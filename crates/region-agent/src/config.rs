@@ -20,6 +20,7 @@ use serde::Deserialize;
 use crate::breaker::BreakerConfig;
 use crate::fallback::DEFAULT_MAX_KEYS;
 use crate::global::settings::{GlobalSettings, GLOBAL_BOUNDS};
+use crate::redis_auth::RedisAuthSettings;
 
 /// Cap on `store.max_in_flight`.
 pub const MAX_IN_FLIGHT: u64 = 1_000_000;
@@ -56,6 +57,9 @@ pub struct AgentConfig {
     pub policy_file: PathBuf,
     #[serde(default)]
     pub store: StoreSettings,
+    /// Redis credentials and TLS (`[redis]`), with `redis_url` only.
+    #[serde(default)]
+    pub redis: RedisAuthSettings,
     #[serde(default)]
     pub fallback: FallbackSettings,
     /// Global pools synced with the allocator (absent: none).
@@ -157,6 +161,7 @@ impl AgentConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         config.pepper_file = base.join(&config.pepper_file);
         config.policy_file = base.join(&config.policy_file);
+        config.redis.resolve(base);
         Ok(config)
     }
 
@@ -207,6 +212,7 @@ impl AgentConfig {
         if let Some(url) = &self.redis_url {
             check_redis_url(url).map_err(|message| ("redis_url".to_string(), message))?;
         }
+        self.redis.check(self.redis_url.as_deref())?;
         for (field, path) in [
             ("pepper_file", &self.pepper_file),
             ("policy_file", &self.policy_file),

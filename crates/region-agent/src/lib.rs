@@ -39,6 +39,7 @@ pub mod lease;
 pub mod memory;
 pub mod metrics;
 pub mod policy;
+pub mod redis_auth;
 pub mod redis_store;
 pub mod request;
 pub mod script;

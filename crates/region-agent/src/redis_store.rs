@@ -21,8 +21,14 @@ use redis::{AsyncConnectionConfig, ServerErrorKind, Value};
 use tokio::sync::{Mutex as AsyncMutex, Semaphore};
 
 use crate::breaker::{Admission, Breaker, BreakerConfig};
+use crate::redis_auth::{RedisAuthError, RedisAuthSettings};
 use crate::script::{ScriptCall, ScriptError, ScriptKind, ScriptReply};
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
+
+/// Connect failures repeat on every call while Redis is down or refuses
+/// the credentials: one line per cause per interval.
+static CONNECT_LOGS: std::sync::LazyLock<leasehold_logging::SharedLimiter> =
+    std::sync::LazyLock::new(leasehold_logging::default_limiter);
 
 /// RedisStore tuning; every field bounds something.
 #[derive(Debug, Clone)]
@@ -35,6 +41,8 @@ pub struct RedisStoreConfig {
     /// Most calls in flight at once; beyond it calls are refused, not queued.
     pub max_in_flight: usize,
     pub breaker: BreakerConfig,
+    /// ACL user, password file and TLS files, read again on each connect.
+    pub auth: RedisAuthSettings,
 }
 
 impl RedisStoreConfig {
@@ -45,6 +53,7 @@ impl RedisStoreConfig {
             connect_timeout: Duration::from_millis(200),
             max_in_flight: 4_096,
             breaker: BreakerConfig::default(),
+            auth: RedisAuthSettings::default(),
         }
     }
 }
@@ -53,11 +62,12 @@ impl RedisStoreConfig {
 pub enum RedisStoreError {
     #[error("invalid Redis URL: {0}")]
     Url(#[from] redis::RedisError),
+    #[error(transparent)]
+    Auth(#[from] RedisAuthError),
 }
 
 /// The Redis-backed [`BucketStore`].
 pub struct RedisStore {
-    client: redis::Client,
     config: RedisStoreConfig,
     connection: AsyncMutex<Option<MultiplexedConnection>>,
     in_flight: Arc<Semaphore>,
@@ -71,12 +81,12 @@ enum Failure {
 }
 
 impl RedisStore {
-    /// Validates the URL; connects lazily on the first call, so an agent can
-    /// start (and degrade) while Redis is down.
+    /// Validates the URL and reads the credential and TLS files once (a
+    /// missing one is a start-up error naming it); connects lazily on the
+    /// first call, so an agent can start (and degrade) while Redis is down.
     pub fn new(config: RedisStoreConfig) -> Result<Self, RedisStoreError> {
-        let client = redis::Client::open(config.url.as_str())?;
+        config.auth.client(&config.url)?;
         Ok(RedisStore {
-            client,
             in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
             breaker: Mutex::new(Breaker::new(config.breaker)),
             connection: AsyncMutex::new(None),
@@ -104,11 +114,32 @@ impl RedisStore {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.connect_timeout))
             .set_response_timeout(Some(self.config.call_deadline));
-        let mut conn = self
-            .client
+        // Built on every connect: a rotated password or certificate file is
+        // read again (ARCHITECTURE §8).
+        let client = self.config.auth.client(&self.config.url).map_err(|e| {
+            leasehold_logging::warn_limited!(
+                &*CONNECT_LOGS,
+                "redis_client",
+                error = %e,
+                "cannot build the Redis client; the store is unavailable and fail modes apply"
+            );
+            Failure::NotSent(NotSent::Unreachable(e.to_string()))
+        })?;
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| Failure::NotSent(NotSent::Unreachable(e.to_string())))?;
+            .map_err(|e| {
+                // WRONGPASS / NOAUTH / a TLS failure: say so (never the URL
+                // or the password).
+                leasehold_logging::warn_limited!(
+                    &*CONNECT_LOGS,
+                    "redis_connect",
+                    error = %leasehold_logging::quote_with(&e.to_string(), 200),
+                    user = self.config.auth.username.as_deref().unwrap_or("default"),
+                    "cannot connect to Redis; the store is unavailable and fail modes apply"
+                );
+                Failure::NotSent(NotSent::Unreachable(e.to_string()))
+            })?;
         // Load every script once so pipelined EVALSHA finds them.
         load_scripts(&mut conn)
             .await

@@ -31,7 +31,7 @@ use crate::key::{KeyBuilder, KeyError, MIN_PEPPER_LEN};
 use crate::memory::{Clock, MemoryStore, SystemClock};
 use crate::metrics::{breaker_gauge, AgentMetrics};
 use crate::policy::{self, Bundle, PolicyHolder};
-use crate::redis_store::{RedisStore, RedisStoreConfig};
+use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::service::AgentService;
 use crate::store::BucketStore;
 
@@ -121,9 +121,13 @@ impl AgentSpec {
                     connect_timeout: Duration::from_millis(config.store.connect_timeout_ms.max(1)),
                     max_in_flight: config.store.max_in_flight.max(1),
                     breaker: config.store.breaker(),
+                    auth: config.redis.clone(),
                     ..RedisStoreConfig::new(url.clone())
                 })
-                .map_err(|e| refused("redis_url", e.to_string()))?,
+                .map_err(|e| match e {
+                    RedisStoreError::Auth(auth) => refused("redis", auth.to_string()),
+                    other => refused("redis_url", other.to_string()),
+                })?,
             ),
             None => Arc::new(MemoryStore::default()),
         };

@@ -32,21 +32,67 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// `start_secure` only: the TLS port and the server's extra arguments.
+    tls_port: Option<u16>,
+    extra_args: Vec<String>,
+}
+
+/// What [`RedisServer::start_secure`] turns on: TLS with these PEM files
+/// (client certificates optional) and ACL users from `acl_lines` (e.g.
+/// `user default off`, `user agent on >secret ~* &* +@all`).
+pub struct SecureRedis {
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
+    pub ca_file: std::path::PathBuf,
+    pub acl_lines: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a fresh server on a free loopback port.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_inner(None)
+    }
+
+    /// Starts a server that also listens with TLS on a second free port
+    /// ([`RedisServer::tls_url`]) and has the given ACL users. The plain
+    /// port stays (readiness is checked there: with `default` off it answers
+    /// NOAUTH, which is alive).
+    pub fn start_secure(secure: &SecureRedis) -> Result<Self, HarnessError> {
+        Self::start_inner(Some(secure))
+    }
+
+    fn start_inner(secure: Option<&SecureRedis>) -> Result<Self, HarnessError> {
         let mut server = RedisServer {
             child: None,
             port: 0,
             dir: tempfile::Builder::new()
                 .prefix("leasehold-redis-")
                 .tempdir()?,
+            tls_port: None,
+            extra_args: Vec::new(),
         };
+        if let Some(secure) = secure {
+            let acl = server.dir.path().join("users.acl");
+            std::fs::write(&acl, secure.acl_lines.join("\n") + "\n")?;
+            server.extra_args = vec![
+                "--tls-cert-file".into(),
+                secure.cert_file.display().to_string(),
+                "--tls-key-file".into(),
+                secure.key_file.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                secure.ca_file.display().to_string(),
+                "--tls-auth-clients".into(),
+                "optional".into(),
+                "--aclfile".into(),
+                acl.display().to_string(),
+            ];
+        }
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
             server.port = free_port()?;
+            if secure.is_some() {
+                server.tls_port = Some(free_port()?);
+            }
             match server.spawn() {
                 Ok(()) => return Ok(server),
                 Err(HarnessError::Missing(e)) => return Err(HarnessError::Missing(e)),
@@ -63,6 +109,12 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `rediss://127.0.0.1:<tls port>/` (`start_secure` only).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("rediss://127.0.0.1:{port}/"))
     }
 
     /// The server's process id (tests freeze it with SIGSTOP/SIGCONT).
@@ -102,7 +154,12 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), HarnessError> {
+        let mut args: Vec<String> = self.extra_args.clone();
+        if let Some(tls_port) = self.tls_port {
+            args.extend(["--tls-port".to_string(), tls_port.to_string()]);
+        }
         let child = Command::new("redis-server")
+            .args(&args)
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -177,5 +234,6 @@ fn ping(port: u16) -> bool {
         return false;
     }
     let mut buf = [0u8; 7];
-    matches!(stream.read(&mut buf), Ok(n) if n >= 5 && &buf[..5] == b"+PONG")
+    // NOAUTH: alive, with the default user off (`start_secure`).
+    matches!(stream.read(&mut buf), Ok(n) if n >= 5 && (&buf[..5] == b"+PONG" || &buf[..5] == b"-NOAU"))
 }
