@@ -4,11 +4,12 @@
 //! certificate files and re-reading them when they change, the mTLS
 //! acceptor and connector (rustls with the `ring` provider, named
 //! explicitly in every config; no OpenSSL), the tonic glue on both sides,
-//! and generating a CA and every identity's certificate. Does not own
-//! authorization (which identity may call which RPC): servers read the
-//! caller's [`Identity`] with [`peer`] and decide in their own table.
+//! and generating a CA and every identity's certificate, and the one
+//! authorization table ([`authz`]: which identity may call which RPC);
+//! servers read the caller's [`Identity`] with [`peer`] and ask it.
 //!
 //! Map:
+//! - [`authz`] — [`authz::authorize`]: the table of §8, the `audit` target.
 //! - [`identity`] — [`Identity`], [`parse_spiffe`], [`identity_of`].
 //! - [`files`] — [`TlsFiles`], PEM loading whose errors name the file.
 //! - [`reload`] — [`Reloading`]: the config in force, rebuilt when a file
@@ -23,6 +24,7 @@
 //! Every connection runs a full TLS 1.3 handshake (no resumption), so the
 //! CA, the certificate and the identity checks in force apply to each.
 
+pub mod authz;
 pub mod certs;
 pub mod client;
 pub mod error;

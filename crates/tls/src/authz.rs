@@ -1,0 +1,466 @@
+//! Who may call what (ARCHITECTURE §8): the one authorization table.
+//!
+//! Every listener asks [`authorize`] with the caller's verified
+//! [`Identity`] and a [`Call`] (the method, and the Region the request
+//! names or the listener serves) before it reads or changes anything. A
+//! refusal is a [`Denied`], answered as PERMISSION_DENIED naming the
+//! identity and the method; nothing is changed or appended. Admin
+//! mutations and every refusal are written to the `audit` tracing target
+//! ([`audit_refusal`], [`audit_admin`]).
+//!
+//! | caller | may call |
+//! |---|---|
+//! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config) |
+//! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus) |
+//! | prober | HealthReport |
+//! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus |
+//! | sre | Inspect, Status, Health, NodeStatus (read-only) |
+//! | gateway/r | the agent's Check, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health — on r's agent |
+
+use std::fmt;
+
+use crate::identity::Identity;
+
+/// Every method a Leasehold listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Method {
+    // Allocator: a Region's own calls.
+    Register,
+    Rebalance,
+    AckShare,
+    Grant,
+    // Allocator: the health prober.
+    HealthReport,
+    // Allocator: reads.
+    Inspect,
+    // Allocator: admin mutations.
+    CreatePool,
+    UpdatePool,
+    Freeze,
+    Reclaim,
+    AddNode,
+    RemoveNode,
+    RemoveRegion,
+    // Allocator: between nodes.
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+    NodeStatus,
+    // Agent.
+    Check,
+    LeaseBlock,
+    ReturnBlock,
+    AcquireConcurrency,
+    ReleaseConcurrency,
+    ShouldRateLimit,
+    Health,
+    Status,
+    ReloadPolicy,
+}
+
+impl Method {
+    /// Every method, for exhaustive table tests.
+    pub const ALL: [Method; 26] = [
+        Method::Register,
+        Method::Rebalance,
+        Method::AckShare,
+        Method::Grant,
+        Method::HealthReport,
+        Method::Inspect,
+        Method::CreatePool,
+        Method::UpdatePool,
+        Method::Freeze,
+        Method::Reclaim,
+        Method::AddNode,
+        Method::RemoveNode,
+        Method::RemoveRegion,
+        Method::AppendEntries,
+        Method::Vote,
+        Method::InstallSnapshot,
+        Method::NodeStatus,
+        Method::Check,
+        Method::LeaseBlock,
+        Method::ReturnBlock,
+        Method::AcquireConcurrency,
+        Method::ReleaseConcurrency,
+        Method::ShouldRateLimit,
+        Method::Health,
+        Method::Status,
+        Method::ReloadPolicy,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Register => "Register",
+            Method::Rebalance => "Rebalance",
+            Method::AckShare => "AckShare",
+            Method::Grant => "Grant",
+            Method::HealthReport => "HealthReport",
+            Method::Inspect => "Inspect",
+            Method::CreatePool => "CreatePool",
+            Method::UpdatePool => "UpdatePool",
+            Method::Freeze => "Freeze",
+            Method::Reclaim => "Reclaim",
+            Method::AddNode => "AddNode",
+            Method::RemoveNode => "RemoveNode",
+            Method::RemoveRegion => "RemoveRegion",
+            Method::AppendEntries => "AppendEntries",
+            Method::Vote => "Vote",
+            Method::InstallSnapshot => "InstallSnapshot",
+            Method::NodeStatus => "NodeStatus",
+            Method::Check => "Check",
+            Method::LeaseBlock => "LeaseBlock",
+            Method::ReturnBlock => "ReturnBlock",
+            Method::AcquireConcurrency => "AcquireConcurrency",
+            Method::ReleaseConcurrency => "ReleaseConcurrency",
+            Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::Health => "Health",
+            Method::Status => "Status",
+            Method::ReloadPolicy => "ReloadPolicy",
+        }
+    }
+
+    /// An admin mutation: audited when done, not only when refused.
+    pub fn is_admin_mutation(self) -> bool {
+        matches!(
+            self,
+            Method::CreatePool
+                | Method::UpdatePool
+                | Method::Freeze
+                | Method::Reclaim
+                | Method::AddNode
+                | Method::RemoveNode
+                | Method::RemoveRegion
+                | Method::ReloadPolicy
+        )
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One call as the table judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call<'a> {
+    pub method: Method,
+    /// The Region the request acts for (allocator Region calls: its
+    /// `region` field), or the Region the listener serves (agent calls:
+    /// the agent's own Region). `None` when the method names none.
+    pub region: Option<&'a str>,
+    /// Inspect only: the request asks for one named pool without grant
+    /// records (what an agent needs to learn a pool's config).
+    pub narrow_inspect: bool,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(method: Method) -> Self {
+        Call {
+            method,
+            region: None,
+            narrow_inspect: false,
+        }
+    }
+
+    pub fn for_region(method: Method, region: &'a str) -> Self {
+        Call {
+            method,
+            region: Some(region),
+            narrow_inspect: false,
+        }
+    }
+
+    pub fn inspect(narrow: bool) -> Self {
+        Call {
+            method: Method::Inspect,
+            region: None,
+            narrow_inspect: narrow,
+        }
+    }
+}
+
+/// A refused call: who, what, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// The identity's SPIFFE path (`region/eu`), never a raw certificate.
+    pub identity: String,
+    pub method: Method,
+    pub reason: &'static str,
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} may not call {}: {}",
+            self.identity, self.method, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Denied {}
+
+/// The table. `Ok` when `identity` may make `call`.
+pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
+    use Method::*;
+    let deny = |reason| {
+        Err(Denied {
+            identity: identity.to_string(),
+            method: call.method,
+            reason,
+        })
+    };
+    let same_region = |own: &str| match call.region {
+        Some(region) if region == own => Ok(()),
+        Some(_) => deny("a Region acts only for itself"),
+        None => deny("the call names no Region"),
+    };
+    match (identity, call.method) {
+        (Identity::Region(own), Register | Rebalance | AckShare | Grant) => same_region(own),
+        (Identity::Region(_), Inspect) if call.narrow_inspect => Ok(()),
+        (Identity::Region(_), Inspect) => {
+            deny("a Region may inspect one named pool, without grant records")
+        }
+        (Identity::Node(_), AppendEntries | Vote | InstallSnapshot | NodeStatus) => Ok(()),
+        (Identity::Prober, HealthReport) => Ok(()),
+        (
+            Identity::Admin,
+            CreatePool | UpdatePool | Freeze | Reclaim | AddNode | RemoveNode | RemoveRegion
+            | ReloadPolicy | Inspect | Status | Health | NodeStatus,
+        ) => Ok(()),
+        (Identity::Sre, Inspect | Status | Health | NodeStatus) => Ok(()),
+        (
+            Identity::Gateway(own),
+            Check | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
+            | ShouldRateLimit | Health,
+        ) => match call.region {
+            Some(region) if region == own.as_str() => Ok(()),
+            _ => deny("a gateway calls only its own Region's agent"),
+        },
+        (Identity::Region(_) | Identity::Gateway(_), _) => deny("not a Region's or gateway's call"),
+        (Identity::Node(_), _) => deny("node identities call raft RPCs only"),
+        (Identity::Prober, _) => deny("the prober may only report health"),
+        (Identity::Admin, _) => deny("not an admin call"),
+        (Identity::Sre, _) => deny("sre is read-only"),
+    }
+}
+
+/// Writes a refusal to the `audit` target.
+pub fn audit_refusal(denied: &Denied) {
+    tracing::warn!(
+        target: "audit",
+        identity = %denied.identity,
+        method = denied.method.name(),
+        outcome = "denied",
+        reason = denied.reason,
+        "call refused"
+    );
+}
+
+/// Writes an admin mutation's outcome to the `audit` target: who, what
+/// (`detail`: the pool, node or Region acted on), and the outcome.
+pub fn audit_admin(identity: &Identity, method: Method, detail: &str, outcome: &str) {
+    tracing::info!(
+        target: "audit",
+        identity = %identity,
+        method = method.name(),
+        detail,
+        outcome,
+        "admin call"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(r: &str) -> Identity {
+        Identity::Region(r.to_string())
+    }
+
+    fn gateway(r: &str) -> Identity {
+        Identity::Gateway(r.to_string())
+    }
+
+    fn allowed(identity: &Identity, call: Call<'_>) -> bool {
+        authorize(identity, &call).is_ok()
+    }
+
+    const REGION_CALLS: [Method; 4] = [
+        Method::Register,
+        Method::Rebalance,
+        Method::AckShare,
+        Method::Grant,
+    ];
+    const RAFT: [Method; 4] = [
+        Method::AppendEntries,
+        Method::Vote,
+        Method::InstallSnapshot,
+        Method::NodeStatus,
+    ];
+    const ADMIN_MUTATIONS: [Method; 8] = [
+        Method::CreatePool,
+        Method::UpdatePool,
+        Method::Freeze,
+        Method::Reclaim,
+        Method::AddNode,
+        Method::RemoveNode,
+        Method::RemoveRegion,
+        Method::ReloadPolicy,
+    ];
+    const GATEWAY_CALLS: [Method; 7] = [
+        Method::Check,
+        Method::LeaseBlock,
+        Method::ReturnBlock,
+        Method::AcquireConcurrency,
+        Method::ReleaseConcurrency,
+        Method::ShouldRateLimit,
+        Method::Health,
+    ];
+
+    #[test]
+    fn a_region_makes_its_own_region_calls_only() {
+        for method in REGION_CALLS {
+            assert!(allowed(&region("eu"), Call::for_region(method, "eu")));
+            let denied = authorize(&region("eu"), &Call::for_region(method, "us")).unwrap_err();
+            assert_eq!(denied.method, method);
+            assert!(denied.to_string().contains("region/eu"), "{denied}");
+            assert!(denied.to_string().contains(method.name()), "{denied}");
+            assert!(!allowed(&region("eu"), Call::new(method)));
+        }
+    }
+
+    #[test]
+    fn a_region_may_inspect_one_pool_without_grant_records_only() {
+        assert!(allowed(&region("eu"), Call::inspect(true)));
+        assert!(!allowed(&region("eu"), Call::inspect(false)));
+    }
+
+    #[test]
+    fn a_region_may_not_call_anything_else() {
+        for method in Method::ALL {
+            if REGION_CALLS.contains(&method) || method == Method::Inspect {
+                continue;
+            }
+            assert!(
+                !allowed(&region("eu"), Call::for_region(method, "eu")),
+                "{method}"
+            );
+        }
+    }
+
+    #[test]
+    fn nodes_call_raft_rpcs_only() {
+        let node = Identity::Node(2);
+        for method in Method::ALL {
+            let call = Call::for_region(method, "eu");
+            assert_eq!(allowed(&node, call), RAFT.contains(&method), "{method}");
+        }
+        for method in RAFT {
+            for identity in [region("eu"), Identity::Prober, gateway("eu")] {
+                assert!(
+                    !allowed(&identity, Call::new(method)),
+                    "{identity} {method}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_prober_reports_health() {
+        for identity in [
+            region("eu"),
+            Identity::Node(1),
+            Identity::Admin,
+            Identity::Sre,
+            gateway("eu"),
+        ] {
+            assert!(
+                !allowed(&identity, Call::for_region(Method::HealthReport, "eu")),
+                "{identity}"
+            );
+        }
+        assert!(allowed(&Identity::Prober, Call::new(Method::HealthReport)));
+        for method in Method::ALL {
+            if method != Method::HealthReport {
+                assert!(!allowed(&Identity::Prober, Call::new(method)), "{method}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_admin_makes_admin_mutations_and_reloads_policy() {
+        for method in ADMIN_MUTATIONS {
+            assert!(method.is_admin_mutation());
+            assert!(allowed(&Identity::Admin, Call::new(method)), "{method}");
+            for identity in [
+                region("eu"),
+                Identity::Node(1),
+                Identity::Prober,
+                Identity::Sre,
+                gateway("eu"),
+            ] {
+                assert!(
+                    !allowed(&identity, Call::for_region(method, "eu")),
+                    "{identity} {method}"
+                );
+            }
+        }
+        // Admin is not a Region, a node or a gateway.
+        for method in REGION_CALLS
+            .iter()
+            .chain(&GATEWAY_CALLS[..6])
+            .chain(&RAFT[..3])
+        {
+            assert!(
+                !allowed(&Identity::Admin, Call::for_region(*method, "eu")),
+                "{method}"
+            );
+        }
+    }
+
+    #[test]
+    fn sre_reads_and_changes_nothing() {
+        for method in Method::ALL {
+            let reads = matches!(
+                method,
+                Method::Inspect | Method::Status | Method::Health | Method::NodeStatus
+            );
+            assert_eq!(
+                allowed(&Identity::Sre, Call::for_region(method, "eu")),
+                reads,
+                "{method}"
+            );
+        }
+        assert!(allowed(&Identity::Sre, Call::inspect(false)));
+        assert!(allowed(&Identity::Admin, Call::inspect(false)));
+    }
+
+    #[test]
+    fn a_gateway_calls_its_own_regions_agent_only() {
+        for method in GATEWAY_CALLS {
+            assert!(allowed(&gateway("eu"), Call::for_region(method, "eu")));
+            assert!(!allowed(&gateway("eu"), Call::for_region(method, "us")));
+            assert!(!allowed(&gateway("eu"), Call::new(method)));
+        }
+        for method in Method::ALL {
+            if !GATEWAY_CALLS.contains(&method) {
+                assert!(
+                    !allowed(&gateway("eu"), Call::for_region(method, "eu")),
+                    "{method}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_admin_mutations_are_flagged_for_audit() {
+        let flagged: Vec<Method> = Method::ALL
+            .into_iter()
+            .filter(|m| m.is_admin_mutation())
+            .collect();
+        assert_eq!(flagged, ADMIN_MUTATIONS.to_vec());
+    }
+}
