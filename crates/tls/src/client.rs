@@ -42,6 +42,12 @@ use crate::verify::{handshake_reason, SpiffeServerVerifier};
 pub enum ExpectedPeer {
     /// Any identity of the trust domain.
     AnyOfTrustDomain,
+    /// Any allocator node (`/node/<id>`): what a client of the allocator
+    /// expects when it does not know which node answers at an address; a
+    /// Region's or a gateway's certificate cannot pose as the allocator.
+    AnyNode,
+    /// Any Region's agent (`/region/<r>`): the prober's health probes.
+    AnyRegion,
     /// Exactly this identity (e.g. `/node/2` for node 2's raft port).
     Identity(Identity),
 }

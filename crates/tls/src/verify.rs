@@ -168,6 +168,20 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         let found = identity_of(end_entity, &self.trust_domain).map_err(refused)?;
         match &self.expected {
             ExpectedPeer::AnyOfTrustDomain => Ok(ServerCertVerified::assertion()),
+            ExpectedPeer::AnyNode if matches!(found, crate::identity::Identity::Node(_)) => {
+                Ok(ServerCertVerified::assertion())
+            }
+            ExpectedPeer::AnyNode => Err(refused(IdentityError::Unexpected {
+                expected: "/node/<id>".to_string(),
+                found: found.to_string(),
+            })),
+            ExpectedPeer::AnyRegion if matches!(found, crate::identity::Identity::Region(_)) => {
+                Ok(ServerCertVerified::assertion())
+            }
+            ExpectedPeer::AnyRegion => Err(refused(IdentityError::Unexpected {
+                expected: "/region/<r>".to_string(),
+                found: found.to_string(),
+            })),
             ExpectedPeer::Identity(expected) if *expected == found => {
                 Ok(ServerCertVerified::assertion())
             }

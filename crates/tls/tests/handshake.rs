@@ -117,6 +117,25 @@ async fn a_client_expecting_node_2_refuses_node_3() {
     assert!(seen.server.is_err());
     let seen = exchange_with(&acceptor, &connector, ExpectedPeer::AnyOfTrustDomain).await;
     assert!(seen.client.is_ok() && seen.server.is_ok());
+    let seen = exchange_with(&acceptor, &connector, ExpectedPeer::AnyNode).await;
+    assert!(seen.client.is_ok() && seen.server.is_ok());
+}
+
+#[tokio::test]
+async fn a_client_expecting_any_node_refuses_a_region_posing_as_the_allocator() {
+    let pki = Pki::new();
+    let acceptor = pki.acceptor(&eu());
+    let connector = pki.connector(&Identity::Node(1));
+    let seen = exchange_with(&acceptor, &connector, ExpectedPeer::AnyNode).await;
+    let error = seen
+        .client
+        .expect_err("a Region served as an allocator node");
+    assert!(
+        error.contains("peer is /region/eu, expected /node/<id>"),
+        "{error}"
+    );
+    let seen = exchange_with(&acceptor, &connector, ExpectedPeer::AnyRegion).await;
+    assert!(seen.client.is_ok() && seen.server.is_ok());
 }
 
 #[tokio::test]
