@@ -16,7 +16,7 @@ use crate::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig}
 use crate::grant::{GrantAnswer, GrantRecord, WindowPool};
 use crate::machine::Machine;
 use crate::pool::Pool;
-use crate::reclaim::ReclaimReport;
+use crate::reclaim::{ReclaimReport, RemovalReport};
 use crate::region::{Member, MemberStatus};
 use crate::share::{RatePool, ShareReply};
 use leasehold_proto::allocator::v1 as pb;
@@ -163,6 +163,24 @@ pub fn reclaim_to_wire(report: &ReclaimReport) -> pb::ReclaimReport {
         region: report.region.clone(),
         incarnation: report.incarnation,
         freed_millitokens_per_s: report.freed_millitokens_per_s,
+    }
+}
+
+/// A `RemoveRegion` answer on the wire.
+pub fn removal_to_wire(
+    epoch: u64,
+    applied_time_ms: u64,
+    report: &RemovalReport,
+) -> pb::RemoveRegionReply {
+    pb::RemoveRegionReply {
+        epoch,
+        applied_time_ms,
+        pool: report.pool.clone(),
+        region: report.region.clone(),
+        released_millitokens_per_s: report.released_millitokens_per_s,
+        retired_incarnation: report.retired_incarnation,
+        members_left: report.members_left,
+        region_forgotten: report.region_forgotten,
     }
 }
 

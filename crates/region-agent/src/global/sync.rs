@@ -759,9 +759,16 @@ fn drain_spent(slot: &PoolSlot, holder: &mut ChunkHolder, now_ms: u64) {
     }
 }
 
-/// The current incarnation when the allocator answered FENCED.
+/// The current incarnation when the allocator answered FENCED; also
+/// `Some` (0: the caller steps past its own incarnation) for
+/// REGION_NOT_IN_POOL, the answer after an admin removed this Region from
+/// the pool: its room went to the others, so it must stop enforcing it at
+/// once, exactly as when fenced, and register again as a fresh member.
 fn fenced(error: &ClientError) -> Option<u64> {
     let detail = error.detail()?;
+    if detail.code == pb::ErrorCode::RegionNotInPool as i32 {
+        return Some(0);
+    }
     (detail.code == pb::ErrorCode::Fenced as i32).then_some(detail.current_incarnation)
 }
 
