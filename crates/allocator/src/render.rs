@@ -1,6 +1,7 @@
 //! Human (aligned tables) and JSON views of an `Inspect` reply, for the CLI
-//! (`leasehold pool list|show`, `region list`, `grant list`). Pure: a reply
-//! in, text out.
+//! (`leasehold pool list|show`, `region list`, `grant list`), and of an
+//! admin's `RemoveRegion` answer (`region remove`). Pure: a reply in, text
+//! out.
 
 use serde_json::{json, Value};
 
@@ -273,6 +274,42 @@ pub fn pool_list(reply: &pb::InspectReply, as_json: bool) -> String {
 }
 
 /// `leasehold pool show <id>` (the reply is filtered to that pool).
+/// What `RemoveRegion` did, as the CLI confirms it.
+pub fn removal(reply: &pb::RemoveRegionReply, as_json: bool) -> String {
+    if as_json {
+        let body = json!({
+            "epoch": reply.epoch,
+            "applied_time_ms": reply.applied_time_ms,
+            "pool": reply.pool,
+            "region": reply.region,
+            "released_millitokens_per_s": reply.released_millitokens_per_s,
+            "retired_incarnation": reply.retired_incarnation,
+            "members_left": reply.members_left,
+            "region_forgotten": reply.region_forgotten,
+        });
+        return format!("{body:#}\n");
+    }
+    let forgotten = if reply.region_forgotten {
+        format!(
+            "region {} is in no other pool: the allocator forgot it",
+            reply.region
+        )
+    } else {
+        format!("region {} stays a member of its other pools", reply.region)
+    };
+    format!(
+        "removed region {} from pool {} (epoch {}, allocator time {} ms)\n  released {} mt/s into the live members' pools (taken by their own rebalance steps)\n  retired incarnation {}: a new registration joins above it, at share 0\n  {} members left; {}\n",
+        reply.region,
+        reply.pool,
+        reply.epoch,
+        reply.applied_time_ms,
+        reply.released_millitokens_per_s,
+        reply.retired_incarnation,
+        reply.members_left,
+        forgotten,
+    )
+}
+
 pub fn pool_show(reply: &pb::InspectReply, as_json: bool) -> String {
     let Some(pool) = pools(reply).first() else {
         return "no such pool\n".into();
