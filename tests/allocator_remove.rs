@@ -202,6 +202,7 @@ async fn removing_fake_regions_frees_their_places_and_room_for_real_ones() {
     assert!(text.contains("15 members left"), "{text}");
     assert!(text.contains("forgot it"), "{text}");
     assert!(text.contains("pool rate (rate)"), "{text}");
+    assert!(text.contains("removed: fake-0 (incarnation 2)"), "{text}");
     assert!(!text.lines().any(|l| l.starts_with("fake-0 ")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("fake-1 ")), "{text}");
     let rate = rate_state(&client).await;

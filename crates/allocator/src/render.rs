@@ -171,7 +171,38 @@ fn window_json(window: &pb::WindowPoolState) -> Value {
         "previous_grant_count": window.previous_grant_count,
         "current_grants": records(&window.current_grants),
         "previous_grants": records(&window.previous_grants),
+        "retired": retired_json(window.retired.as_ref()),
     })
+}
+
+fn retired_json(retired: Option<&pb::Retired>) -> Value {
+    let retired = retired.cloned().unwrap_or_default();
+    json!({
+        "incarnation_floor": retired.incarnation_floor,
+        "share_version_floor": retired.share_version_floor,
+        "tombstones": retired.tombstones.iter().map(|t| json!({
+            "region": t.region,
+            "incarnation": t.incarnation,
+            "removed_at_ms": t.removed_at_ms,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One line naming the removed Regions a pool remembers ("" when none).
+fn retired_text(retired: Option<&pb::Retired>) -> String {
+    let Some(retired) = retired.filter(|r| !r.tombstones.is_empty()) else {
+        return String::new();
+    };
+    let removed: Vec<String> = retired
+        .tombstones
+        .iter()
+        .map(|t| format!("{} (incarnation {})", t.region, t.incarnation))
+        .collect();
+    format!(
+        "\nremoved: {} · new members join above incarnation {}\n",
+        removed.join(", "),
+        retired.incarnation_floor
+    )
 }
 
 fn account_json(account: &pb::ShareAccount) -> Value {
@@ -210,6 +241,7 @@ fn rate_json(rate: &pb::RatePoolState) -> Value {
             value["account"] = account_json(&m.account.unwrap_or_default());
             value
         }).collect::<Vec<_>>(),
+        "retired": retired_json(rate.retired.as_ref()),
     })
 }
 
@@ -349,6 +381,7 @@ pub fn pool_show(reply: &pb::InspectReply, as_json: bool) -> String {
                 &["REGION", "STATUS", "INCARNATION", "LAST-HEARD-MS"],
                 &rows,
             ));
+            out.push_str(&retired_text(w.retired.as_ref()));
         }
         Some(pb::pool_state::Kind::Rate(r)) => {
             let c = r.config.unwrap_or_default();
@@ -405,6 +438,7 @@ pub fn pool_show(reply: &pb::InspectReply, as_json: bool) -> String {
                 "LAST-HEARD-MS",
             ];
             out.push_str(&table(&headers, &rows));
+            out.push_str(&retired_text(r.retired.as_ref()));
         }
         None => {}
     }

@@ -854,4 +854,25 @@ mod tests {
             AgentReclaim::Freeze
         );
     }
+
+    fn refused(code: pb::ErrorCode, current_incarnation: u64) -> ClientError {
+        ClientError::Refused {
+            code: tonic::Code::InvalidArgument,
+            message: "refused".into(),
+            detail: Some(Box::new(pb::ErrorDetail {
+                code: code as i32,
+                current_incarnation,
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn a_region_removed_from_the_pool_drops_it_like_a_fence() {
+        // Removed by an admin: its room went to the others, so the agent
+        // must stop enforcing it now and register again.
+        assert_eq!(fenced(&refused(pb::ErrorCode::RegionNotInPool, 0)), Some(0));
+        assert_eq!(fenced(&refused(pb::ErrorCode::Fenced, 7)), Some(7));
+        assert_eq!(fenced(&refused(pb::ErrorCode::UnknownPool, 0)), None);
+    }
 }
