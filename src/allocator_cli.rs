@@ -1,11 +1,12 @@
 //! `leasehold allocator` (run a node) and the inspection commands that talk
 //! to any node and follow the leader: `pool list|show`, `region list`,
-//! `grant list`.
+//! `grant list`; and the admin's `region remove`.
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use leasehold_allocator::client::{AllocatorClient, ClientSettings};
+use leasehold_allocator::id::{PoolId, RegionId};
 use leasehold_allocator::node_config::NodeConfig;
 use leasehold_allocator::raft::node::{self, InitMode};
 use leasehold_allocator::raft::recover;
@@ -67,12 +68,38 @@ pub enum PoolCommand {
     },
 }
 
+/// Where to send an admin change and how to print its answer.
+#[derive(Args, Clone)]
+pub struct AdminTarget {
+    /// Allocator node addresses (any node: the leader is followed).
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_ALLOCATORS)]
+    allocator: Vec<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 pub enum RegionCommand {
     /// Every Region known to the allocator: health verdict and pools.
     List {
         #[command(flatten)]
         target: Target,
+    },
+    /// Removes a Region from a pool (e.g. a fake one holding a place under
+    /// the member caps). A rate pool's room of it goes to the live members'
+    /// pools, which take it by their own rebalance steps; a window pool's
+    /// chunks of it expire with their window. Its agent's later calls are
+    /// refused; it may register again, as a fresh member at share 0.
+    Remove {
+        /// The pool to remove the Region from.
+        #[arg(long)]
+        pool: String,
+        /// The Region to remove.
+        #[arg(long)]
+        region: String,
+        #[command(flatten)]
+        target: AdminTarget,
     },
 }
 
@@ -181,9 +208,45 @@ pub async fn pool(command: PoolCommand) -> anyhow::Result<()> {
 }
 
 pub async fn region(command: RegionCommand) -> anyhow::Result<()> {
-    let RegionCommand::List { target } = command;
-    let reply = inspect(&target, None, false).await?;
-    print!("{}", render::region_list(&reply, target.json));
+    match command {
+        RegionCommand::List { target } => {
+            let reply = inspect(&target, None, false).await?;
+            print!("{}", render::region_list(&reply, target.json));
+        }
+        RegionCommand::Remove {
+            pool,
+            region,
+            target,
+        } => remove_region(&pool, &region, &target).await?,
+    }
+    Ok(())
+}
+
+/// `region remove`: ids checked here first (the error names the flag), then
+/// the removal, its report, and the pool as it is now.
+async fn remove_region(pool: &str, region: &str, target: &AdminTarget) -> anyhow::Result<()> {
+    PoolId::parse(pool).map_err(|e| anyhow::anyhow!("--pool: invalid id: {e}"))?;
+    RegionId::parse(region).map_err(|e| anyhow::anyhow!("--region: invalid id: {e}"))?;
+    // An operator waits a few seconds for an election, not longer.
+    let settings = ClientSettings {
+        leader_wait: std::time::Duration::from_secs(5),
+        ..ClientSettings::default()
+    };
+    let client = AllocatorClient::with_settings(&target.allocator, settings)?;
+    let reply = client
+        .remove_region(pool, region)
+        .await
+        .map_err(|e| anyhow::anyhow!("region remove --pool {pool} --region {region}: {e}"))?;
+    print!("{}", render::removal(&reply, target.json));
+    if !target.json {
+        let view = Target {
+            allocator: target.allocator.clone(),
+            json: false,
+            stale: false,
+        };
+        let state = inspect(&view, Some(pool), false).await?;
+        print!("\n{}", render::pool_show(&state, false));
+    }
     Ok(())
 }
 

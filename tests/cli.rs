@@ -92,3 +92,42 @@ fn agent_with_a_bad_config_names_the_file_and_line_and_exits() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn region_remove_refuses_bad_input_naming_the_flag_before_connecting() {
+    // Nothing listens on port 1: an answer proves the check came first.
+    let nowhere = ["--allocator", "127.0.0.1:1"];
+    let out = leasehold()
+        .args(["region", "remove", "--pool", "rate"])
+        .args(nowhere)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--region"), "{stderr}");
+    for (pool, region, flag) in [("", "eu", "--pool"), ("rate", "e u", "--region")] {
+        let out = leasehold()
+            .args(["region", "remove", "--pool", pool, "--region", region])
+            .args(nowhere)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("{flag}: invalid id")),
+            "{pool:?} {region:?}: {stderr}"
+        );
+    }
+    // Valid ids, no allocator: the error says which call failed.
+    let out = leasehold()
+        .args(["region", "remove", "--pool", "rate", "--region", "eu"])
+        .args(nowhere)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("region remove --pool rate --region eu"),
+        "{stderr}"
+    );
+}

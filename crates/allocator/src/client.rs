@@ -605,6 +605,22 @@ impl AllocatorClient {
         self.call(request, |mut c, r| async move { c.reclaim(r).await })
             .await
     }
+
+    /// `RemoveRegion`, never hedged: a second copy of a removal that was
+    /// applied is refused `REGION_NOT_IN_POOL`, and a hedge answering first
+    /// with that refusal would hide the removal's own report.
+    pub async fn remove_region(
+        &self,
+        pool: &str,
+        region: &str,
+    ) -> Result<pb::RemoveRegionReply, ClientError> {
+        let request = pb::RemoveRegionRequest {
+            pool: pool.to_string(),
+            region: region.to_string(),
+        };
+        self.call_single(request, |mut c, r| async move { c.remove_region(r).await })
+            .await
+    }
 }
 
 /// A transport failure (tonic's "transport error"/"error trying to

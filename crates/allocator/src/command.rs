@@ -12,7 +12,7 @@ use crate::config::{ConfigError, PoolConfig};
 use crate::grant::GrantAnswer;
 use crate::id::IdError;
 use crate::pool::PoolKind;
-use crate::reclaim::ReclaimReport;
+use crate::reclaim::{ReclaimReport, RemovalReport};
 use crate::share::ShareReply;
 
 /// One log entry for the state machine.
@@ -84,6 +84,13 @@ pub enum Command {
     },
     /// Reclaims a member's room now, whatever the policy, and fences it.
     AdminReclaim { pool: String, region: String },
+    /// Deletes a member from a pool (an admin's call: e.g. a fake Region
+    /// holding a place under the caps). A rate pool reclaims its room into
+    /// the live members' pools first; a window pool lets its chunks expire.
+    /// A Region then in no pool is forgotten. Its later calls are refused
+    /// `RegionNotInPool`; it may register again as a fresh member at share
+    /// 0, above every incarnation it had.
+    RemoveRegion { pool: String, region: String },
 }
 
 /// A command's effect, with the epoch of the entry that committed it.
@@ -118,6 +125,7 @@ pub enum Outcome {
         frozen: bool,
     },
     Reclaimed(ReclaimReport),
+    Removed(RemovalReport),
 }
 
 /// A refused command, with the epoch of the entry that carried it. State is

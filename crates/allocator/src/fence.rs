@@ -45,7 +45,7 @@ mod tests {
 
     #[test]
     fn stale_incarnation_is_fenced_with_the_current_one() {
-        let mut member = Member::joined(0);
+        let mut member = Member::joined(1, 0);
         assert_eq!(admit(&member, 1), Ok(()));
         bump(&mut member);
         assert_eq!(

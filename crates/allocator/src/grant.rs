@@ -32,7 +32,7 @@ use crate::command::CommandError;
 use crate::config::WindowPoolConfig;
 use crate::fence;
 use crate::id::{LeaseId, PoolId, RegionId};
-use crate::region::Member;
+use crate::region::{Member, Retired};
 
 /// Cap on distinct lease ids recorded in one pool's current window.
 pub const MAX_GRANT_RECORDS_PER_WINDOW: usize = 4_096;
@@ -82,6 +82,10 @@ pub struct WindowPool {
     pub granted_in_window_millitokens: u64,
     pub current_records: BTreeMap<LeaseId, GrantRecord>,
     pub previous_records: BTreeMap<LeaseId, GrantRecord>,
+    /// Members removed by an admin (absent in snapshots written before
+    /// removal existed: none then).
+    #[serde(default)]
+    pub retired: Retired,
 }
 
 /// A grant request whose ids are already parsed.
@@ -103,6 +107,7 @@ impl WindowPool {
             granted_in_window_millitokens: 0,
             current_records: BTreeMap::new(),
             previous_records: BTreeMap::new(),
+            retired: Retired::default(),
         }
     }
 

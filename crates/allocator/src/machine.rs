@@ -21,7 +21,7 @@ use crate::config::{PoolConfig, MAX_VALUE};
 use crate::grant::{GrantAnswer, GrantRequest};
 use crate::id::{IdError, LeaseId, PoolId, RegionId};
 use crate::pool::{Pool, PoolKind, MAX_POOLS};
-use crate::reclaim::{fence_window_member, ReclaimReport};
+use crate::reclaim::{fence_window_member, ReclaimReport, RemovalReport};
 use crate::region::{RegionRecord, MAX_REGIONS};
 use crate::share::ShareReport;
 
@@ -191,7 +191,9 @@ impl Machine {
     /// existence, membership, pool kind, caps, incarnation fencing,
     /// reported share versions, and, at `now = max(last applied time,
     /// stamp)`, a lease id recorded for another Region or incarnation and
-    /// the grant record cap.
+    /// the grant record cap. `RemoveRegion` refuses only a non-member
+    /// (unknown pool or Region, `RegionNotInPool` — a second removal
+    /// included): the tombstone cap evicts, it never refuses.
     ///
     /// The leader runs it on its applied state, at the stamp it then
     /// proposes the command with, and proposes only what it admits. The one
@@ -279,7 +281,7 @@ impl Machine {
                     _ => Err(self.wrong_kind(&pool, PoolKind::Rate)),
                 }
             }
-            Command::AdminReclaim { pool, region } => {
+            Command::AdminReclaim { pool, region } | Command::RemoveRegion { pool, region } => {
                 self.locate(pool, region).map(|_| Admission::Change)
             }
         }
@@ -444,6 +446,7 @@ impl Machine {
                 frozen,
             } => self.admin_freeze(pool, region, *frozen),
             Command::AdminReclaim { pool, region } => self.admin_reclaim(pool, region),
+            Command::RemoveRegion { pool, region } => self.remove_region(pool, region, now_ms),
         }
     }
 
@@ -615,6 +618,41 @@ impl Machine {
         }))
     }
 
+    /// `RemoveRegion`: [`Pool::remove`], then the Region is forgotten when it
+    /// is a member of no pool (so it no longer counts toward [`MAX_REGIONS`]).
+    /// Refuses only what `locate` refuses (state unchanged).
+    fn remove_region(
+        &mut self,
+        pool: &str,
+        region: &str,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
+        let (pool, region) = self.locate(pool, region)?;
+        let state = self
+            .pools
+            .get_mut(&pool)
+            .ok_or_else(|| CommandError::UnknownPool {
+                pool: pool.to_string(),
+            })?;
+        let removal = state.remove(&region, now_ms);
+        let members_left = match state {
+            Pool::Window(window) => window.members.len(),
+            Pool::Rate(rate) => rate.members.len(),
+        };
+        let still_member = self.pools.values().any(|p| p.member(&region).is_some());
+        if !still_member {
+            self.regions.remove(&region);
+        }
+        Ok(Outcome::Removed(RemovalReport {
+            pool: pool.to_string(),
+            region: region.to_string(),
+            retired_incarnation: removal.retired_incarnation,
+            released_millitokens_per_s: removal.released_millitokens_per_s,
+            members_left: members_left as u64,
+            region_forgotten: !still_member,
+        }))
+    }
+
     /// Automatic reclaim in every rate pool; window pools drop old records.
     fn tick(&mut self, now_ms: u64) -> Outcome {
         let mut reclaimed = Vec::new();
@@ -641,8 +679,6 @@ impl Machine {
         Outcome::Ticked { reclaimed }
     }
 
-    /// Parses and resolves a (pool, Region) pair: the pool exists, the Region
-    /// is known, and it is a member of the pool.
     /// A Grant's fields parsed, in range and located (one place for
     /// `validate_grant` and `grant`, so they refuse alike).
     fn grant_fields(
@@ -658,6 +694,8 @@ impl Machine {
         Ok((pool, region, lease_id, want))
     }
 
+    /// Parses and resolves a (pool, Region) pair: the pool exists, the Region
+    /// is known (or was removed from this pool), and it is a member of it.
     fn locate(&self, pool: &str, region: &str) -> Result<(PoolId, RegionId), CommandError> {
         let pool = parse("pool", pool, PoolId::parse)?;
         let region = parse("region", region, RegionId::parse)?;
@@ -667,7 +705,11 @@ impl Machine {
             .ok_or_else(|| CommandError::UnknownPool {
                 pool: pool.to_string(),
             })?;
-        if !self.regions.contains_key(&region) {
+        // A Region removed from this pool (tombstone) and then forgotten by
+        // the machine is still answered `RegionNotInPool`: its agent learns
+        // it was removed, not that it never existed.
+        let removed_here = state.retired().tombstones.contains_key(&region);
+        if !self.regions.contains_key(&region) && !removed_here {
             return Err(CommandError::UnknownRegion {
                 region: region.to_string(),
             });

@@ -7,6 +7,12 @@
 //!
 //! `UpdatePool` may change anything but the kind and a window pool's
 //! `window_ms` (refused `WrongPoolKind` / `ImmutableField`).
+//!
+//! `RemoveRegion` deletes a member (see [`Pool::remove`]): in a rate pool its
+//! room is reclaimed first ([`crate::reclaim`]), in a window pool its granted
+//! chunks expire with their window; the pool remembers it in its
+//! [`Retired`] set so that a later registration is a fresh member above
+//! every incarnation it had.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +20,8 @@ use crate::command::{CommandError, Outcome};
 use crate::config::PoolConfig;
 use crate::grant::WindowPool;
 use crate::id::{PoolId, RegionId};
-use crate::region::{Member, MAX_REGIONS_PER_POOL};
+use crate::reclaim::Removal;
+use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
 use crate::share::RatePool;
 
 /// Cap on pools per machine.
@@ -57,6 +64,49 @@ impl Pool {
         match self {
             Pool::Window(pool) => pool.members.get(region),
             Pool::Rate(pool) => pool.members.get(region).map(|m| &m.member),
+        }
+    }
+
+    /// The members this pool removed.
+    pub fn retired(&self) -> &Retired {
+        match self {
+            Pool::Window(pool) => &pool.retired,
+            Pool::Rate(pool) => &pool.retired,
+        }
+    }
+
+    /// `RemoveRegion` of a member (the caller checked membership: a
+    /// non-member changes nothing and releases 0). A rate pool reclaims its
+    /// room first — share, pending release, pool and granted-not-taken go to
+    /// the live members' pools, which the others then take by their own
+    /// rebalance and named-grant steps — then forgets the member; a window
+    /// pool forgets it at once (its chunks expire with their window). Either
+    /// way the member no longer counts toward [`MAX_REGIONS_PER_POOL`].
+    /// Keeps: Σ = L in force; incarnations monotonic per (pool, Region).
+    pub(crate) fn remove(&mut self, region: &RegionId, now_ms: u64) -> Removal {
+        let (released, member, share_version, retired) = match self {
+            Pool::Rate(rate) => {
+                let released = rate.reclaim(region);
+                let removed = rate.members.remove(region);
+                let version = removed.as_ref().map_or(0, |m| m.account.share_version);
+                (
+                    released,
+                    removed.map(|m| m.member),
+                    version,
+                    &mut rate.retired,
+                )
+            }
+            Pool::Window(window) => (0, window.members.remove(region), 0, &mut window.retired),
+        };
+        let retired_incarnation = member.map_or(0, |m| m.incarnation);
+        if retired_incarnation > 0 {
+            retired.retire(region, retired_incarnation, share_version, now_ms);
+        }
+        debug_assert!(self.member(region).is_none());
+        debug_assert_eq!(self.check(), Ok(()));
+        Removal {
+            released_millitokens_per_s: released,
+            retired_incarnation,
         }
     }
 
@@ -134,10 +184,14 @@ impl Pool {
             Pool::Rate(state) => return state.register(pool, region, now_ms),
             Pool::Window(window) => window,
         };
+        let incarnation = window.retired.next_incarnation();
+        if !window.members.contains_key(region) {
+            window.retired.revive(region);
+        }
         let member = window
             .members
             .entry(region.clone())
-            .or_insert_with(|| Member::joined(now_ms));
+            .or_insert_with(|| Member::joined(incarnation, now_ms));
         crate::fence::rejoin(member, now_ms);
         let incarnation = member.incarnation;
         debug_assert!(window.members.len() <= MAX_REGIONS_PER_POOL);
@@ -149,6 +203,15 @@ impl Pool {
 
     /// The pool's invariants, with the terms compared on failure.
     pub fn check(&self) -> Result<(), String> {
+        let retired = self.retired();
+        retired.check()?;
+        if let Some(region) = retired
+            .tombstones
+            .keys()
+            .find(|region| self.member(region).is_some())
+        {
+            return Err(format!("{region} is both a member and a tombstone"));
+        }
         match self {
             Pool::Window(pool) => {
                 pool.config.validate().map_err(|error| error.to_string())?;

@@ -20,6 +20,9 @@
 //! room when none is left — zeroes its account and fences it (§4.1). It
 //! returns at share 0 by registering again. In a window pool a reclaim only
 //! fences: granted chunks expire with their window.
+//!
+//! An admin's `RemoveRegion` is a reclaim followed by forgetting the member
+//! ([`crate::pool::Pool::remove`], [`RemovalReport`]).
 
 use std::collections::BTreeMap;
 
@@ -31,6 +34,33 @@ use crate::fence;
 use crate::id::RegionId;
 use crate::region::{Member, RegionRecord};
 use crate::share::RatePool;
+
+/// What removing a member did to its pool ([`crate::pool::Pool::remove`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Removal {
+    /// Room reclaimed into the live members' pools, millitokens per second
+    /// (0 in a window pool or when the member was already reclaimed).
+    pub released_millitokens_per_s: u64,
+    /// The member's incarnation when removed (after the reclaim's bump): a
+    /// new registration of that Region joins above it.
+    pub retired_incarnation: u64,
+}
+
+/// One removed member, as `RemoveRegion` answers it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovalReport {
+    pub pool: String,
+    pub region: String,
+    /// See [`Removal::retired_incarnation`].
+    pub retired_incarnation: u64,
+    /// See [`Removal::released_millitokens_per_s`].
+    pub released_millitokens_per_s: u64,
+    /// Members left in the pool (live or reclaimed).
+    pub members_left: u64,
+    /// True when the Region is now a member of no pool, so the machine
+    /// forgot it (it no longer counts toward the Region cap).
+    pub region_forgotten: bool,
+}
 
 /// One reclaimed member.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! Human (aligned tables) and JSON views of an `Inspect` reply, for the CLI
-//! (`leasehold pool list|show`, `region list`, `grant list`). Pure: a reply
-//! in, text out.
+//! (`leasehold pool list|show`, `region list`, `grant list`), and of an
+//! admin's `RemoveRegion` answer (`region remove`). Pure: a reply in, text
+//! out.
 
 use serde_json::{json, Value};
 
@@ -170,7 +171,38 @@ fn window_json(window: &pb::WindowPoolState) -> Value {
         "previous_grant_count": window.previous_grant_count,
         "current_grants": records(&window.current_grants),
         "previous_grants": records(&window.previous_grants),
+        "retired": retired_json(window.retired.as_ref()),
     })
+}
+
+fn retired_json(retired: Option<&pb::Retired>) -> Value {
+    let retired = retired.cloned().unwrap_or_default();
+    json!({
+        "incarnation_floor": retired.incarnation_floor,
+        "share_version_floor": retired.share_version_floor,
+        "tombstones": retired.tombstones.iter().map(|t| json!({
+            "region": t.region,
+            "incarnation": t.incarnation,
+            "removed_at_ms": t.removed_at_ms,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One line naming the removed Regions a pool remembers ("" when none).
+fn retired_text(retired: Option<&pb::Retired>) -> String {
+    let Some(retired) = retired.filter(|r| !r.tombstones.is_empty()) else {
+        return String::new();
+    };
+    let removed: Vec<String> = retired
+        .tombstones
+        .iter()
+        .map(|t| format!("{} (incarnation {})", t.region, t.incarnation))
+        .collect();
+    format!(
+        "\nremoved: {} · new members join above incarnation {}\n",
+        removed.join(", "),
+        retired.incarnation_floor
+    )
 }
 
 fn account_json(account: &pb::ShareAccount) -> Value {
@@ -209,6 +241,7 @@ fn rate_json(rate: &pb::RatePoolState) -> Value {
             value["account"] = account_json(&m.account.unwrap_or_default());
             value
         }).collect::<Vec<_>>(),
+        "retired": retired_json(rate.retired.as_ref()),
     })
 }
 
@@ -273,6 +306,42 @@ pub fn pool_list(reply: &pb::InspectReply, as_json: bool) -> String {
 }
 
 /// `leasehold pool show <id>` (the reply is filtered to that pool).
+/// What `RemoveRegion` did, as the CLI confirms it.
+pub fn removal(reply: &pb::RemoveRegionReply, as_json: bool) -> String {
+    if as_json {
+        let body = json!({
+            "epoch": reply.epoch,
+            "applied_time_ms": reply.applied_time_ms,
+            "pool": reply.pool,
+            "region": reply.region,
+            "released_millitokens_per_s": reply.released_millitokens_per_s,
+            "retired_incarnation": reply.retired_incarnation,
+            "members_left": reply.members_left,
+            "region_forgotten": reply.region_forgotten,
+        });
+        return format!("{body:#}\n");
+    }
+    let forgotten = if reply.region_forgotten {
+        format!(
+            "region {} is in no other pool: the allocator forgot it",
+            reply.region
+        )
+    } else {
+        format!("region {} stays a member of its other pools", reply.region)
+    };
+    format!(
+        "removed region {} from pool {} (epoch {}, allocator time {} ms)\n  released {} mt/s into the live members' pools (taken by their own rebalance steps)\n  retired incarnation {}: a new registration joins above it, at share 0\n  {} members left; {}\n",
+        reply.region,
+        reply.pool,
+        reply.epoch,
+        reply.applied_time_ms,
+        reply.released_millitokens_per_s,
+        reply.retired_incarnation,
+        reply.members_left,
+        forgotten,
+    )
+}
+
 pub fn pool_show(reply: &pb::InspectReply, as_json: bool) -> String {
     let Some(pool) = pools(reply).first() else {
         return "no such pool\n".into();
@@ -312,6 +381,7 @@ pub fn pool_show(reply: &pb::InspectReply, as_json: bool) -> String {
                 &["REGION", "STATUS", "INCARNATION", "LAST-HEARD-MS"],
                 &rows,
             ));
+            out.push_str(&retired_text(w.retired.as_ref()));
         }
         Some(pb::pool_state::Kind::Rate(r)) => {
             let c = r.config.unwrap_or_default();
@@ -368,6 +438,7 @@ pub fn pool_show(reply: &pb::InspectReply, as_json: bool) -> String {
                 "LAST-HEARD-MS",
             ];
             out.push_str(&table(&headers, &rows));
+            out.push_str(&retired_text(r.retired.as_ref()));
         }
         None => {}
     }

@@ -56,7 +56,8 @@ fn scope_of(command: &Command) -> (String, String) {
         | Command::Rebalance { pool, region, .. }
         | Command::AckShare { pool, region, .. }
         | Command::AdminFreeze { pool, region, .. }
-        | Command::AdminReclaim { pool, region } => (quote(pool), quote(region)),
+        | Command::AdminReclaim { pool, region }
+        | Command::RemoveRegion { pool, region } => (quote(pool), quote(region)),
         Command::HealthVerdict { region, .. } => (String::new(), quote(region)),
         Command::Tick => (String::new(), String::new()),
     }
@@ -349,6 +350,38 @@ impl pb::allocator_server::Allocator for AllocatorService {
                 applied_time_ms: reply.applied_time_ms,
                 report: Some(wire::reclaim_to_wire(report)),
             })),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn remove_region(
+        &self,
+        request: Request<pb::RemoveRegionRequest>,
+    ) -> Result<Response<pb::RemoveRegionReply>, Status> {
+        let r = request.into_inner();
+        let committed = self
+            .commit(Command::RemoveRegion {
+                pool: r.pool,
+                region: r.region,
+            })
+            .await?;
+        let reply = committed.reply;
+        match &reply.outcome {
+            Outcome::Removed(report) => {
+                // An admin's change of membership: worth a line at info.
+                tracing::info!(
+                    pool = report.pool.as_str(),
+                    region = report.region.as_str(),
+                    released_millitokens_per_s = report.released_millitokens_per_s,
+                    retired_incarnation = report.retired_incarnation,
+                    "region removed from pool"
+                );
+                Ok(Response::new(wire::removal_to_wire(
+                    reply.epoch,
+                    reply.applied_time_ms,
+                    report,
+                )))
+            }
             other => Err(unexpected(other)),
         }
     }

@@ -71,7 +71,7 @@ use crate::command::{CommandError, Outcome};
 use crate::config::RatePoolConfig;
 use crate::fence;
 use crate::id::{PoolId, RegionId};
-use crate::region::{Member, MAX_REGIONS_PER_POOL};
+use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
 
 /// Targets for live Regions with these demands, Σ = `limit` exactly:
 /// `target_i = floor + apportion(limit − n × floor, demands)_i`, i.e.
@@ -162,6 +162,10 @@ pub struct RatePool {
     /// The allocator's own room, owned by no Region.
     pub unassigned_millitokens_per_s: u64,
     pub members: BTreeMap<RegionId, RateMember>,
+    /// Members removed by an admin (absent in snapshots written before
+    /// removal existed: none then).
+    #[serde(default)]
+    pub retired: Retired,
 }
 
 /// What a Region applies after a reply (§4.3).
@@ -197,6 +201,7 @@ impl RatePool {
             limit_in_force_millitokens_per_s: limit,
             unassigned_millitokens_per_s: limit,
             members: BTreeMap::new(),
+            retired: Retired::default(),
         }
     }
 
@@ -358,11 +363,20 @@ impl RatePool {
                         cap: MAX_REGIONS_PER_POOL,
                     });
                 }
+                // Versions start above every removed member's, so an agent
+                // that kept the version it applied before its removal is
+                // admitted and applies the new replies (see `Retired`).
+                let floor = self.retired.share_version_floor;
                 let member = RateMember {
-                    member: Member::joined(now_ms),
-                    account: ShareAccount::default(),
+                    member: Member::joined(self.retired.next_incarnation(), now_ms),
+                    account: ShareAccount {
+                        share_version: floor,
+                        lowered_at_version: floor,
+                        ..ShareAccount::default()
+                    },
                 };
                 self.members.insert(region.clone(), member);
+                self.retired.revive(region);
             }
         }
         let targets = self.targets_now();

@@ -16,8 +16,8 @@ use crate::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig}
 use crate::grant::{GrantAnswer, GrantRecord, WindowPool};
 use crate::machine::Machine;
 use crate::pool::Pool;
-use crate::reclaim::ReclaimReport;
-use crate::region::{Member, MemberStatus};
+use crate::reclaim::{ReclaimReport, RemovalReport};
+use crate::region::{Member, MemberStatus, Retired};
 use crate::share::{RatePool, ShareReply};
 use leasehold_proto::allocator::v1 as pb;
 
@@ -166,6 +166,24 @@ pub fn reclaim_to_wire(report: &ReclaimReport) -> pb::ReclaimReport {
     }
 }
 
+/// A `RemoveRegion` answer on the wire.
+pub fn removal_to_wire(
+    epoch: u64,
+    applied_time_ms: u64,
+    report: &RemovalReport,
+) -> pb::RemoveRegionReply {
+    pb::RemoveRegionReply {
+        epoch,
+        applied_time_ms,
+        pool: report.pool.clone(),
+        region: report.region.clone(),
+        released_millitokens_per_s: report.released_millitokens_per_s,
+        retired_incarnation: report.retired_incarnation,
+        members_left: report.members_left,
+        region_forgotten: report.region_forgotten,
+    }
+}
+
 // ---- inspection ---------------------------------------------------------
 
 /// What of the machine an Inspect shows.
@@ -267,6 +285,23 @@ fn window_to_wire(window: &WindowPool, include_grants: bool) -> pb::WindowPoolSt
         previous_grant_count: window.previous_records.len() as u64,
         current_grants: records_to_wire(window.current_records.values(), include_grants),
         previous_grants: records_to_wire(window.previous_records.values(), include_grants),
+        retired: Some(retired_to_wire(&window.retired)),
+    }
+}
+
+fn retired_to_wire(retired: &Retired) -> pb::Retired {
+    pb::Retired {
+        incarnation_floor: retired.incarnation_floor,
+        share_version_floor: retired.share_version_floor,
+        tombstones: retired
+            .tombstones
+            .iter()
+            .map(|(region, tombstone)| pb::Tombstone {
+                region: region.to_string(),
+                incarnation: tombstone.incarnation,
+                removed_at_ms: tombstone.removed_at_ms,
+            })
+            .collect(),
     }
 }
 
@@ -300,6 +335,7 @@ fn rate_to_wire(rate: &RatePool) -> pb::RatePoolState {
                 }
             })
             .collect(),
+        retired: Some(retired_to_wire(&rate.retired)),
     }
 }
 

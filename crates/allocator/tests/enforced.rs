@@ -9,7 +9,9 @@
 //! again), get partitioned (their requests and acks are lost), and old
 //! requests are applied again late (retries). The health
 //! prober is right (a crashed Region is unhealthy, a live one healthy), an
-//! admin reclaims only crashed Regions, and under `lease` an agent enforces
+//! admin reclaims or removes only crashed Regions (a removed one registers
+//! again, as a fresh member, when it restarts; its delayed replies of
+//! before must not reach its new bucket), and under `lease` an agent enforces
 //! its fallback allowance once `share_ttl` (stretched by its clock drift,
 //! ≤ max_drift) has passed since it sent the last request answered.
 
@@ -63,6 +65,9 @@ enum Op {
     AdminReclaim {
         region: usize,
     },
+    AdminRemove {
+        region: usize,
+    },
     /// An earlier Rebalance or AckShare applied again, late (a retried
     /// request); its reply reaches the agent.
     Replay {
@@ -81,6 +86,7 @@ fn op(regions: usize) -> impl Strategy<Value = Op> {
         1 => (0..regions).prop_map(|region| Op::Restart { region }),
         1 => (0..regions, any::<bool>()).prop_map(|(region, cut)| Op::Partition { region, cut }),
         1 => (0..regions).prop_map(|region| Op::AdminReclaim { region }),
+        1 => (0..regions).prop_map(|region| Op::AdminRemove { region }),
         3 => any::<usize>().prop_map(|pick| Op::Replay { pick }),
     ]
 }
@@ -153,8 +159,12 @@ impl World {
                 }
             }
             Err(rejection) => {
+                // RegionNotInPool (removed) is handled as a fence by the agent.
                 assert!(
-                    matches!(rejection.error, CommandError::Fenced { .. }),
+                    matches!(
+                        rejection.error,
+                        CommandError::Fenced { .. } | CommandError::RegionNotInPool { .. }
+                    ),
                     "{rejection}"
                 );
                 let agent = &mut self.agents[index];
@@ -179,6 +189,17 @@ impl World {
 
     fn health(&mut self, index: usize, healthy: bool) {
         let region = self.agents[index].model.id.clone();
+        if !self.harness.machine.regions().contains_key(region.as_str()) {
+            // Removed and forgotten: the verdict is refused, nothing changes.
+            let refused = self
+                .harness
+                .refused(self.now_ms, Command::HealthVerdict { region, healthy });
+            assert!(
+                matches!(refused, CommandError::UnknownRegion { .. }),
+                "{refused}"
+            );
+            return;
+        }
         self.harness
             .ok(self.now_ms, Command::HealthVerdict { region, healthy });
     }
@@ -208,8 +229,9 @@ impl World {
                 if !self.agents[region].alive {
                     self.agents[region].alive = true;
                     self.agents[region].partitioned = false;
-                    self.health(region, true);
+                    // Registered first: a removed Region is unknown until then.
                     self.register(region);
+                    self.health(region, true);
                 }
             }
             Op::Replay { pick } => {
@@ -227,8 +249,8 @@ impl World {
             }
             Op::Partition { region, cut } => self.agents[region].partitioned = cut,
             Op::AdminReclaim { region } => {
-                if !self.agents[region].alive {
-                    let id = self.agents[region].model.id.clone();
+                let id = self.agents[region].model.id.clone();
+                if !self.agents[region].alive && self.is_member(&id) {
                     self.harness.ok(
                         self.now_ms,
                         Command::AdminReclaim {
@@ -238,7 +260,25 @@ impl World {
                     );
                 }
             }
+            Op::AdminRemove { region } => {
+                let id = self.agents[region].model.id.clone();
+                if !self.agents[region].alive && self.is_member(&id) {
+                    self.harness.ok(
+                        self.now_ms,
+                        Command::RemoveRegion {
+                            pool: POOL.into(),
+                            region: id,
+                        },
+                    );
+                    // Gone from the pool: it registers again on restart.
+                    self.agents[region].must_register = true;
+                }
+            }
         }
+    }
+
+    fn is_member(&self, region: &str) -> bool {
+        self.harness.rate(POOL).members.contains_key(region)
     }
 
     /// (Σ enforced, Σ fallback allowances in force).

@@ -91,7 +91,8 @@ fn spoil_command(command: &mut Command, spoil: Spoil, which: usize) {
         | Command::Rebalance { pool, region, .. }
         | Command::AckShare { pool, region, .. }
         | Command::AdminFreeze { pool, region, .. }
-        | Command::AdminReclaim { pool, region } => vec![pool, region],
+        | Command::AdminReclaim { pool, region }
+        | Command::RemoveRegion { pool, region } => vec![pool, region],
         Command::HealthVerdict { region, .. } => vec![region],
         Command::Tick => vec![],
     };

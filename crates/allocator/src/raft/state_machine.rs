@@ -301,7 +301,8 @@ fn command_scope(command: &Command) -> (&str, &str) {
         | Command::Rebalance { pool, region, .. }
         | Command::AckShare { pool, region, .. }
         | Command::AdminFreeze { pool, region, .. }
-        | Command::AdminReclaim { pool, region } => (pool, region),
+        | Command::AdminReclaim { pool, region }
+        | Command::RemoveRegion { pool, region } => (pool, region),
         Command::HealthVerdict { region, .. } => ("", region),
         Command::Tick => ("", ""),
     }

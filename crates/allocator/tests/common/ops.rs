@@ -1,6 +1,7 @@
 //! Random command sequences: pool creation and updates (valid or not),
 //! registrations, grants, rebalances and acks with honest, stale or random
-//! reports, health verdicts, ticks, freezes, reclaims, time moving forward
+//! reports, health verdicts, ticks, freezes, reclaims, admin removals (and
+//! registrations again after them), time moving forward
 //! and backward, epochs rising, and duplicates of earlier commands applied
 //! late (reordering).
 
@@ -85,6 +86,10 @@ pub enum Op {
         frozen: bool,
     },
     Reclaim {
+        pool: usize,
+        region: usize,
+    },
+    Remove {
         pool: usize,
         region: usize,
     },
@@ -184,6 +189,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Tick),
         1 => (pool.clone(), region.clone(), any::<bool>()).prop_map(|(pool, region, frozen)| Op::Freeze { pool, region, frozen }),
         1 => (pool.clone(), region.clone()).prop_map(|(pool, region)| Op::Reclaim { pool, region }),
+        1 => (pool.clone(), region.clone()).prop_map(|(pool, region)| Op::Remove { pool, region }),
         4 => (1u64..=8_000).prop_map(|ms| Op::Advance { ms }),
         1 => (1u64..=8_000).prop_map(|ms| Op::Rewind { ms }),
         1 => Just(Op::EpochUp),
@@ -383,6 +389,10 @@ impl Driver {
                 frozen,
             },
             Op::Reclaim { pool, region } => Command::AdminReclaim {
+                pool: POOLS[pool].into(),
+                region: REGIONS[region].into(),
+            },
+            Op::Remove { pool, region } => Command::RemoveRegion {
                 pool: POOLS[pool].into(),
                 region: REGIONS[region].into(),
             },

@@ -759,9 +759,16 @@ fn drain_spent(slot: &PoolSlot, holder: &mut ChunkHolder, now_ms: u64) {
     }
 }
 
-/// The current incarnation when the allocator answered FENCED.
+/// The current incarnation when the allocator answered FENCED; also
+/// `Some` (0: the caller steps past its own incarnation) for
+/// REGION_NOT_IN_POOL, the answer after an admin removed this Region from
+/// the pool: its room went to the others, so it must stop enforcing it at
+/// once, exactly as when fenced, and register again as a fresh member.
 fn fenced(error: &ClientError) -> Option<u64> {
     let detail = error.detail()?;
+    if detail.code == pb::ErrorCode::RegionNotInPool as i32 {
+        return Some(0);
+    }
     (detail.code == pb::ErrorCode::Fenced as i32).then_some(detail.current_incarnation)
 }
 
@@ -846,5 +853,26 @@ mod tests {
             agent_reclaim(Some(Policy::Freeze(pb::FreezePolicy {})), true),
             AgentReclaim::Freeze
         );
+    }
+
+    fn refused(code: pb::ErrorCode, current_incarnation: u64) -> ClientError {
+        ClientError::Refused {
+            code: tonic::Code::InvalidArgument,
+            message: "refused".into(),
+            detail: Some(Box::new(pb::ErrorDetail {
+                code: code as i32,
+                current_incarnation,
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn a_region_removed_from_the_pool_drops_it_like_a_fence() {
+        // Removed by an admin: its room went to the others, so the agent
+        // must stop enforcing it now and register again.
+        assert_eq!(fenced(&refused(pb::ErrorCode::RegionNotInPool, 0)), Some(0));
+        assert_eq!(fenced(&refused(pb::ErrorCode::Fenced, 7)), Some(7));
+        assert_eq!(fenced(&refused(pb::ErrorCode::UnknownPool, 0)), None);
     }
 }
