@@ -9,8 +9,10 @@
 -- returns  {granted, remaining, denied_until_ms, now_ms}
 --          granted = B or 0; denied_until_ms = 0 when granted,
 --          now + min(N x ceil(B x period / refill), 2^40) when not, -1 when B > capacity (never)
--- A lease id whose record is live (now <= expires_at_ms) is refused:
--- "lease_id refused: taken", nothing charged or written.
+-- A lease id whose record is live (now <= expires_at_ms): a retry of that
+-- lease (same block, not yet given back) is answered with the block again,
+-- charged once and nothing written (remaining = the refilled tokens);
+-- anything else is refused: "lease_id refused: taken", nothing written.
 local capacity, refill, period = lh_rate(1)
 if not capacity then return lh_invalid(refill) end
 local block = lh_int(ARGV[4], 1, LH_MAX)
@@ -26,9 +28,13 @@ if #KEYS ~= 2 or KEYS[1] == KEYS[2] then return lh_invalid('keys') end
 local now = lh_now_ms()
 local prior = redis.call('GET', KEYS[2])
 if prior then
-  local granted, expires_at = lh_lease_record(prior)
+  local granted, expires_at, returned = lh_lease_record(prior)
   if not granted then return lh_invalid('lease_record') end
-  if now <= expires_at then return lh_refused('lease_id', 'taken') end
+  if now <= expires_at then
+    if returned or granted ~= block then return lh_refused('lease_id', 'taken') end
+    local tokens = lh_bucket(KEYS[1], capacity, refill, period, now)
+    return {block, tokens, 0, now}
+  end
 end
 if block > capacity then
   return {0, 0, -1, now}

@@ -91,15 +91,20 @@ fn a_grant_records_its_block_and_expiry_under_the_lease_id() {
 }
 
 #[test]
-fn a_lease_id_in_use_is_refused_and_charges_nothing() {
+fn a_retried_lease_id_gets_its_block_again_and_another_block_is_refused() {
     let mut h = Harness::start();
     let twin = MemoryStore::default();
     let mut last = 0;
     let record = "lh:v1:{t}:_lease:b:gw-1";
-    let c = leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 5_000);
-    differential(&mut h, &twin, &c, &mut last).unwrap();
+    let c = || leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 5_000);
+    let first = differential(&mut h, &twin, &c(), &mut last).unwrap();
     let before = (h.hgetall(KEY), get(&mut h, record));
-    for block in [7_000, 1_000, 20_001] {
+    // The gateway lost the answer and asks again: the same block, charged once.
+    let retry = differential(&mut h, &twin, &c(), &mut last).unwrap();
+    assert_eq!(retry[..3], first[..3]);
+    assert_eq!((h.hgetall(KEY), get(&mut h, record)), before);
+    // Another block size under that id: refused, nothing charged.
+    for block in [1_000, 20_001] {
         let again = leased(KEY, record, 20_000, 1, 1_000_000, block, 3, 5_000);
         assert_eq!(
             differential(&mut h, &twin, &again, &mut last),
@@ -110,6 +115,23 @@ fn a_lease_id_in_use_is_refused_and_charges_nothing() {
         );
         assert_eq!((h.hgetall(KEY), get(&mut h, record)), before);
     }
+    // Given back, the id is spent: even the same block is refused.
+    let returned = format!("{},0", before.1.as_deref().unwrap());
+    redis::cmd("SET")
+        .arg(record)
+        .arg(&returned)
+        .arg("KEEPTTL")
+        .exec(&mut h.conn)
+        .unwrap();
+    twin.with_keyspace(|s| s.set_keep_ttl(record, returned.clone(), last));
+    assert_eq!(
+        differential(&mut h, &twin, &c(), &mut last),
+        Err(ScriptError::Refused {
+            field: "lease_id".into(),
+            reason: "taken".into()
+        })
+    );
+    assert_eq!(h.hgetall(KEY), before.0);
 }
 
 #[test]
@@ -346,8 +368,8 @@ proptest! {
             h.flushall();
             let twin = MemoryStore::default();
             let mut last_now = 0;
-            // Lease ids with a live record (records outlive the test).
-            let mut taken = std::collections::HashSet::new();
+            // Lease id → the block its live record holds (records outlive the test).
+            let mut taken = std::collections::HashMap::new();
             for step in &steps {
                 match step {
                     Step::Idle { ms } => std::thread::sleep(std::time::Duration::from_millis(*ms)),
@@ -356,11 +378,18 @@ proptest! {
                         let c = leased(KEY, &record, capacity, refill, period, block, gateways, slack);
                         let before = (h.hgetall(KEY), get(h, &record));
                         let r = differential(h, &twin, &c, &mut last_now);
-                        if taken.contains(&lease) {
-                            assert_eq!(r, Err(ScriptError::Refused {
-                                field: "lease_id".into(), reason: "taken".into()
-                            }));
-                            assert_eq!((h.hgetall(KEY), get(h, &record)), before, "refused: nothing written");
+                        if let Some(&recorded) = taken.get(&lease) {
+                            if recorded == block {
+                                // A retry: the block again, nothing written.
+                                let r = r.unwrap();
+                                assert_eq!((r[0], r[2]), (block as i64, 0), "{r:?}");
+                                assert!(r[1] >= 0 && r[1] <= capacity as i64, "{r:?}");
+                            } else {
+                                assert_eq!(r, Err(ScriptError::Refused {
+                                    field: "lease_id".into(), reason: "taken".into()
+                                }));
+                            }
+                            assert_eq!((h.hgetall(KEY), get(h, &record)), before, "nothing written");
                             continue;
                         }
                         let r = r.unwrap();
@@ -371,7 +400,7 @@ proptest! {
                             assert_eq!((granted, until), (block as i64, 0), "whole block");
                             assert!(remaining >= 0 && remaining <= (capacity - block) as i64);
                             assert_eq!(get(h, &record), Some(format!("{block},{}", now + LEASE_TTL_MS as i64)));
-                            taken.insert(lease);
+                            taken.insert(lease, block);
                         } else {
                             assert!(remaining < block as i64, "denied with {remaining} ≥ {block}");
                             assert_eq!(until, denied_until(now, block, gateways, refill, period));

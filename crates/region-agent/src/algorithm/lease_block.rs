@@ -11,8 +11,10 @@
 //!
 //! A grant SETs the record to [`LeaseRecord`] `{B, now + lease_ttl_ms}`,
 //! expiring at that instant, so `give_back` accepts only what was leased.
-//! A lease id whose record is live is refused (`Refused { lease_id, taken }`)
-//! before anything is charged: one lease id, one block.
+//! A lease id whose record is live is one block: a retry of it (the same
+//! block, not yet given back — the gateway lost the answer) gets the block
+//! again, charged once, nothing written; anything else under that id is
+//! refused (`Refused { lease_id, taken }`) before anything is charged.
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
@@ -175,8 +177,17 @@ pub fn eval(
     if key == record_key {
         return Err(ScriptError::InvalidArgument("keys".into()));
     }
-    if load_record(space, record_key, now_ms)?.is_some_and(|r| r.live_at(now_ms)) {
-        return Err(refused("lease_id", "taken"));
+    if let Some(record) = load_record(space, record_key, now_ms)?.filter(|r| r.live_at(now_ms)) {
+        if record.returned_millitokens.is_some() || record.granted_millitokens != block {
+            return Err(refused("lease_id", "taken"));
+        }
+        let state = BucketState::refilled(bucket::load(space, key, now_ms)?, &params, now_ms);
+        return Ok(vec![
+            block as i64,
+            state.tokens_millitokens as i64,
+            0,
+            now_ms,
+        ]);
     }
     let stored = if block > params.capacity_millitokens {
         None
@@ -310,9 +321,32 @@ mod tests {
                 returned_millitokens: None
             })
         );
-        // The same lease id again, while its record lives: refused, nothing charged.
-        assert_eq!(store.eval_at(&c, 30_100), Err(refused("lease_id", "taken")));
+        // The same lease again while its record lives: the block again,
+        // charged once (remaining is the refilled bucket, nothing written).
+        assert_eq!(
+            store.eval_at(&c, 200).unwrap().values,
+            vec![8_000, 12_200, 0, 200]
+        );
+        assert_eq!(stored(&store, 200)[0].as_deref(), Some("12000"));
+        // Another block under that id: refused, nothing charged.
+        let other = ScriptCall {
+            args: call(20_000, 1_000, 1 << 40).args,
+            ..c.clone()
+        };
+        assert_eq!(
+            store.eval_at(&other, 30_100),
+            Err(refused("lease_id", "taken"))
+        );
         assert_eq!(stored(&store, 30_100)[0].as_deref(), Some("12000"));
+        // Once given back, the id is spent for the record's life.
+        store.with_keyspace(|s| {
+            let returned = LeaseRecord {
+                returned_millitokens: Some(0),
+                ..record.unwrap()
+            };
+            s.set_keep_ttl(&c.keys[1], returned.text(), 300);
+        });
+        assert_eq!(store.eval_at(&c, 300), Err(refused("lease_id", "taken")));
         // Once the record has expired the id may lease again.
         assert_eq!(store.eval_at(&c, 30_101).unwrap().values[0], 8_000);
     }
