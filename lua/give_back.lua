@@ -1,31 +1,44 @@
--- give_back.lua: return a lease's unused millitokens to its token bucket,
--- never above capacity; idempotent per lease id through a record key.
+-- give_back.lua: return unused millitokens of a recorded block lease to its
+-- token bucket, never above capacity and never more than the block; once per
+-- lease (the record is marked with the returned amount).
 -- KEYS[1]  bucket hash {tokens, ts}
--- KEYS[2]  give-back record for the lease id (same hash tag), string = added amount
--- ARGV     capacity, refill, period_ms, tokens (millitokens to return), slack_ms, record_ttl_ms
+-- KEYS[2]  lease record written by lease_block (same hash tag):
+--          "granted,expires_at_ms" or, once returned, "granted,expires_at_ms,returned"
+-- ARGV     capacity, refill, period_ms, tokens (millitokens to return), slack_ms
 -- returns  {added, tokens_after, replayed, now_ms}
---          replayed = 1: the record existed, nothing written, added = 0
+--          replayed = 1: this lease was already returned with the same amount
+--          (a retry): nothing written, added = 0
+-- Refused, nothing written: no live record ("lease_id refused: unknown", also
+-- when now > expires_at_ms), returned before with another amount
+-- ("lease_id refused: returned"), more than the block ("tokens refused: above_block").
 local capacity, refill, period = lh_rate(1)
 if not capacity then return lh_invalid(refill) end
 local give = lh_int(ARGV[4], 0, LH_MAX)
 if not give then return lh_invalid('tokens') end
 local slack = lh_int(ARGV[5], 0, LH_MAX)
 if not slack then return lh_invalid('slack_ms') end
-local record_ttl = lh_int(ARGV[6], 1, LH_MAX)
-if not record_ttl then return lh_invalid('record_ttl_ms') end
 if #KEYS ~= 2 or KEYS[1] == KEYS[2] then return lh_invalid('keys') end
 
 local now = lh_now_ms()
-local replayed = redis.call('EXISTS', KEYS[2]) == 1
+local record = redis.call('GET', KEYS[2])
+if not record then return lh_refused('lease_id', 'unknown') end
+local granted, expires_at, returned = lh_lease_record(record)
+if not granted then return lh_invalid('lease_record') end
+-- Redis judges expiry on its own snapshot, a little before TIME: judge it
+-- on the script's clock, as the twin does.
+if now > expires_at then return lh_refused('lease_id', 'unknown') end
+if returned and returned ~= give then return lh_refused('lease_id', 'returned') end
+if give > granted then return lh_refused('tokens', 'above_block') end
 
 local tokens, ts, full_ms = lh_bucket(KEYS[1], capacity, refill, period, now)
 
-if replayed then
+if returned then
   return {0, tokens, 1, now}
 end
 local added = math.min(give, capacity - tokens)
 tokens = tokens + added
 redis.call('HSET', KEYS[1], 'tokens', lh_str(tokens), 'ts', lh_str(ts))
 redis.call('PEXPIRE', KEYS[1], full_ms + slack)
-redis.call('SET', KEYS[2], lh_str(added), 'PX', record_ttl)
+redis.call('SET', KEYS[2], lh_str(granted) .. ',' .. lh_str(expires_at) .. ',' .. lh_str(give),
+  'KEEPTTL')
 return {added, tokens, 0, now}

@@ -1,10 +1,18 @@
 -- lease_block.lua: grant a gateway a whole block of B millitokens from one
--- token bucket, or nothing; never a partial block. A denial writes nothing.
+-- token bucket, or nothing; never a partial block. A grant records the lease
+-- (so give_back can accept only what was leased) in the same call; a denial
+-- writes nothing.
 -- KEYS[1]  hash {tokens, ts}
--- ARGV     capacity, refill, period_ms, block (B millitokens), gateways (N), slack_ms
+-- KEYS[2]  lease record for the lease id (same hash tag): string "granted,expires_at_ms"
+-- ARGV     capacity, refill, period_ms, block (B millitokens), gateways (N), slack_ms,
+--          lease_ttl_ms ([1, 2^40]: how long a return of the block is accepted)
 -- returns  {granted, remaining, denied_until_ms, now_ms}
 --          granted = B or 0; denied_until_ms = 0 when granted,
 --          now + min(N x ceil(B x period / refill), 2^40) when not, -1 when B > capacity (never)
+-- A lease id whose record is live (now <= expires_at_ms): a retry of that
+-- lease (same block, not yet given back) is answered with the block again,
+-- charged once and nothing written (remaining = the refilled tokens);
+-- anything else is refused: "lease_id refused: taken", nothing written.
 local capacity, refill, period = lh_rate(1)
 if not capacity then return lh_invalid(refill) end
 local block = lh_int(ARGV[4], 1, LH_MAX)
@@ -13,9 +21,21 @@ local gateways = lh_int(ARGV[5], 1, 1024)
 if not gateways then return lh_invalid('gateways') end
 local slack = lh_int(ARGV[6], 0, LH_MAX)
 if not slack then return lh_invalid('slack_ms') end
-if #KEYS ~= 1 then return lh_invalid('key') end
+local lease_ttl = lh_int(ARGV[7], 1, LH_MAX)
+if not lease_ttl then return lh_invalid('lease_ttl_ms') end
+if #KEYS ~= 2 or KEYS[1] == KEYS[2] then return lh_invalid('keys') end
 
 local now = lh_now_ms()
+local prior = redis.call('GET', KEYS[2])
+if prior then
+  local granted, expires_at, returned = lh_lease_record(prior)
+  if not granted then return lh_invalid('lease_record') end
+  if now <= expires_at then
+    if returned or granted ~= block then return lh_refused('lease_id', 'taken') end
+    local tokens = lh_bucket(KEYS[1], capacity, refill, period, now)
+    return {block, tokens, 0, now}
+  end
+end
 if block > capacity then
   return {0, 0, -1, now}
 end
@@ -26,6 +46,9 @@ if tokens >= block then
   tokens = tokens - block
   redis.call('HSET', KEYS[1], 'tokens', lh_str(tokens), 'ts', lh_str(ts))
   redis.call('PEXPIRE', KEYS[1], full_ms + slack)
+  -- PXAT on the script's clock: the record ends exactly at its expires_at_ms.
+  redis.call('SET', KEYS[2], lh_str(block) .. ',' .. lh_str(now + lease_ttl),
+    'PXAT', lh_str(now + lease_ttl))
   return {block, tokens, 0, now}
 end
 -- N gateways each waiting for a block: exact while below 2^40 (the product

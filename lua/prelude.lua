@@ -25,6 +25,12 @@ local function lh_invalid(name)
   return redis.error_reply('ERR leasehold: ' .. name .. ' invalid')
 end
 
+-- A well-formed request the data plane refuses (a reused id, a lease that is
+-- not live): nothing was written. `reason` is one fixed word, never request data.
+local function lh_refused(name, reason)
+  return redis.error_reply('ERR leasehold: ' .. name .. ' refused: ' .. reason)
+end
+
 -- Decimal text of an integer-valued number. tostring() uses %.14g and would
 -- round values above 10^14; %d keeps every digit up to 2^53.
 local function lh_str(v)
@@ -79,4 +85,26 @@ local function lh_counter(key, now)
   local n = lh_int(v, 0, LH_MAX)
   if not n or (#v > 1 and string.sub(v, 1, 1) == '0') then n = 0 end
   return n, at
+end
+
+-- A block lease record, "granted,expires_at_ms" as lease_block writes it or
+-- "granted,expires_at_ms,returned" once give_back took it: granted in
+-- [1, 2^40], expires_at_ms in [0, 2^53 - 1] (larger text may round in
+-- tonumber), returned in [0, 2^40]. Returns the
+-- three numbers (returned nil while not returned), or nil when malformed.
+local function lh_lease_record(text)
+  local g, e, r = string.match(text, '^(%d+),(%d+)$')
+  if not g then
+    g, e, r = string.match(text, '^(%d+),(%d+),(%d+)$')
+    if not g then return nil end
+  end
+  local granted = lh_int(g, 1, LH_MAX)
+  local expires_at = lh_int(e, 0, 9007199254740991)
+  local returned = nil
+  if r then
+    returned = lh_int(r, 0, LH_MAX)
+    if not returned then return nil end
+  end
+  if not granted or not expires_at then return nil end
+  return granted, expires_at, returned
 end

@@ -123,6 +123,8 @@ async fn raw_evalsha(url: &str, concurrency: usize, duration: Duration) -> anyho
                 .key(format!("lh:v1:{{bench}}:b-user:raw{}", i % 10_000))
                 .arg(1000)
                 .arg(0)
+                // No record (decision_ttl_ms 0): the digest is only checked for shape.
+                .arg("00000000000000000000000000000000")
                 .arg(1_000_000_000_000u64)
                 .arg(1_000_000_000_000u64)
                 .arg(1)

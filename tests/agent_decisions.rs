@@ -188,3 +188,74 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_writes_nothing() {
     assert_eq!(t.dbsize(), 0, "no key written by any bad request");
     t.agent.stop().await;
 }
+
+/// POLICY with decision records: P-READ and P-PLAN remember decisions under
+/// the request id for a minute (and nothing refills during a test).
+fn policy_with_records() -> String {
+    let plan = "id = \"p-plan\"\nscope = \"tenant\"\n";
+    assert!(POLICY.contains(plan));
+    policy_without_read_refill()
+        .replacen(
+            "fail_mode = { local",
+            "idempotent_ttl_ms = 60000\nfail_mode = { local",
+            1,
+        )
+        .replacen(plan, &format!("{plan}idempotent_ttl_ms = 60000\n"), 1)
+}
+
+#[tokio::test]
+async fn reused_request_id_with_other_content_is_refused_and_charges_nothing() {
+    let mut t = start(&policy_with_records()).await;
+    let first = t
+        .client
+        .check(check("req-1", target("atlas", "alice", "read"), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(first.allowed, "{first:?}");
+    let alice = t.user_key("atlas", "p-read", "alice");
+    let plan = t.shared_key("atlas", "p-plan");
+    let before = (t.tokens(&alice), t.tokens(&plan), t.dbsize());
+    assert_eq!(before.1, Some((1_000 - 1) * 1_000));
+    // Another principal, another cost, another rule set under the same id.
+    for (what, request) in [
+        (
+            "principal",
+            check("req-1", target("atlas", "bob", "read"), 1),
+        ),
+        ("cost", check("req-1", target("atlas", "alice", "read"), 2)),
+        (
+            "rule set",
+            check("req-1", target("atlas", "alice", "export"), 1),
+        ),
+    ] {
+        let status = t.client.check(request).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{what}");
+        assert!(
+            status
+                .message()
+                .contains("request_id: reused with different content"),
+            "{what}: {}",
+            status.message()
+        );
+        assert_eq!(
+            (t.tokens(&alice), t.tokens(&plan), t.dbsize()),
+            before,
+            "{what}: nothing charged, no key written"
+        );
+    }
+    assert_eq!(t.tokens(&t.user_key("atlas", "p-read", "bob")), None);
+    // The same content replays the stored answer, still charging nothing.
+    let replay = t
+        .client
+        .check(check("req-1", target("atlas", "alice", "read"), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (replay.allowed, replay.remaining, replay.policy_id.as_str()),
+        (first.allowed, first.remaining, first.policy_id.as_str())
+    );
+    assert_eq!((t.tokens(&alice), t.tokens(&plan), t.dbsize()), before);
+    t.agent.stop().await;
+}

@@ -23,7 +23,7 @@ use crate::policy::{
     Algorithm, Bundle, FailMode, PolicyHolder, RequestView, Resolved, Rule, Scope,
 };
 use crate::request::{self, InvalidField, RequestTarget};
-use crate::script::{ScriptCall, ScriptKind, ScriptReply};
+use crate::script::{reply, ScriptCall, ScriptError, ScriptKind, ScriptReply};
 use crate::store::{BucketStore, CallResult, NotSent, StoreError};
 
 /// The decision path's store warnings: one line per kind of store error
@@ -89,9 +89,9 @@ impl From<InvalidField> for PlanError<'_> {
 /// How rules turned into a store call (the call itself is returned beside it,
 /// so the batch is built without copying keys and arguments).
 struct Planned<'b> {
+    /// The script the call runs: which reply parser reads its answer.
+    kind: ScriptKind,
     rules: Vec<&'b Rule>,
-    /// multi_rule (remaining per rule after 3 fields) or single-rule reply.
-    multi: bool,
     idempotent: bool,
     /// A window-pool spend: its cost, reported to the sync loop when allowed.
     chunk_cost_millitokens: Option<u64>,
@@ -195,6 +195,13 @@ impl Decider {
                 tracing::debug!(decision_id = %decision_id, "ambiguous store outcome: retrying idempotent decision");
                 main = self.run(std::slice::from_ref(&calls[0])).await.remove(0);
             }
+            if let Err(StoreError::Script(refusal)) = &main {
+                // The caller's error (a request id reused with other
+                // content): refused, nothing charged or recorded.
+                if let Some(invalid) = refused_field(refusal) {
+                    return Err(invalid);
+                }
+            }
             self.interpret(&bundle, &plans[0], main, &target, &decision_id, cost)
         };
         let shadow_plans = if enforcing.is_empty() {
@@ -203,8 +210,11 @@ impl Decider {
             &plans[1..]
         };
         for (plan, reply) in shadow_plans.iter().zip(replies) {
-            if let Ok(reply) = reply {
-                if reply.values.first() == Some(&0) {
+            // A shadow rule never refuses: a reply that does not parse is
+            // neither a shadow denial nor anything else.
+            let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
+            if let Ok(read) = read {
+                if !read.allowed {
                     let rule = plan.rules[0].id.as_str();
                     self.metrics.shadow_denials.with_label_values(&[rule]).inc();
                     self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
@@ -278,21 +288,31 @@ impl Decider {
                 .decision(&tag, decision_id)
                 .map_err(|e| InvalidField::new("request_id", e.to_string()))?,
         );
+        let mut costs = Vec::with_capacity(rules.len());
         for rule in rules {
             call = call.key(self.bucket_key(rule, target)?);
+            costs.push(rule_cost_millitokens(rule, cost)?);
         }
-        call = call.arg(slack).arg(ttl);
-        for rule in rules {
+        // The record is bound to what this request charges (§8): its bucket
+        // keys (tag, rules, principal) and costs.
+        let digest = crate::algorithm::multi_rule::request_digest(
+            call.keys[1..]
+                .iter()
+                .map(String::as_str)
+                .zip(costs.iter().copied()),
+        );
+        call = call.arg(slack).arg(ttl).arg(digest);
+        for (rule, cost_millitokens) in rules.iter().zip(costs) {
             let params = self.bucket_params(rule).ok_or(PlanError::NoRoom(rule))?;
             call = call
                 .arg(params.capacity_millitokens)
                 .arg(params.refill_millitokens)
                 .arg(params.period_ms)
-                .arg(rule_cost_millitokens(rule, cost)?);
+                .arg(cost_millitokens);
         }
         let plan = Planned {
+            kind: ScriptKind::MultiRule,
             rules: rules.to_vec(),
-            multi: true,
             idempotent: ttl > 0,
             chunk_cost_millitokens: None,
         };
@@ -362,8 +382,8 @@ impl Decider {
             }
         };
         let plan = Planned {
+            kind: call.kind,
             rules: vec![rule],
-            multi: false,
             idempotent: rule.algorithm == Algorithm::SlidingLog,
             chunk_cost_millitokens: None,
         };
@@ -388,8 +408,8 @@ impl Decider {
         }
         call = call.arg(cost_millitokens);
         let plan = Planned {
+            kind: ScriptKind::ChunkSpend,
             rules: vec![rule],
-            multi: false,
             idempotent: false,
             chunk_cost_millitokens: Some(cost_millitokens),
         };
@@ -509,8 +529,27 @@ impl Decider {
         decision_id: &str,
         cost: u64,
     ) -> pb::Decision {
-        match reply {
-            Ok(reply) => self.decision_from_reply(bundle, plan, &reply, decision_id),
+        // A reply of unexpected shape is a store fault, never an allow (§8).
+        let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
+        match read {
+            Ok(read) => self.decision_from_reply(bundle, plan, &read, decision_id),
+            Err(StoreError::Script(e @ ScriptError::MalformedReply { .. })) => {
+                error_limited!(
+                    STORE_LOGS,
+                    "store.malformed_reply",
+                    decision_id,
+                    error = %e,
+                    "malformed script reply: degrading per fail mode"
+                );
+                self.degrade(
+                    bundle,
+                    plan,
+                    target,
+                    decision_id,
+                    cost,
+                    pb::Reason::LimiterUnavailable,
+                )
+            }
             Err(StoreError::Script(e)) => {
                 error_limited!(
                     STORE_LOGS,
@@ -552,38 +591,24 @@ impl Decider {
         &self,
         bundle: &Bundle,
         plan: &Planned<'_>,
-        reply: &ScriptReply,
+        read: &ReadReply,
         decision_id: &str,
     ) -> pb::Decision {
-        let v = reply.decision();
-        let get = |i: usize| v.get(i).copied().unwrap_or(0);
-        let allowed = get(0) == 1;
-        let (reported, retry, remaining) = if plan.multi {
-            let denied_by = get(1) as usize;
-            let idx = denied_by.saturating_sub(1).min(plan.rules.len() - 1);
-            (idx, get(2), get(3 + idx))
-        } else if plan.chunk_cost_millitokens.is_some() {
-            // {allowed, available, expires_in_ms, now}: a refused spend waits
-            // for the next chunk, not for a refill.
-            (0, NO_ROOM_RETRY_MS, get(1))
-        } else {
-            (0, get(2), get(1))
-        };
-        let rule = plan.rules[reported];
+        let rule = plan.rules[read.reported];
         let in_millitokens = matches!(rule.algorithm, Algorithm::TokenBucket | Algorithm::Gcra)
             || plan.chunk_cost_millitokens.is_some();
         let remaining_tokens = if in_millitokens {
-            remaining / MILLI as i64
+            read.remaining / MILLI
         } else {
-            remaining
+            read.remaining
         };
         self.decision(
             bundle,
             rule,
             decision_id,
-            allowed,
-            remaining_tokens.max(0),
-            if allowed { 0 } else { retry },
+            read.allowed,
+            i64::try_from(remaining_tokens).unwrap_or(i64::MAX),
+            if read.allowed { 0 } else { read.retry_after_ms },
             false,
         )
     }
@@ -744,6 +769,76 @@ impl Decider {
             .with_label_values(&[outcome, decision.policy_id.as_str(), version.as_str()])
             .inc();
     }
+}
+
+/// What a decision reads from a checked script reply.
+struct ReadReply {
+    allowed: bool,
+    /// Index into the plan's rules of the rule the decision reports.
+    reported: usize,
+    /// In the rule's unit (millitokens for buckets and chunks).
+    remaining: u64,
+    retry_after_ms: i64,
+}
+
+/// Reads a reply with its script's parser (`script::reply`): anything of
+/// unexpected shape or range is `MalformedReply`, never an allow.
+fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, ScriptError> {
+    match plan.kind {
+        ScriptKind::MultiRule => {
+            let r = reply::multi_rule(reply, plan.rules.len())?;
+            // The parser bounds denied_by to [1, rules] on a denial.
+            let reported = r.denied_by.saturating_sub(1);
+            Ok(ReadReply {
+                allowed: r.allowed,
+                reported,
+                remaining: r.remaining_millitokens[reported],
+                retry_after_ms: r.retry_after_ms,
+            })
+        }
+        ScriptKind::ChunkSpend => {
+            let r = reply::chunk_spend(reply)?;
+            // A refused spend waits for the next chunk, not for a refill.
+            Ok(ReadReply {
+                allowed: r.spent,
+                reported: 0,
+                remaining: r.left_millitokens,
+                retry_after_ms: NO_ROOM_RETRY_MS,
+            })
+        }
+        kind => {
+            let r = reply::admission(kind, reply)?;
+            Ok(ReadReply {
+                allowed: r.allowed,
+                reported: 0,
+                remaining: r.remaining,
+                retry_after_ms: r.retry_after_ms,
+            })
+        }
+    }
+}
+
+/// A script's refusal of well-formed input as the caller's INVALID_ARGUMENT
+/// (ARCHITECTURE §8): the field it names and what was wrong. None for every
+/// other script error (those are store or policy faults).
+pub(crate) fn refused_field(error: &ScriptError) -> Option<InvalidField> {
+    let ScriptError::Refused { field, reason } = error else {
+        return None;
+    };
+    let (field, reason) = match (field.as_str(), reason.as_str()) {
+        ("request_id", "reused") => ("request_id", "reused with different content"),
+        ("lease_id", "taken") => ("lease_id", "already names a leased block"),
+        ("lease_id", "unknown") => (
+            "lease_id",
+            "no live block lease with this id on this rule's bucket",
+        ),
+        ("lease_id", "returned") => ("lease_id", "block already returned"),
+        ("tokens", "above_block") => ("unused_tokens", "more than the leased block"),
+        // A refusal this agent does not know: still the caller's error,
+        // named by the script's own words (fixed text, no request data).
+        _ => return Some(InvalidField::new(field.clone(), reason.clone())),
+    };
+    Some(InvalidField::new(field, reason))
 }
 
 /// An opaque, stable id of a bucket for gateways: 16 hex of sha256(key).

@@ -148,10 +148,21 @@ impl KeyBuilder {
         ))
     }
 
-    /// The give-back record of one block lease, under the same hash tag.
-    pub fn give_back(&self, tenant: &Tenant, lease_id: &str) -> Result<String, KeyError> {
+    /// The record of one block lease granted from `bucket_key` (§3.5, §8),
+    /// under the bucket's hash tag: `lh:v1:{tag}:_lease:<bucket>:<lease_id>`,
+    /// where `<bucket>` is 16 hex of SHA-256(bucket key). Naming the bucket
+    /// binds the lease to it: a lease id granted on one bucket is unknown on
+    /// every other, so it cannot refill them.
+    pub fn lease(
+        &self,
+        tenant: &Tenant,
+        bucket_key: &str,
+        lease_id: &str,
+    ) -> Result<String, KeyError> {
+        use sha2::Digest;
+        let bucket = hex::encode(&Sha256::digest(bucket_key.as_bytes())[..8]);
         Ok(format!(
-            "lh:v1:{{{}}}:_giveback:{}",
+            "lh:v1:{{{}}}:_lease:{bucket}:{}",
             tenant.0,
             check_id(lease_id)?
         ))

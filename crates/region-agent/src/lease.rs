@@ -1,24 +1,34 @@
 //! Block leasing of hot rules (§3.5): a gateway takes a whole block of B
-//! tokens (`lease_block.lua`), spends it in memory, and gives unused tokens
-//! back (`give_back.lua`, idempotent per lease id, capped at capacity).
-//! Security rules are never leased (the policy refuses it).
+//! tokens (`lease_block.lua`, which records the lease id, its block and its
+//! expiry in the same call), spends it in memory, and gives unused tokens
+//! back (`give_back.lua`): only for a recorded, live lease of this bucket,
+//! at most its block, once (a retry with the same amount is a replay),
+//! capped at capacity (§8). Security rules are never leased (the policy
+//! refuses it).
 
 use std::sync::LazyLock;
 
 use leasehold_logging::{default_limiter, warn_limited, SharedLimiter};
 use leasehold_proto::agent::v1 as pb;
 
-use crate::decide::{resolve, store_cause, Decider, MILLI, NO_ROOM_RETRY_MS};
+use crate::decide::{refused_field, resolve, store_cause, Decider, MILLI, NO_ROOM_RETRY_MS};
 use crate::fallback::LocalCharge;
 use crate::policy::{FailMode, Rule};
 use crate::request::{self, InvalidField, RequestTarget};
-use crate::script::{ScriptCall, ScriptKind};
+use crate::script::{reply, ScriptCall, ScriptKind};
 use crate::store::StoreError;
 
 /// How long a gateway may spend a block after it was granted.
 pub const BLOCK_EXPIRES_IN_MS: i64 = 10_000;
-/// How long a give-back record remembers a lease id.
-pub const GIVE_BACK_RECORD_TTL_MS: u64 = 60_000;
+/// How long after a block's expiry its give-back is still accepted: the
+/// gateway expires a block on its own clock, from when the grant reached it,
+/// then sends the give-back; this covers that delay and the RPC's.
+pub const RETURN_GRACE_MS: u64 = 20_000;
+/// How long a lease record lives (its TTL and its `expires_at_ms` on the
+/// store's clock): the block's expiry plus [`RETURN_GRACE_MS`]. Bounds the
+/// records a lease id can keep alive, and keeps the mark of a returned
+/// block for that long, so a retried give-back is answered as a replay.
+pub const LEASE_RECORD_TTL_MS: u64 = BLOCK_EXPIRES_IN_MS as u64 + RETURN_GRACE_MS;
 /// Retry hint when a closed leased rule cannot reach its store.
 const UNAVAILABLE_RETRY_MS: i64 = 1_000;
 
@@ -62,6 +72,10 @@ impl Decider {
         let block_tokens = self.block_tokens(&rule);
         let gateways = rule.leased.map(|l| l.gateways).unwrap_or(1);
         let key = self.bucket_key(&rule, &target)?;
+        let record = self
+            .keys
+            .lease(&self.tag(&rule, &target)?, &key, &lease_id)
+            .map_err(|e| InvalidField::new("lease_id", e.to_string()))?;
         // A block's worth of demand for the pool's next Rebalance (the
         // smallest block while the Region holds no share, so a starved
         // Region's demand still shows).
@@ -76,14 +90,17 @@ impl Decider {
                 ..Default::default()
             });
         };
+        let block_millitokens = block_tokens * MILLI;
         let call = ScriptCall::new(ScriptKind::LeaseBlock)
             .key(key.clone())
+            .key(record)
             .arg(params.capacity_millitokens)
             .arg(params.refill_millitokens)
             .arg(params.period_ms)
-            .arg(block_tokens * MILLI)
+            .arg(block_millitokens)
             .arg(gateways)
-            .arg(rule.slack_ms);
+            .arg(rule.slack_ms)
+            .arg(LEASE_RECORD_TTL_MS);
         let mut response = pb::LeaseBlockResponse {
             lease_id,
             policy_version: bundle.version,
@@ -91,24 +108,32 @@ impl Decider {
             ..Default::default()
         };
         let rule_label = rule.id.as_str();
-        match self.run(std::slice::from_ref(&call)).await.remove(0) {
-            Ok(reply) => {
-                let v = reply.decision();
-                let granted = v.first().copied().unwrap_or(0);
-                self.count_pool_outcome(&[&rule], granted > 0, None);
-                if granted > 0 {
+        let outcome = self.run(std::slice::from_ref(&call)).await.remove(0);
+        if let Err(StoreError::Script(refusal)) = &outcome {
+            // A lease id already in use: the caller's error, nothing charged.
+            if let Some(invalid) = refused_field(refusal) {
+                return Err(invalid);
+            }
+        }
+        // Only a whole block of the size asked for is a grant (§8): any
+        // other reply is a store error, and the rule's fail mode decides.
+        let read = outcome
+            .and_then(|r| reply::lease_block(&r, block_millitokens).map_err(StoreError::Script));
+        match read {
+            Ok(read) => {
+                let granted = read.granted_millitokens > 0;
+                self.count_pool_outcome(&[&rule], granted, None);
+                if granted {
                     response.granted_tokens = block_tokens;
                     self.metrics
                         .lease_blocks
                         .with_label_values(&["granted", rule_label])
                         .inc();
                 } else {
-                    let denied_until = v.get(2).copied().unwrap_or(-1);
-                    let now = reply.now_ms().unwrap_or(0);
-                    response.retry_after_ms = if denied_until < 0 {
+                    response.retry_after_ms = if read.denied_until_ms < 0 {
                         -1
                     } else {
-                        (denied_until - now).max(0)
+                        read.denied_until_ms - read.now_ms
                     };
                     response.expires_in_ms = 0;
                     self.metrics
@@ -188,31 +213,36 @@ impl Decider {
             .filter(|t| *t <= crate::args::MAX_ARG)
             .ok_or_else(|| InvalidField::new("unused_tokens", "too large"))?;
         let tag = self.tag(&rule, &target)?;
+        let bucket_key = self.bucket_key(&rule, &target)?;
         let record = self
             .keys
-            .give_back(&tag, &lease_id)
+            .lease(&tag, &bucket_key, &lease_id)
             .map_err(|e| InvalidField::new("lease_id", e.to_string()))?;
         let Some(params) = self.bucket_params(&rule) else {
             // The Region holds no share now: unused tokens lapse (safe).
             return Ok(pb::ReturnBlockResponse::default());
         };
         let call = ScriptCall::new(ScriptKind::GiveBack)
-            .key(self.bucket_key(&rule, &target)?)
+            .key(bucket_key)
             .key(record)
             .arg(params.capacity_millitokens)
             .arg(params.refill_millitokens)
             .arg(params.period_ms)
             .arg(unused)
-            .arg(rule.slack_ms)
-            .arg(GIVE_BACK_RECORD_TTL_MS);
-        match self.run(std::slice::from_ref(&call)).await.remove(0) {
-            Ok(reply) => {
-                let v = reply.decision();
-                Ok(pb::ReturnBlockResponse {
-                    added_tokens: (v.first().copied().unwrap_or(0).max(0) as u64) / MILLI,
-                    replayed: v.get(2).copied() == Some(1),
-                })
+            .arg(rule.slack_ms);
+        let outcome = self.run(std::slice::from_ref(&call)).await.remove(0);
+        if let Err(StoreError::Script(refusal)) = &outcome {
+            // Not a live lease of this bucket, returned before, or more than
+            // its block: refused, nothing added (§8).
+            if let Some(invalid) = refused_field(refusal) {
+                return Err(invalid);
             }
+        }
+        match outcome.and_then(|r| reply::give_back(&r, unused).map_err(StoreError::Script)) {
+            Ok(read) => Ok(pb::ReturnBlockResponse {
+                added_tokens: read.added_millitokens / MILLI,
+                replayed: read.replayed,
+            }),
             // A lost give-back only leaves tokens unused: never worse than the bound.
             Err(e) => {
                 warn_limited!(
@@ -263,11 +293,11 @@ impl Decider {
             decision.limit = cap.max_in_flight as i64;
             decision.scope = rule.scope.as_str().to_string();
             let outcome = self.run(std::slice::from_ref(&call)).await.remove(0);
-            let (ok, in_flight) = match outcome {
-                Ok(reply) => {
-                    let v = reply.decision();
-                    (v.first() == Some(&1), v.get(1).copied().unwrap_or(0))
-                }
+            // A reply of unexpected shape is a store error: the fail mode decides.
+            let read =
+                outcome.and_then(|r| reply::concurrency(&r, true).map_err(StoreError::Script));
+            let (ok, in_flight) = match read {
+                Ok(read) => (read.done, read.in_flight as i64),
                 Err(e) => {
                     warn_limited!(
                         CONCURRENCY_LOGS,
@@ -332,10 +362,13 @@ impl Decider {
                 .key(self.bucket_key(rule, &target)?)
                 .arg("release")
                 .arg(&lease_id);
-            if let Ok(reply) = self.run(std::slice::from_ref(&call)).await.remove(0) {
-                let v = reply.decision();
-                response.released |= v.first() == Some(&1);
-                response.in_flight = v.get(1).copied().unwrap_or(0);
+            let outcome = self.run(std::slice::from_ref(&call)).await.remove(0);
+            // A release that did not answer in shape reports nothing released.
+            if let Ok(read) =
+                outcome.and_then(|r| reply::concurrency(&r, false).map_err(StoreError::Script))
+            {
+                response.released |= read.done;
+                response.in_flight = read.in_flight as i64;
             }
         }
         Ok(response)

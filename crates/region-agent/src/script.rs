@@ -7,6 +7,8 @@
 
 use std::sync::LazyLock;
 
+pub mod reply;
+
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
 /// Which script a call runs. One variant per file in `lua/`.
@@ -152,6 +154,18 @@ pub enum ScriptError {
     /// `ERR leasehold: <argument> invalid`; nothing was written.
     #[error("leasehold: {0} invalid")]
     InvalidArgument(String),
+    /// `ERR leasehold: <field> refused: <reason>`: well-formed input the data
+    /// plane refuses (a request id reused with other content, a lease that is
+    /// not live); nothing was written. The caller's error, not a store fault.
+    #[error("leasehold: {field} refused: {reason}")]
+    Refused { field: String, reason: String },
+    /// A reply of unexpected shape or range (see [`reply`]): a store fault,
+    /// never read as an allow.
+    #[error("malformed {script} reply: {detail}")]
+    MalformedReply {
+        script: &'static str,
+        detail: String,
+    },
     /// Any other error reply (for example a wrong key type).
     #[error("script error: {0}")]
     Other(String),
@@ -161,6 +175,20 @@ impl ScriptError {
     /// Classifies a Redis error reply's text.
     pub fn from_reply_text(text: &str) -> Self {
         if let Some(rest) = text.split("leasehold: ").nth(1) {
+            if let Some((field, after)) = rest.split_once(" refused: ") {
+                // The reason is one word the script chose; whatever Redis
+                // appends after it (script name, line) is dropped.
+                let reason: String = after
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !field.contains(' ') && !reason.is_empty() {
+                    return ScriptError::Refused {
+                        field: field.to_string(),
+                        reason,
+                    };
+                }
+            }
             if let Some(name) = rest.strip_suffix(" invalid").or_else(|| {
                 rest.split(" invalid")
                     .next()
@@ -208,6 +236,30 @@ mod tests {
         );
         assert!(matches!(
             ScriptError::from_reply_text("WRONGTYPE Operation"),
+            ScriptError::Other(_)
+        ));
+    }
+
+    #[test]
+    fn refused_reply_names_the_field_and_the_reason() {
+        assert_eq!(
+            ScriptError::from_reply_text("ERR leasehold: request_id refused: reused"),
+            ScriptError::Refused {
+                field: "request_id".into(),
+                reason: "reused".into()
+            }
+        );
+        assert_eq!(
+            ScriptError::from_reply_text(
+                "ERR leasehold: tokens refused: above_block script: 1a2b, on @user_script:9."
+            ),
+            ScriptError::Refused {
+                field: "tokens".into(),
+                reason: "above_block".into()
+            }
+        );
+        assert!(matches!(
+            ScriptError::from_reply_text("ERR leasehold: refused: "),
             ScriptError::Other(_)
         ));
     }

@@ -9,6 +9,15 @@ use proptest::prelude::*;
 
 const KEY: &str = "lh:v1:{t}:global-catalog:pool";
 const MAX: i64 = 1 << 40;
+/// How long a test's lease records live: far beyond any test.
+const LEASE_TTL_MS: u64 = 600_000;
+
+/// A lease record key no call has used yet in this process.
+fn fresh_record() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("lh:v1:{{t}}:_lease:b:lease-{n}")
+}
 
 #[allow(clippy::too_many_arguments)]
 fn call(
@@ -20,14 +29,168 @@ fn call(
     gateways: u64,
     slack: u64,
 ) -> ScriptCall {
+    leased(
+        key,
+        &fresh_record(),
+        capacity,
+        refill,
+        period,
+        block,
+        gateways,
+        slack,
+    )
+}
+
+/// A lease_block call under the lease record `record`.
+#[allow(clippy::too_many_arguments)]
+fn leased(
+    key: &str,
+    record: &str,
+    capacity: u64,
+    refill: u64,
+    period: u64,
+    block: u64,
+    gateways: u64,
+    slack: u64,
+) -> ScriptCall {
     ScriptCall::new(ScriptKind::LeaseBlock)
         .key(key)
+        .key(record)
         .arg(capacity)
         .arg(refill)
         .arg(period)
         .arg(block)
         .arg(gateways)
         .arg(slack)
+        .arg(LEASE_TTL_MS)
+}
+
+fn get(h: &mut Harness, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(&mut h.conn).unwrap()
+}
+
+fn redis_time_ms(h: &mut Harness) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut h.conn).unwrap();
+    s * 1_000 + us / 1_000
+}
+
+#[test]
+fn a_grant_records_its_block_and_expiry_under_the_lease_id() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let record = "lh:v1:{t}:_lease:b:gw-1";
+    let c = leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 5_000);
+    let granted = differential(&mut h, &twin, &c, &mut last).unwrap();
+    assert_eq!(granted[..3], [7_000, 13_000, 0]);
+    let expires_at = granted[3] + LEASE_TTL_MS as i64;
+    assert_eq!(get(&mut h, record), Some(format!("7000,{expires_at}")));
+    // The record ends at its expires_at_ms exactly (PXAT on the script's clock).
+    let (ttl, _) = h.ttl_set_at(record, granted[3]);
+    assert_eq!(ttl, LEASE_TTL_MS as i64);
+}
+
+#[test]
+fn a_retried_lease_id_gets_its_block_again_and_another_block_is_refused() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let record = "lh:v1:{t}:_lease:b:gw-1";
+    let c = || leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 5_000);
+    let first = differential(&mut h, &twin, &c(), &mut last).unwrap();
+    let before = (h.hgetall(KEY), get(&mut h, record));
+    // The gateway lost the answer and asks again: the same block, charged once.
+    let retry = differential(&mut h, &twin, &c(), &mut last).unwrap();
+    assert_eq!(retry[..3], first[..3]);
+    assert_eq!((h.hgetall(KEY), get(&mut h, record)), before);
+    // Another block size under that id: refused, nothing charged.
+    for block in [1_000, 20_001] {
+        let again = leased(KEY, record, 20_000, 1, 1_000_000, block, 3, 5_000);
+        assert_eq!(
+            differential(&mut h, &twin, &again, &mut last),
+            Err(ScriptError::Refused {
+                field: "lease_id".into(),
+                reason: "taken".into()
+            })
+        );
+        assert_eq!((h.hgetall(KEY), get(&mut h, record)), before);
+    }
+    // Given back, the id is spent: even the same block is refused.
+    let returned = format!("{},0", before.1.as_deref().unwrap());
+    redis::cmd("SET")
+        .arg(record)
+        .arg(&returned)
+        .arg("KEEPTTL")
+        .exec(&mut h.conn)
+        .unwrap();
+    twin.with_keyspace(|s| s.set_keep_ttl(record, returned.clone(), last));
+    assert_eq!(
+        differential(&mut h, &twin, &c(), &mut last),
+        Err(ScriptError::Refused {
+            field: "lease_id".into(),
+            reason: "taken".into()
+        })
+    );
+    assert_eq!(h.hgetall(KEY), before.0);
+}
+
+#[test]
+fn a_denied_lease_records_nothing_and_an_expired_record_frees_the_id() {
+    let mut h = Harness::start();
+    let record = "lh:v1:{t}:_lease:b:gw-1";
+    let denied = h
+        .redis(&leased(KEY, record, 20_000, 1, 1_000_000, 20_001, 3, 0))
+        .unwrap();
+    assert_eq!(denied[..3], [0, 0, -1]);
+    assert!(!h.exists(record));
+    // A record whose expiry has passed on the store's clock no longer holds
+    // the id. Written by hand, so the wait does not depend on a short TTL.
+    let now = redis_time_ms(&mut h);
+    redis::cmd("SET")
+        .arg(record)
+        .arg(format!("7000,{}", now - 1))
+        .exec(&mut h.conn)
+        .unwrap();
+    let granted = h
+        .redis(&leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 0))
+        .unwrap();
+    assert_eq!(granted[0], 7_000);
+    assert_eq!(
+        get(&mut h, record),
+        Some(format!("7000,{}", granted[3] + LEASE_TTL_MS as i64))
+    );
+}
+
+#[test]
+fn a_malformed_lease_record_is_refused_by_both() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let record = "lh:v1:{t}:_lease:b:gw-1";
+    for garbage in [
+        "",
+        "7000",
+        "7000,",
+        "0,10",
+        "x,10",
+        "7000,10,1,2",
+        "7000,-1",
+        "7000,9007199254740992",
+    ] {
+        redis::cmd("SET")
+            .arg(record)
+            .arg(garbage)
+            .exec(&mut h.conn)
+            .unwrap();
+        twin.with_keyspace(|s| s.set(record, garbage.to_string(), None, 0));
+        let c = leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 0);
+        assert_eq!(
+            differential(&mut h, &twin, &c, &mut last),
+            Err(ScriptError::InvalidArgument("lease_record".into())),
+            "{garbage:?}"
+        );
+        assert!(!h.exists(KEY), "{garbage:?}");
+    }
 }
 
 /// now + min(N × ceil(B × period / refill), 2^40), restated.
@@ -69,9 +232,9 @@ fn grants_whole_blocks_then_nothing_with_denied_until() {
 fn denied_until_is_capped_at_2_pow_40_ms_ahead() {
     let mut h = Harness::start();
     // B × period / refill = 2^52 ms per block; × 1,024 gateways = 2^62.
-    let c = call(KEY, 1 << 30, 1, 1 << 22, 1 << 30, 1_024, 0);
-    assert_eq!(h.redis(&c).unwrap()[0], 1 << 30);
-    let denied = h.redis(&c).unwrap();
+    let c = || call(KEY, 1 << 30, 1, 1 << 22, 1 << 30, 1_024, 0);
+    assert_eq!(h.redis(&c()).unwrap()[0], 1 << 30);
+    let denied = h.redis(&c()).unwrap();
     assert_eq!(denied[..3], [0, 0, denied[3] + MAX]);
 }
 
@@ -98,7 +261,7 @@ fn block_above_capacity_is_never_granted_and_writes_nothing() {
 fn invalid_arguments_are_named_and_write_nothing() {
     let mut h = Harness::start();
     let twin = MemoryStore::default();
-    let base = ["20000", "2000", "1000", "5000", "4", "5000"];
+    let base = ["20000", "2000", "1000", "5000", "4", "5000", "30000"];
     let names = [
         "capacity",
         "refill",
@@ -106,6 +269,7 @@ fn invalid_arguments_are_named_and_write_nothing() {
         "block",
         "gateways",
         "slack_ms",
+        "lease_ttl_ms",
     ];
     let check = |h: &mut Harness, c: &ScriptCall, name: &str| {
         let want = Err(ScriptError::InvalidArgument(name.to_string()));
@@ -114,7 +278,9 @@ fn invalid_arguments_are_named_and_write_nothing() {
         assert!(!h.exists(KEY), "{c:?}");
     };
     let build = |args: &[&str]| {
-        let mut c = ScriptCall::new(ScriptKind::LeaseBlock).key(KEY);
+        let mut c = ScriptCall::new(ScriptKind::LeaseBlock)
+            .key(KEY)
+            .key("lh:v1:{t}:_lease:b:args");
         for a in args {
             c = c.arg(a);
         }
@@ -147,11 +313,20 @@ fn invalid_arguments_are_named_and_write_nothing() {
     check(&mut h, &build(&args), "capacity");
     // Too few arguments: the first missing one is named.
     check(&mut h, &build(&base[..4]), "gateways");
+    check(&mut h, &build(&base[..6]), "lease_ttl_ms");
+    // The record must be a key of its own.
+    let mut c = build(&base);
+    c.keys.pop();
+    check(&mut h, &c, "keys");
+    c.keys.push(KEY.into());
+    check(&mut h, &c, "keys");
 }
 
 #[derive(Debug, Clone)]
 enum Step {
     Lease {
+        /// Index of a lease id: a few, so an id in use comes up.
+        lease: u8,
         capacity: u64,
         refill: u64,
         period: u64,
@@ -171,9 +346,9 @@ fn step() -> impl Strategy<Value = Step> {
               1u64..5_000, prop::sample::select(vec![1u64, 10, 100, 1_000]),
               // Mostly a fraction of the capacity; now and then more (never).
               prop_oneof![12 => 1..=capacity / 2, 1 => capacity + 1..capacity + 5_000],
-              prop_oneof![1u64..8, 1_000u64..=1_024], 0u64..2_000))
-            .prop_map(|(capacity, refill, period, block, gateways, slack)| Step::Lease {
-                capacity, refill, period, block, gateways, slack,
+              prop_oneof![1u64..8, 1_000u64..=1_024], 0u64..2_000, 0u8..12))
+            .prop_map(|(capacity, refill, period, block, gateways, slack, lease)| Step::Lease {
+                lease, capacity, refill, period, block, gateways, slack,
             }),
         1 => (0u64..15).prop_map(|ms| Step::Idle { ms }),
     ]
@@ -193,25 +368,45 @@ proptest! {
             h.flushall();
             let twin = MemoryStore::default();
             let mut last_now = 0;
+            // Lease id → the block its live record holds (records outlive the test).
+            let mut taken = std::collections::HashMap::new();
             for step in &steps {
                 match step {
                     Step::Idle { ms } => std::thread::sleep(std::time::Duration::from_millis(*ms)),
-                    &Step::Lease { capacity, refill, period, block, gateways, slack } => {
-                        let c = call(KEY, capacity, refill, period, block, gateways, slack);
-                        let before = h.hgetall(KEY);
-                        let r = differential(h, &twin, &c, &mut last_now).unwrap();
+                    &Step::Lease { lease, capacity, refill, period, block, gateways, slack } => {
+                        let record = format!("lh:v1:{{t}}:_lease:b:{lease}");
+                        let c = leased(KEY, &record, capacity, refill, period, block, gateways, slack);
+                        let before = (h.hgetall(KEY), get(h, &record));
+                        let r = differential(h, &twin, &c, &mut last_now);
+                        if let Some(&recorded) = taken.get(&lease) {
+                            if recorded == block {
+                                // A retry: the block again, nothing written.
+                                let r = r.unwrap();
+                                assert_eq!((r[0], r[2]), (block as i64, 0), "{r:?}");
+                                assert!(r[1] >= 0 && r[1] <= capacity as i64, "{r:?}");
+                            } else {
+                                assert_eq!(r, Err(ScriptError::Refused {
+                                    field: "lease_id".into(), reason: "taken".into()
+                                }));
+                            }
+                            assert_eq!((h.hgetall(KEY), get(h, &record)), before, "nothing written");
+                            continue;
+                        }
+                        let r = r.unwrap();
                         let (granted, remaining, until, now) = (r[0], r[1], r[2], r[3]);
                         if block > capacity {
                             assert_eq!(r[..3], [0, 0, -1]);
                         } else if granted != 0 {
                             assert_eq!((granted, until), (block as i64, 0), "whole block");
                             assert!(remaining >= 0 && remaining <= (capacity - block) as i64);
+                            assert_eq!(get(h, &record), Some(format!("{block},{}", now + LEASE_TTL_MS as i64)));
+                            taken.insert(lease, block);
                         } else {
                             assert!(remaining < block as i64, "denied with {remaining} ≥ {block}");
                             assert_eq!(until, denied_until(now, block, gateways, refill, period));
                         }
                         if granted == 0 {
-                            assert_eq!(h.hgetall(KEY), before, "a denial writes nothing");
+                            assert_eq!((h.hgetall(KEY), get(h, &record)), before, "a denial writes nothing");
                         }
                     }
                 }

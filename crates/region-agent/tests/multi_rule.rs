@@ -3,6 +3,7 @@
 mod common;
 
 use common::{differential, Harness};
+use leasehold_region_agent::algorithm::multi_rule::request_digest;
 use leasehold_region_agent::memory::MemoryStore;
 use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
 use proptest::prelude::*;
@@ -21,12 +22,18 @@ const USER_KEY: &str = "lh:v1:{atlas}:user-read:u17";
 const TENANT_KEY: &str = "lh:v1:{atlas}:tenant-all:atlas";
 const DECISION_KEY: &str = "lh:v1:{atlas}:decision:r1";
 
+/// The agent's call: the digest is the one it computes over the bucket
+/// keys and costs, so another rule set or cost under one id is another digest.
 fn call(keys: &[&str], slack: u64, decision_ttl: u64, rules: &[(Rate, u64)]) -> ScriptCall {
+    let charges = keys[1..]
+        .iter()
+        .copied()
+        .zip(rules.iter().map(|(_, cost)| *cost));
     let mut c = ScriptCall::new(ScriptKind::MultiRule);
     for k in keys {
         c = c.key(*k);
     }
-    c = c.arg(slack).arg(decision_ttl);
+    c = c.arg(slack).arg(decision_ttl).arg(request_digest(charges));
     for ((capacity, refill, period), cost) in rules {
         c = c.arg(capacity).arg(refill).arg(period).arg(cost);
     }
@@ -190,8 +197,8 @@ fn replayed_decision_id_returns_the_same_reply_and_debits_once() {
     assert_eq!(tokens(&mut h, USER_KEY).as_deref(), Some("19000"));
     assert_eq!(tokens(&mut h, TENANT_KEY).as_deref(), Some("17000"));
     assert_eq!(
-        get(&mut h, DECISION_KEY).as_deref(),
-        Some("1,0,0,19000,17000")
+        get(&mut h, DECISION_KEY),
+        Some(format!("{}:1,0,0,19000,17000", c.args[2]))
     );
     let (ttl, slip) = h.ttl_set_at(DECISION_KEY, first[5]);
     assert!(ttl >= 600_000 && ttl <= 600_000 + slip, "record TTL {ttl}");
@@ -216,8 +223,8 @@ fn replayed_denial_stays_denied_and_touches_nothing() {
     let denied = h.redis(&c).unwrap();
     assert_eq!(denied[..4], [0, 1, 1_000_000_000, 0]);
     assert_eq!(
-        get(&mut h, DECISION_KEY).as_deref(),
-        Some("0,1,1000000000,0")
+        get(&mut h, DECISION_KEY),
+        Some(format!("{}:0,1,1000000000,0", c.args[2]))
     );
     // The bucket is refilled behind the record's back: the replay still denies.
     seed(&mut h, USER_KEY, 20_000);
@@ -242,40 +249,110 @@ fn without_a_decision_ttl_the_record_key_is_neither_read_nor_written() {
     assert_eq!(get(&mut h, DECISION_KEY).as_deref(), Some("not a record"));
 }
 
+/// A reused decision id: refused by both, nothing read or written.
+fn assert_reused(h: &mut Harness, twin: &MemoryStore, c: &ScriptCall, last: &mut i64) {
+    let keys: Vec<String> = c.keys.clone();
+    let before: Vec<_> = keys[1..].iter().map(|k| h.hash_with_expiry(k)).collect();
+    let record = get(h, DECISION_KEY);
+    assert_eq!(
+        differential(h, twin, c, last),
+        Err(ScriptError::Refused {
+            field: "request_id".into(),
+            reason: "reused".into()
+        }),
+        "{c:?}"
+    );
+    for (key, before) in keys[1..].iter().zip(&before) {
+        before.assert_untouched(&h.hash_with_expiry(key), key);
+    }
+    assert_eq!(get(h, DECISION_KEY), record, "record unchanged");
+}
+
 #[test]
-fn malformed_or_mismatched_record_is_refused_by_both() {
+fn reused_decision_id_with_other_content_is_refused_and_charges_nothing() {
     let mut h = Harness::start();
     let twin = MemoryStore::default();
     let mut last = 0;
-    // A record for one rule, replayed with two rules under the same id.
-    let one = call(&[DECISION_KEY, USER_KEY], 0, 600_000, &[(FROZEN, 1_000)]);
-    differential(&mut h, &twin, &one, &mut last).unwrap();
-    let two = call(
+    let other_user = "lh:v1:{atlas}:user-read:u18";
+    let first = call(
         &[DECISION_KEY, USER_KEY, TENANT_KEY],
         0,
         600_000,
         &[(FROZEN, 1_000), (FROZEN, 1_000)],
     );
+    let allowed = differential(&mut h, &twin, &first, &mut last).unwrap();
+    assert_eq!(allowed[..5], [1, 0, 0, 19_000, 19_000]);
+    // Another principal, another cost, another rule set, the rules in
+    // another order: each refused, no bucket (not even a fresh one) written.
+    for reused in [
+        call(
+            &[DECISION_KEY, other_user, TENANT_KEY],
+            0,
+            600_000,
+            &[(FROZEN, 1_000), (FROZEN, 1_000)],
+        ),
+        call(
+            &[DECISION_KEY, USER_KEY, TENANT_KEY],
+            0,
+            600_000,
+            &[(FROZEN, 1_000), (FROZEN, 2_000)],
+        ),
+        call(&[DECISION_KEY, USER_KEY], 0, 600_000, &[(FROZEN, 1_000)]),
+        call(
+            &[DECISION_KEY, TENANT_KEY, USER_KEY],
+            0,
+            600_000,
+            &[(FROZEN, 1_000), (FROZEN, 1_000)],
+        ),
+    ] {
+        assert_reused(&mut h, &twin, &reused, &mut last);
+    }
+    assert!(!h.exists(other_user));
+    assert_eq!(tokens(&mut h, USER_KEY).as_deref(), Some("19000"));
+    assert_eq!(tokens(&mut h, TENANT_KEY).as_deref(), Some("19000"));
+    // The same content still replays the stored answer.
+    let replay = differential(&mut h, &twin, &first, &mut last).unwrap();
+    assert_eq!(replay[..5], allowed[..5]);
+}
+
+#[test]
+fn malformed_record_is_refused_by_both() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let one = call(&[DECISION_KEY, USER_KEY], 0, 600_000, &[(FROZEN, 1_000)]);
+    differential(&mut h, &twin, &one, &mut last).unwrap();
     let before = h.hgetall(USER_KEY);
-    assert_eq!(
-        differential(&mut h, &twin, &two, &mut last),
-        Err(ScriptError::InvalidArgument("decision_record".into()))
-    );
-    assert_eq!(h.hgetall(USER_KEY), before);
-    assert!(!h.exists(TENANT_KEY));
-    for garbage in [
+    let digest = one.args[2].clone();
+    let garbage: Vec<String> = [
         "",
         "1,0,0,x",
         "1,0,0,1e3",
         "1,,0,5",
         "1,0,0,99999999999999999",
-    ] {
+        "1,0,0,5,6",
+    ]
+    .iter()
+    .map(|body| format!("{digest}:{body}"))
+    .chain(
+        // No digest (the record format before digests), a short or
+        // upper-case one.
+        [
+            "1,0,0,5",
+            ":1,0,0,5",
+            "0123:1,0,0,5",
+            &format!("{}:1,0,0,5", digest.to_uppercase()),
+        ]
+        .map(String::from),
+    )
+    .collect();
+    for garbage in garbage {
         redis::cmd("SET")
             .arg(DECISION_KEY)
-            .arg(garbage)
+            .arg(&garbage)
             .exec(&mut h.conn)
             .unwrap();
-        twin.with_keyspace(|s| s.set(DECISION_KEY, garbage.to_string(), None, 0));
+        twin.with_keyspace(|s| s.set(DECISION_KEY, garbage.clone(), None, 0));
         assert_eq!(
             differential(&mut h, &twin, &one, &mut last),
             Err(ScriptError::InvalidArgument("decision_record".into())),
@@ -301,11 +378,22 @@ fn invalid_arguments_are_named_and_change_nothing() {
     let twin = MemoryStore::default();
     let keys = [DECISION_KEY, USER_KEY, TENANT_KEY];
     let base = [
-        "5000", "600000", "20000", "2000", "1000", "1000", "1000000", "1000000", "60000", "1000",
+        "5000",
+        "600000",
+        "0123456789abcdef0123456789abcdef",
+        "20000",
+        "2000",
+        "1000",
+        "1000",
+        "1000000",
+        "1000000",
+        "60000",
+        "1000",
     ];
     let names = [
         "slack_ms",
         "decision_ttl_ms",
+        "request_digest",
         "capacity",
         "refill",
         "period_ms",
@@ -343,8 +431,21 @@ fn invalid_arguments_are_named_and_change_nothing() {
         assert_eq!(h.redis(c), want, "redis {c:?}");
         assert_eq!(twin.eval_at(c, 0).map(|r| r.values), want, "twin {c:?}");
     };
+    const BAD_DIGESTS: [&str; 6] = [
+        "",
+        "0123456789abcdef",
+        "0123456789ABCDEF0123456789ABCDEF",
+        "0123456789abcdef0123456789abcdef0",
+        "0123456789abcdeg0123456789abcdef",
+        "0123456789abcdef 123456789abcdef",
+    ];
     for (i, name) in names.iter().enumerate() {
-        for bad in bads(i >= 2) {
+        let bad_values = if i == 2 {
+            BAD_DIGESTS.to_vec()
+        } else {
+            bads(i >= 3)
+        };
+        for bad in bad_values {
             let mut args = base;
             args[i] = bad;
             check(&mut h, &build(&keys, &args), name);
@@ -353,21 +454,21 @@ fn invalid_arguments_are_named_and_change_nothing() {
     }
     // capacity × period > 2^52, in either rule (2^40 × 2^40 must not overflow).
     let mut args = base;
-    (args[2], args[4]) = ("1099511627776", "8192");
+    (args[3], args[5]) = ("1099511627776", "8192");
     check(&mut h, &build(&keys, &args), "capacity");
     let mut args = base;
-    (args[6], args[8]) = ("1099511627776", "1099511627776");
+    (args[7], args[9]) = ("1099511627776", "1099511627776");
     check(&mut h, &build(&keys, &args), "capacity");
     // Rule count: none, nine, ARGV one short or one long.
-    check(&mut h, &build(&[DECISION_KEY], &base[..2]), "rules");
+    check(&mut h, &build(&[DECISION_KEY], &base[..3]), "rules");
     let nine: Vec<String> = (0..10).map(|i| format!("lh:v1:{{atlas}}:k{i}")).collect();
     let nine: Vec<&str> = nine.iter().map(String::as_str).collect();
-    let mut nine_args = vec!["0", "0"];
+    let mut nine_args = vec!["0", "0", base[2]];
     for _ in 0..9 {
         nine_args.extend(["10", "1", "1", "1"]);
     }
     check(&mut h, &build(&nine, &nine_args), "rules");
-    check(&mut h, &build(&keys, &base[..9]), "rules");
+    check(&mut h, &build(&keys, &base[..10]), "rules");
     let mut long = base.to_vec();
     long.push("1");
     check(&mut h, &build(&keys, &long), "rules");
@@ -388,7 +489,7 @@ fn invalid_arguments_are_named_and_change_nothing() {
     // the denial is recorded under its own decision id.
     let never_key = "lh:v1:{atlas}:decision:never";
     let mut args = base;
-    args[9] = "1000001";
+    args[10] = "1000001";
     let never = h
         .redis(&build(&[never_key, USER_KEY, TENANT_KEY], &args))
         .unwrap();
@@ -456,9 +557,9 @@ fn step() -> impl Strategy<Value = Step> {
 
 fn to_call(rules: &[Rule], slack: u64, decision: Option<u8>) -> ScriptCall {
     let record = match decision {
-        // The rule count in the id: a replay always finds a record of its
-        // shape (the mismatch has its own test).
-        Some(id) => format!("lh:v1:{{t}}:decision:{}:{id}", rules.len()),
+        // A few ids shared by calls of any rule set: a reuse with other
+        // rules or costs is refused, the same content replayed.
+        Some(id) => format!("lh:v1:{{t}}:decision:{id}"),
         None => "lh:v1:{t}:decision:none".to_string(),
     };
     let buckets: Vec<String> = rules
@@ -500,6 +601,12 @@ proptest! {
                 };
                 let buckets: Vec<_> = c.keys[1..].iter().map(|k| h.hash_with_expiry(k)).collect();
                 let reply = differential(h, &twin, &c, &mut last_now);
+                if let Err(ScriptError::Refused { .. }) = &reply {
+                    // A reused id writes no bucket either.
+                    for (key, before) in c.keys[1..].iter().zip(&buckets) {
+                        before.assert_untouched(&h.hash_with_expiry(key), key);
+                    }
+                }
                 if let Ok(values) = &reply {
                     assert_eq!(values.len(), c.keys.len() + 3);
                     if values[0] == 0 {

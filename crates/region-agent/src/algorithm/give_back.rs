@@ -1,15 +1,22 @@
-//! Twin of `lua/give_back.lua`: return a lease's unused millitokens to its
-//! token bucket, never above capacity, once per lease id.
+//! Twin of `lua/give_back.lua`: return unused millitokens of a recorded
+//! block lease to its token bucket — never above capacity, never more than
+//! the block, once per lease.
 //!
-//! KEYS = bucket hash {tokens, ts}, give-back record key (same hash tag).
-//! ARGV = capacity, refill, period_ms, tokens ([0, 2^40]), slack_ms,
-//! record_ttl_ms ([1, 2^40]). Reply `{added, tokens_after, replayed,
-//! now_ms}`. A first give-back refills, adds min(tokens, capacity − current),
-//! writes the bucket (TTL = full refill + slack) and SETs the record to the
-//! added amount (PX record_ttl_ms); when the record exists it is a replay:
-//! added 0, replayed 1, nothing written, tokens_after = the refilled tokens.
+//! KEYS = bucket hash {tokens, ts}, the lease record `lease_block` wrote
+//! (same hash tag). ARGV = capacity, refill, period_ms, tokens ([0, 2^40]),
+//! slack_ms. Reply `{added, tokens_after, replayed, now_ms}`.
+//!
+//! Refused, nothing written ([`ScriptError::Refused`]): no live record
+//! (`lease_id unknown`: missing, or now past its `expires_at_ms`); given
+//! back before with another amount (`lease_id returned`); more than the
+//! block (`tokens above_block`). A first give-back refills, adds
+//! min(tokens, capacity − current), writes the bucket (TTL = full refill +
+//! slack) and marks the record with the amount offered (its expiry kept); the
+//! same amount again is a replay: added 0, replayed 1, nothing written,
+//! tokens_after = the refilled tokens.
 
 use super::bucket::{self, BucketParams, BucketState};
+use super::lease_block::{load_record, refused, LeaseRecord};
 use crate::args;
 use crate::keyspace::Keyspace;
 use crate::script::ScriptError;
@@ -19,11 +26,33 @@ use crate::script::ScriptError;
 pub struct GiveBackDecision {
     pub added_millitokens: u64,
     pub tokens_after_millitokens: u64,
-    /// The lease id's record already existed: nothing was added.
+    /// The lease was already given back with this amount: nothing was added.
     pub replayed: bool,
 }
 
-/// Pure decision. Keeps "never above capacity" and "once per lease id":
+/// Whether `give_millitokens` may go back under `record` at `now_ms`: the
+/// refusal otherwise, in the script's order (live, once, at most the block).
+pub fn admit(
+    record: Option<LeaseRecord>,
+    give_millitokens: u64,
+    now_ms: i64,
+) -> Result<LeaseRecord, ScriptError> {
+    let record = record
+        .filter(|r| r.live_at(now_ms))
+        .ok_or_else(|| refused("lease_id", "unknown"))?;
+    if record
+        .returned_millitokens
+        .is_some_and(|returned| returned != give_millitokens)
+    {
+        return Err(refused("lease_id", "returned"));
+    }
+    if give_millitokens > record.granted_millitokens {
+        return Err(refused("tokens", "above_block"));
+    }
+    Ok(record)
+}
+
+/// Pure decision. Keeps "never above capacity" and "once per lease":
 /// returns the state to store (None on a replay: write nothing).
 pub fn decide(
     stored: Option<BucketState>,
@@ -66,14 +95,14 @@ pub fn eval(
     let params = BucketParams::parse(argv, 0)?;
     let give = args::non_negative("tokens", argv.get(3))?;
     let slack = args::non_negative("slack_ms", argv.get(4))?;
-    let record_ttl = args::positive("record_ttl_ms", argv.get(5))?;
     let [bucket_key, record_key] = keys else {
         return Err(ScriptError::InvalidArgument("keys".into()));
     };
     if bucket_key == record_key {
         return Err(ScriptError::InvalidArgument("keys".into()));
     }
-    let already_given = space.exists(record_key, now_ms);
+    let record = admit(load_record(space, record_key, now_ms)?, give, now_ms)?;
+    let already_given = record.returned_millitokens.is_some();
     let stored = bucket::load(space, bucket_key, now_ms)?;
     let (decision, write) = decide(stored, &params, give, already_given, now_ms);
     if let Some(state) = write {
@@ -84,12 +113,11 @@ pub fn eval(
             params.full_refill_ms() + slack,
             now_ms,
         )?;
-        space.set(
-            record_key,
-            decision.added_millitokens.to_string(),
-            Some(record_ttl as i64),
-            now_ms,
-        );
+        let marked = LeaseRecord {
+            returned_millitokens: Some(give),
+            ..record
+        };
+        space.set_keep_ttl(record_key, marked.text(), now_ms);
     }
     Ok(vec![
         decision.added_millitokens as i64,
@@ -147,6 +175,35 @@ mod tests {
         assert!(write.is_none());
     }
 
+    const LEASE: LeaseRecord = LeaseRecord {
+        granted_millitokens: 5_000,
+        expires_at_ms: 1_000,
+        returned_millitokens: None,
+    };
+
+    #[test]
+    fn only_a_live_lease_within_its_block_is_admitted_once() {
+        assert_eq!(admit(Some(LEASE), 5_000, 1_000), Ok(LEASE));
+        assert_eq!(admit(None, 1, 0), Err(refused("lease_id", "unknown")));
+        assert_eq!(
+            admit(Some(LEASE), 1, 1_001),
+            Err(refused("lease_id", "unknown"))
+        );
+        assert_eq!(
+            admit(Some(LEASE), 5_001, 0),
+            Err(refused("tokens", "above_block"))
+        );
+        let returned = LeaseRecord {
+            returned_millitokens: Some(300),
+            ..LEASE
+        };
+        assert_eq!(admit(Some(returned), 300, 0), Ok(returned));
+        assert_eq!(
+            admit(Some(returned), 301, 0),
+            Err(refused("lease_id", "returned"))
+        );
+    }
+
     fn call(capacity: u64, tokens: u64, slack: u64) -> ScriptCall {
         ScriptCall::new(ScriptKind::GiveBack)
             .key("k")
@@ -156,9 +213,10 @@ mod tests {
             .arg(1_000)
             .arg(tokens)
             .arg(slack)
-            .arg(1u64 << 40)
     }
 
+    /// The bucket at `tokens` stamped `ts`, and a live lease of a whole
+    /// bucket (20,000) under "rec".
     fn seed(store: &MemoryStore, tokens: u64, ts: i64) {
         store.with_keyspace(|s| {
             s.hset(
@@ -166,7 +224,13 @@ mod tests {
                 &[("tokens", tokens.to_string()), ("ts", ts.to_string())],
                 ts,
             )
-            .unwrap()
+            .unwrap();
+            let lease = LeaseRecord {
+                granted_millitokens: 20_000,
+                expires_at_ms: i64::MAX >> 12,
+                returned_millitokens: None,
+            };
+            s.set("rec", lease.text(), None, ts);
         });
     }
 
@@ -208,10 +272,47 @@ mod tests {
             vec![0, 5_000, 0, 0]
         );
         assert_eq!(stored(&store, 0)[0].as_deref(), Some("5000"));
-        // The same record key again: a replay, nothing added.
+        // The same lease and amount again: a replay, nothing added.
         assert_eq!(
             store.eval_at(&call(20_000, 1_000, 0), 0).unwrap().values,
             vec![0, 5_000, 1, 0]
+        );
+    }
+
+    #[test]
+    fn refused_give_backs_write_nothing() {
+        let store = MemoryStore::default();
+        seed(&store, 1_000, 0);
+        let before = store.with_keyspace(|s| s.clone());
+        assert_eq!(
+            store.eval_at(&call(20_000, 20_001, 0), 0),
+            Err(refused("tokens", "above_block"))
+        );
+        let unknown = call(20_000, 1, 0);
+        let unknown = ScriptCall {
+            keys: vec!["k".into(), "other".into()],
+            ..unknown
+        };
+        assert_eq!(
+            store.eval_at(&unknown, 0),
+            Err(refused("lease_id", "unknown"))
+        );
+        store.with_keyspace(|s| s.set("rec", "garbage".into(), None, 0));
+        assert_eq!(
+            store.eval_at(&call(20_000, 1, 0), 0),
+            Err(ScriptError::InvalidArgument("lease_record".into()))
+        );
+        store.with_keyspace(|s| {
+            s.set(
+                "rec",
+                before.clone().get("rec", 0).unwrap().unwrap(),
+                None,
+                0,
+            )
+        });
+        assert_eq!(
+            store.with_keyspace(|s| s.hmget("k", &["tokens", "ts"], 0).unwrap()),
+            before.clone().hmget("k", &["tokens", "ts"], 0).unwrap()
         );
     }
 }

@@ -1,11 +1,20 @@
 //! Twin of `lua/lease_block.lua`: grant a gateway a whole block of B
-//! millitokens from one token bucket, or nothing — never a partial block.
+//! millitokens from one token bucket, or nothing — never a partial block —
+//! and record the grant under the lease id in the same call.
 //!
-//! KEYS = bucket hash {tokens, ts}. ARGV = capacity, refill, period_ms,
-//! block (B), gateways (N, [1, 1024]), slack_ms. Reply `{granted, remaining,
+//! KEYS = bucket hash {tokens, ts}, lease record (same hash tag). ARGV =
+//! capacity, refill, period_ms, block (B), gateways (N, [1, 1024]),
+//! slack_ms, lease_ttl_ms ([1, 2^40]). Reply `{granted, remaining,
 //! denied_until_ms, now_ms}`: granted = B or 0; denied_until_ms = 0 when
 //! granted, now + min(N × ceil(B × period / refill), 2^40) when not, and -1
-//! when B > capacity (never; nothing read or written).
+//! when B > capacity (never; no bucket read or written).
+//!
+//! A grant SETs the record to [`LeaseRecord`] `{B, now + lease_ttl_ms}`,
+//! expiring at that instant, so `give_back` accepts only what was leased.
+//! A lease id whose record is live is one block: a retry of it (the same
+//! block, not yet given back — the gateway lost the answer) gets the block
+//! again, charged once, nothing written; anything else under that id is
+//! refused (`Refused { lease_id, taken }`) before anything is charged.
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
@@ -14,6 +23,84 @@ use crate::script::ScriptError;
 
 /// Most gateways a block may be shared among.
 pub const MAX_GATEWAYS: u64 = 1024;
+
+/// Largest `expires_at_ms` a lease record may hold: 2^53 − 1, so the text
+/// is parsed exactly by Lua (tonumber of a larger one may round down).
+pub const MAX_EXPIRES_AT_MS: u64 = (1 << 53) - 1;
+
+/// A block lease as recorded: `"granted,expires_at_ms"`, and once given back
+/// `"granted,expires_at_ms,returned"` (the amount offered back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The whole block, in [1, 2^40].
+    pub granted_millitokens: u64,
+    /// Last store instant at which the block may be given back.
+    pub expires_at_ms: i64,
+    /// What was given back, in [0, 2^40]; None while not given back.
+    pub returned_millitokens: Option<u64>,
+}
+
+impl LeaseRecord {
+    /// Parses a record as `lh_lease_record` does: two or three fields of
+    /// ASCII digits separated by ',', each within its range; None otherwise.
+    pub fn parse(text: &str) -> Option<LeaseRecord> {
+        let fields: Vec<String> = text.split(',').map(str::to_string).collect();
+        if !(2..=3).contains(&fields.len()) {
+            return None;
+        }
+        let granted = args::positive("granted", fields.first()).ok()?;
+        let expires_at = args::int("expires_at", fields.get(1), 0, MAX_EXPIRES_AT_MS).ok()?;
+        let returned = match fields.get(2) {
+            Some(_) => Some(args::non_negative("returned", fields.get(2)).ok()?),
+            None => None,
+        };
+        Some(LeaseRecord {
+            granted_millitokens: granted,
+            expires_at_ms: expires_at as i64,
+            returned_millitokens: returned,
+        })
+    }
+
+    /// The record's text, as the scripts write it.
+    pub fn text(&self) -> String {
+        match self.returned_millitokens {
+            Some(returned) => format!(
+                "{},{},{returned}",
+                self.granted_millitokens, self.expires_at_ms
+            ),
+            None => format!("{},{}", self.granted_millitokens, self.expires_at_ms),
+        }
+    }
+
+    /// Whether the lease may still be given back at `now_ms` (Redis's rule
+    /// for expiry: gone only once now is past the instant).
+    pub fn live_at(&self, now_ms: i64) -> bool {
+        now_ms <= self.expires_at_ms
+    }
+}
+
+/// Reads the lease record at `key`: None when missing; a record that does
+/// not parse is `InvalidArgument("lease_record")`.
+pub fn load_record(
+    space: &mut Keyspace,
+    key: &str,
+    now_ms: i64,
+) -> Result<Option<LeaseRecord>, ScriptError> {
+    match space.get(key, now_ms).map_err(bucket::wrong_type)? {
+        None => Ok(None),
+        Some(text) => LeaseRecord::parse(&text)
+            .map(Some)
+            .ok_or_else(|| ScriptError::InvalidArgument("lease_record".into())),
+    }
+}
+
+/// The refusal of a well-formed request, as `lh_refused` words it.
+pub fn refused(field: &str, reason: &str) -> ScriptError {
+    ScriptError::Refused {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
 
 /// The decision of one lease_block call (before `now_ms` is appended).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,9 +170,25 @@ pub fn eval(
     let block = args::positive("block", argv.get(3))?;
     let gateways = args::int("gateways", argv.get(4), 1, MAX_GATEWAYS)?;
     let slack = args::non_negative("slack_ms", argv.get(5))?;
-    let [key] = keys else {
-        return Err(ScriptError::InvalidArgument("key".into()));
+    let lease_ttl = args::positive("lease_ttl_ms", argv.get(6))?;
+    let [key, record_key] = keys else {
+        return Err(ScriptError::InvalidArgument("keys".into()));
     };
+    if key == record_key {
+        return Err(ScriptError::InvalidArgument("keys".into()));
+    }
+    if let Some(record) = load_record(space, record_key, now_ms)?.filter(|r| r.live_at(now_ms)) {
+        if record.returned_millitokens.is_some() || record.granted_millitokens != block {
+            return Err(refused("lease_id", "taken"));
+        }
+        let state = BucketState::refilled(bucket::load(space, key, now_ms)?, &params, now_ms);
+        return Ok(vec![
+            block as i64,
+            state.tokens_millitokens as i64,
+            0,
+            now_ms,
+        ]);
+    }
     let stored = if block > params.capacity_millitokens {
         None
     } else {
@@ -94,6 +197,12 @@ pub fn eval(
     let (decision, write) = decide(stored, &params, block, gateways, now_ms);
     if let Some(state) = write {
         bucket::store(space, key, state, params.full_refill_ms() + slack, now_ms)?;
+        let record = LeaseRecord {
+            granted_millitokens: block,
+            expires_at_ms: now_ms + lease_ttl as i64,
+            returned_millitokens: None,
+        };
+        space.set(record_key, record.text(), Some(lease_ttl as i64), now_ms);
     }
     Ok(vec![
         decision.granted_millitokens as i64,
@@ -177,15 +286,111 @@ mod tests {
         assert!(write.is_none());
     }
 
+    /// A call under a fresh lease id each time (a counter), so repeated
+    /// grants are not refused as a taken lease id.
     fn call(capacity: u64, block: u64, slack: u64) -> ScriptCall {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ScriptCall::new(ScriptKind::LeaseBlock)
             .key("k")
+            .key(format!("lease-{id}"))
             .arg(capacity)
             .arg(2_000)
             .arg(1_000)
             .arg(block)
             .arg(2)
             .arg(slack)
+            .arg(30_000)
+    }
+
+    #[test]
+    fn a_grant_is_recorded_under_its_lease_id_and_the_id_is_then_taken() {
+        let store = MemoryStore::default();
+        // Slack 2^40: the bucket outlives the record, so its tokens show.
+        let c = call(20_000, 8_000, 1 << 40);
+        assert_eq!(
+            store.eval_at(&c, 100).unwrap().values,
+            vec![8_000, 12_000, 0, 100]
+        );
+        let record = store.with_keyspace(|s| load_record(s, &c.keys[1], 100).unwrap());
+        assert_eq!(
+            record,
+            Some(LeaseRecord {
+                granted_millitokens: 8_000,
+                expires_at_ms: 30_100,
+                returned_millitokens: None
+            })
+        );
+        // The same lease again while its record lives: the block again,
+        // charged once (remaining is the refilled bucket, nothing written).
+        assert_eq!(
+            store.eval_at(&c, 200).unwrap().values,
+            vec![8_000, 12_200, 0, 200]
+        );
+        assert_eq!(stored(&store, 200)[0].as_deref(), Some("12000"));
+        // Another block under that id: refused, nothing charged.
+        let other = ScriptCall {
+            args: call(20_000, 1_000, 1 << 40).args,
+            ..c.clone()
+        };
+        assert_eq!(
+            store.eval_at(&other, 30_100),
+            Err(refused("lease_id", "taken"))
+        );
+        assert_eq!(stored(&store, 30_100)[0].as_deref(), Some("12000"));
+        // Once given back, the id is spent for the record's life.
+        store.with_keyspace(|s| {
+            let returned = LeaseRecord {
+                returned_millitokens: Some(0),
+                ..record.unwrap()
+            };
+            s.set_keep_ttl(&c.keys[1], returned.text(), 300);
+        });
+        assert_eq!(store.eval_at(&c, 300), Err(refused("lease_id", "taken")));
+        // Once the record has expired the id may lease again.
+        assert_eq!(store.eval_at(&c, 30_101).unwrap().values[0], 8_000);
+    }
+
+    #[test]
+    fn a_denied_lease_records_nothing() {
+        let store = MemoryStore::default();
+        let c = call(20_000, 20_001, 0);
+        assert_eq!(store.eval_at(&c, 0).unwrap().values, vec![0, 0, -1, 0]);
+        assert!(!store.with_keyspace(|s| s.exists(&c.keys[1], 0)));
+    }
+
+    #[test]
+    fn lease_record_text_round_trips_and_rejects_malformed_text() {
+        for record in [
+            LeaseRecord {
+                granted_millitokens: 5_000,
+                expires_at_ms: 1_700_000_010_000,
+                returned_millitokens: None,
+            },
+            LeaseRecord {
+                granted_millitokens: 1 << 40,
+                expires_at_ms: 0,
+                returned_millitokens: Some(0),
+            },
+        ] {
+            assert_eq!(LeaseRecord::parse(&record.text()), Some(record));
+        }
+        for bad in [
+            "",
+            "5000",
+            "0,10",
+            "5000,",
+            ",10",
+            "5000,10,",
+            "5000,10,1,2",
+            "5000,-10",
+            "5000,10,x",
+            "5000, 10",
+            "1099511627777,10",
+            "5000,9007199254740992",
+        ] {
+            assert_eq!(LeaseRecord::parse(bad), None, "{bad:?}");
+        }
     }
 
     fn stored(store: &MemoryStore, now: i64) -> Vec<Option<String>> {

@@ -1,14 +1,19 @@
 //! Twin of `lua/multi_rule.lua`: up to [`MAX_RULES`] token buckets sharing
-//! one hash tag, charged all or none, with an optional idempotency record.
+//! one hash tag, charged all or none, with an optional idempotency record
+//! bound to a digest of the request.
 //!
 //! KEYS = decision record, then the n bucket hashes {tokens, ts}. ARGV =
-//! slack_ms, decision_ttl_ms (0 = no record), then capacity, refill,
-//! period_ms, cost per bucket. Reply `{allowed, denied_by, retry_after_ms,
-//! remaining_1 .. remaining_n, now_ms}`; denied_by is the first denying rule
-//! (1-based, 0 = none), retry -1 = some rule can never succeed.
+//! slack_ms, decision_ttl_ms (0 = no record), request_digest (32 lowercase
+//! hex, [`request_digest`]), then capacity, refill, period_ms, cost per
+//! bucket. Reply `{allowed, denied_by, retry_after_ms, remaining_1 ..
+//! remaining_n, now_ms}`; denied_by is the first denying rule (1-based, 0 =
+//! none), retry -1 = some rule can never succeed.
 //!
-//! The record is the decision without `now_ms`, as comma-separated decimal
-//! integers; a replay returns it with the current `now_ms` and touches nothing.
+//! The record is `digest:` then the decision without `now_ms`, as
+//! comma-separated decimal integers. A replay under the same digest returns
+//! it with the current `now_ms` and touches nothing; under another digest
+//! (the id reused with other principals, rules or costs) it is refused with
+//! `Refused { request_id, reused }` and touches nothing either.
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
@@ -25,21 +30,51 @@ pub struct Rule {
     pub cost_millitokens: u64,
 }
 
+/// Length of a request digest in lowercase hex characters (128 bits).
+pub const DIGEST_HEX_LEN: usize = 32;
+
+/// The digest a decision record is bound to: the first 128 bits of
+/// SHA-256 over every (bucket key, cost in millitokens) of the request, in
+/// rule order, each field length-prefixed so no two requests share an
+/// encoding. Bucket keys carry the hash tag, the rule ids and the principal
+/// hashes, so another principal, rule set or cost gives another digest.
+/// Rates are left out on purpose: a retry across a policy reload that only
+/// changed a rate is still the same request.
+pub fn request_digest<'a>(charges: impl IntoIterator<Item = (&'a str, u64)>) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"leasehold-decision-v1");
+    for (key, cost_millitokens) in charges {
+        hasher.update((key.len() as u64).to_be_bytes());
+        hasher.update(key.as_bytes());
+        hasher.update(cost_millitokens.to_be_bytes());
+    }
+    hex::encode(&hasher.finalize()[..DIGEST_HEX_LEN / 2])
+}
+
 /// Validated arguments of one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MultiArgs {
     pub slack_ms: u64,
     /// 0 = no idempotency record.
     pub decision_ttl_ms: u64,
+    /// What a record is bound to (see [`request_digest`]).
+    pub request_digest: String,
     pub rules: Vec<Rule>,
 }
 
+/// A digest as the script accepts it: exactly 32 lowercase hex characters.
+fn is_digest(text: &str) -> bool {
+    text.len() == DIGEST_HEX_LEN && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Validates keys and arguments exactly in the script's order: rule count
-/// (`rules`), distinct keys (`keys`), slack_ms, decision_ttl_ms, then each
-/// rule's capacity, refill, period_ms, cost. Reads no state.
+/// (`rules`), distinct keys (`keys`), slack_ms, decision_ttl_ms,
+/// request_digest, then each rule's capacity, refill, period_ms, cost.
+/// Reads no state.
 pub fn parse(keys: &[String], argv: &[String]) -> Result<MultiArgs, ScriptError> {
     let n = keys.len().saturating_sub(1);
-    if !(1..=MAX_RULES).contains(&n) || argv.len() != 2 + 4 * n {
+    if !(1..=MAX_RULES).contains(&n) || argv.len() != 3 + 4 * n {
         return Err(ScriptError::InvalidArgument("rules".into()));
     }
     for (i, key) in keys.iter().enumerate() {
@@ -49,9 +84,13 @@ pub fn parse(keys: &[String], argv: &[String]) -> Result<MultiArgs, ScriptError>
     }
     let slack_ms = args::non_negative("slack_ms", argv.first())?;
     let decision_ttl_ms = args::non_negative("decision_ttl_ms", argv.get(1))?;
+    let request_digest = argv[2].clone();
+    if !is_digest(&request_digest) {
+        return Err(ScriptError::InvalidArgument("request_digest".into()));
+    }
     let rules = (0..n)
         .map(|i| {
-            let at = 2 + 4 * i;
+            let at = 3 + 4 * i;
             let params = BucketParams::parse(argv, at)?;
             let cost_millitokens = args::positive("cost", argv.get(at + 3))?;
             Ok(Rule {
@@ -63,6 +102,7 @@ pub fn parse(keys: &[String], argv: &[String]) -> Result<MultiArgs, ScriptError>
     Ok(MultiArgs {
         slack_ms,
         decision_ttl_ms,
+        request_digest,
         rules,
     })
 }
@@ -153,21 +193,37 @@ pub fn decide(
     (decision, Some(after))
 }
 
-/// The record's text: the decision's integers joined by commas.
-pub fn record_text(values: &[i64]) -> String {
-    values
+/// The record's text: the digest, ':', then the decision's integers joined
+/// by commas.
+pub fn record_text(digest: &str, values: &[i64]) -> String {
+    let values = values
         .iter()
         .map(|v| v.to_string())
         .collect::<Vec<_>>()
-        .join(",")
+        .join(",");
+    format!("{digest}:{values}")
 }
 
-/// Parses a stored record for `n` rules as the script does: exactly 3 + n
-/// comma-separated integers (optional '-', digits, at most 17 characters,
-/// magnitude ≤ 2^52); anything else is `InvalidArgument("decision_record")`.
-pub fn parse_record(text: &str, n: usize) -> Result<Vec<i64>, ScriptError> {
+/// Parses a stored record for a request of `n` rules under `digest` as the
+/// script does: a 32-hex digest and ':' (else
+/// `InvalidArgument("decision_record")`); another digest is
+/// `Refused { request_id, reused }`; then exactly 3 + n comma-separated
+/// integers (optional '-', digits, at most 17 characters, magnitude ≤ 2^52),
+/// anything else `InvalidArgument("decision_record")`.
+pub fn parse_record(text: &str, digest: &str, n: usize) -> Result<Vec<i64>, ScriptError> {
     let malformed = || ScriptError::InvalidArgument("decision_record".into());
-    let values = text
+    // Lua's '^([0-9a-f]+):(.*)$' takes the longest hex run before the first ':'.
+    let (stored, body) = text.split_once(':').ok_or_else(malformed)?;
+    if !is_digest(stored) {
+        return Err(malformed());
+    }
+    if stored != digest {
+        return Err(ScriptError::Refused {
+            field: "request_id".into(),
+            reason: "reused".into(),
+        });
+    }
+    let values = body
         .split(',')
         .map(|piece| {
             let digits = piece.strip_prefix('-').unwrap_or(piece);
@@ -200,7 +256,7 @@ pub fn eval(
     let bucket_keys = &keys[1..];
     if parsed.decision_ttl_ms > 0 {
         if let Some(prior) = space.get(record_key, now_ms).map_err(bucket::wrong_type)? {
-            let mut values = parse_record(&prior, parsed.rules.len())?;
+            let mut values = parse_record(&prior, &parsed.request_digest, parsed.rules.len())?;
             values.push(now_ms);
             return Ok(values);
         }
@@ -220,7 +276,7 @@ pub fn eval(
     if parsed.decision_ttl_ms > 0 {
         space.set(
             record_key,
-            record_text(&values),
+            record_text(&parsed.request_digest, &values),
             Some(parsed.decision_ttl_ms as i64),
             now_ms,
         );
@@ -304,23 +360,39 @@ mod tests {
         assert!(write.is_none());
     }
 
+    const D: &str = "0123456789abcdef0123456789abcdef";
+    const OTHER: &str = "fedcba9876543210fedcba9876543210";
+
     #[test]
     fn record_round_trips_and_rejects_malformed_text() {
         let values = vec![0, 2, -1, 0, 1 << 40];
-        assert_eq!(parse_record(&record_text(&values), 2), Ok(values));
+        assert_eq!(parse_record(&record_text(D, &values), D, 2), Ok(values));
         for bad in [
             "",
-            "1,0,0",
-            "1,0,0,5,6,7",
-            "1,0,0,,6",
-            "1,0,0,5,x",
-            "1,0,0,5,1e3",
-            "1,0,0,5, 6",
-            "1,0,0,5,+6",
-            "1,0,0,5,4503599627370497",
-        ] {
+            "1,0,0,5,6",
+            ":1,0,0,5,6",
+            "0123456789abcdef:1,0,0,5,6",
+            "0123456789ABCDEF0123456789ABCDEF:1,0,0,5,6",
+            "0123456789abcdef0123456789abcdef0:1,0,0,5,6",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain(
+            [
+                "1,0,0",
+                "1,0,0,5,6,7",
+                "1,0,0,,6",
+                "1,0,0,5,x",
+                "1,0,0,5,1e3",
+                "1,0,0,5, 6",
+                "1,0,0,5,+6",
+                "1,0,0,5:6",
+                "1,0,0,5,4503599627370497",
+            ]
+            .map(|body| format!("{D}:{body}")),
+        ) {
             assert_eq!(
-                parse_record(bad, 2),
+                parse_record(&bad, D, 2),
                 Err(ScriptError::InvalidArgument("decision_record".into())),
                 "{bad:?}"
             );
@@ -328,13 +400,46 @@ mod tests {
     }
 
     #[test]
+    fn record_of_another_request_is_refused_as_reused() {
+        let text = record_text(OTHER, &[1, 0, 0, 5, 6]);
+        assert_eq!(
+            parse_record(&text, D, 2),
+            Err(ScriptError::Refused {
+                field: "request_id".into(),
+                reason: "reused".into()
+            })
+        );
+    }
+
+    #[test]
+    fn digest_changes_with_every_key_and_cost_and_with_their_order() {
+        let base = request_digest([("lh:v1:{t}:r:a", 1_000), ("lh:v1:{t}:s:_", 1_000)]);
+        assert_eq!(base.len(), DIGEST_HEX_LEN);
+        assert!(is_digest(&base));
+        assert_eq!(
+            base,
+            request_digest([("lh:v1:{t}:r:a", 1_000), ("lh:v1:{t}:s:_", 1_000)])
+        );
+        for other in [
+            request_digest([("lh:v1:{t}:r:b", 1_000), ("lh:v1:{t}:s:_", 1_000)]),
+            request_digest([("lh:v1:{t}:r:a", 2_000), ("lh:v1:{t}:s:_", 1_000)]),
+            request_digest([("lh:v1:{t}:r:a", 1_000)]),
+            request_digest([("lh:v1:{t}:s:_", 1_000), ("lh:v1:{t}:r:a", 1_000)]),
+            // Length prefixes: moving bytes between keys changes the digest.
+            request_digest([("lh:v1:{t}:r:a", 1_000), ("lh:v1:{t}:s:", 1_000)]),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
+    #[test]
     fn duplicate_keys_and_bad_rule_counts_are_refused() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let argv = s(&["0", "0", "10", "1", "1", "1"]);
+        let argv = s(&["0", "0", D, "10", "1", "1", "1"]);
         assert_eq!(
             parse(
                 &s(&["d", "a", "a"]),
-                &s(&["0", "0", "10", "1", "1", "1", "10", "1", "1", "1"])
+                &s(&["0", "0", D, "10", "1", "1", "1", "10", "1", "1", "1"])
             ),
             Err(ScriptError::InvalidArgument("keys".into()))
         );
@@ -343,14 +448,29 @@ mod tests {
             Err(ScriptError::InvalidArgument("keys".into()))
         );
         assert_eq!(
-            parse(&s(&["d"]), &s(&["0", "0"])),
+            parse(&s(&["d"]), &s(&["0", "0", D])),
             Err(ScriptError::InvalidArgument("rules".into()))
         );
         assert_eq!(
-            parse(&s(&["d", "a"]), &argv[..5]),
+            parse(&s(&["d", "a"]), &argv[..6]),
             Err(ScriptError::InvalidArgument("rules".into()))
         );
         assert!(parse(&s(&["d", "a"]), &argv).is_ok());
+        let mut bad = argv.clone();
+        for digest in [
+            "",
+            "0123",
+            &D.to_uppercase(),
+            &format!("{D}0"),
+            &D.replace('0', "g"),
+        ] {
+            bad[2] = digest.to_string();
+            assert_eq!(
+                parse(&s(&["d", "a"]), &bad),
+                Err(ScriptError::InvalidArgument("request_digest".into())),
+                "{digest:?}"
+            );
+        }
     }
 
     fn call(keys: &[&str], slack: u64, dec_ttl: u64, rules: &[(u64, u64, u64, u64)]) -> ScriptCall {
@@ -358,7 +478,7 @@ mod tests {
         for k in keys {
             c = c.key(*k);
         }
-        c = c.arg(slack).arg(dec_ttl);
+        c = c.arg(slack).arg(dec_ttl).arg(D);
         for (capacity, refill, period, cost) in rules {
             c = c.arg(capacity).arg(refill).arg(period).arg(cost);
         }

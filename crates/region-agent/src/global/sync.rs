@@ -696,7 +696,11 @@ impl GlobalSync {
         let results = self.store.run_batch(&calls).await;
         let mut index = 0;
         uncredited.retain(|chunk| {
-            let ok = matches!(results.get(index), Some(Ok(_)));
+            // Credited only on a reply of chunk_credit's shape (§8).
+            let ok = matches!(
+                results.get(index),
+                Some(Ok(reply)) if crate::script::reply::chunk_credit(reply).is_ok()
+            );
             if !ok {
                 tracing::warn!(lease_id = %chunk.lease_id, "chunk not yet credited into the store; retrying");
             }
