@@ -254,6 +254,11 @@ pub const MAX_HEADER_LIST_BYTES: u64 = 1 << 20;
 /// The allocator node's default `limits.max_message_bytes`: the 64 MiB its
 /// clients and peers send at most (Inspect replies and raft messages).
 pub const NODE_MAX_MESSAGE_BYTES: u64 = 64 << 20;
+// The default is what the node's own clients send at most.
+const _: () = assert!(
+    NODE_MAX_MESSAGE_BYTES as usize == crate::raft::node::MAX_API_MESSAGE_BYTES
+        && NODE_MAX_MESSAGE_BYTES as usize == crate::raft::network::MAX_RAFT_MESSAGE_BYTES
+);
 
 /// `[limits]`: what one gRPC listener lets a caller hold (the allocator
 /// node's and the agent's). Applied by [`GrpcLimits::server`] and, for the
@@ -1053,6 +1058,23 @@ fallback_allowance_millitokens_per_s = 500000
 
     fn pools_error(text: &str) -> String {
         parse_pools("pools.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn limits_table_is_read_and_defaults_keep_the_peer_message_size() {
+        let config = NodeConfig::parse("n2.toml", GOOD, Path::new(".")).unwrap();
+        assert_eq!(config.limits, GrpcLimits::default());
+        assert_eq!(
+            config.limits.message_bytes(NODE_MAX_MESSAGE_BYTES),
+            64 << 20
+        );
+        let text = format!("{GOOD}\n[limits]\nrequest_timeout_ms = 5\nmax_message_bytes = 8192\n");
+        let config = NodeConfig::parse("n2.toml", &text, Path::new(".")).unwrap();
+        assert_eq!(config.limits.request_timeout_ms, 5);
+        assert_eq!(config.limits.message_bytes(NODE_MAX_MESSAGE_BYTES), 8_192);
+        assert_eq!(config.limits.keepalive_interval_ms, 30_000);
+        let unknown = format!("{GOOD}\n[limits]\nbogus = 1\n");
+        assert!(node_error(&unknown).contains("bogus"));
     }
 
     #[test]
