@@ -3,9 +3,13 @@
 //! (`/metrics`, `/health`). All I/O wiring; no decisions here.
 //!
 //! [`start`] is [`build`] (the decider and the global-pool sync, nothing
-//! running yet), [`grpc_router`] and [`http_router`] served on real TCP
-//! listeners, and [`Built::spawn_background`] (sync tasks, policy file
-//! watch). The simulation uses the same blocks on its own network.
+//! running yet), [`limited_grpc_router`] and [`http_router_limited`] served
+//! on real TCP listeners with the config's `[limits]` and `[http_limits]`
+//! (the HTTP side through hyper's own connection builder, for its head-size
+//! cap and header-read timeout, plus an idle timeout), and
+//! [`Built::spawn_background`] (sync tasks, policy file watch). The
+//! simulation uses the same blocks on its own network, without listener
+//! limits ([`grpc_router`], [`http_router`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
