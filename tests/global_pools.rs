@@ -217,6 +217,7 @@ impl World {
                 sim_unclamped_lease: false,
             }),
             connector: None,
+            limits: Default::default(),
         })
         .await
         .expect("agent starts");

@@ -36,6 +36,15 @@
 //! [[prober.region]]
 //! region = "eu"
 //! health = "http://127.0.0.1:7191/health"
+//!
+//! [limits]                                  # optional, these are the defaults
+//! concurrency_per_connection = 256
+//! max_concurrent_streams = 256
+//! request_timeout_ms = 30000
+//! keepalive_interval_ms = 30000
+//! keepalive_timeout_ms = 10000
+//! max_message_bytes = 67108864
+//! max_header_list_bytes = 16384
 //! ```
 
 use std::collections::BTreeMap;
@@ -220,7 +229,106 @@ pub const NODE_BOUNDS: &[Bound] = &[
     Bound::new("prober.interval_ms", 10, MAX_TIMEOUT_MS),
     Bound::new("prober.timeout_ms", 1, MAX_TIMEOUT_MS),
     Bound::new("prober.failures_to_unhealthy", 1, 1_000),
+    Bound::new("limits.concurrency_per_connection", 1, MAX_STREAMS),
+    Bound::new("limits.max_concurrent_streams", 1, MAX_STREAMS),
+    Bound::new("limits.request_timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("limits.keepalive_interval_ms", 1_000, 3_600_000),
+    Bound::new("limits.keepalive_timeout_ms", 1_000, MAX_TIMEOUT_MS),
+    Bound::new(
+        "limits.max_message_bytes",
+        MIN_MESSAGE_BYTES,
+        MAX_MESSAGE_BYTES,
+    ),
+    Bound::new("limits.max_header_list_bytes", 1_024, MAX_HEADER_LIST_BYTES),
 ];
+
+/// Cap on `limits.concurrency_per_connection` and
+/// `limits.max_concurrent_streams`.
+pub const MAX_STREAMS: u64 = 65_536;
+/// Smallest `limits.max_message_bytes`: below it ordinary replies fail.
+pub const MIN_MESSAGE_BYTES: u64 = 4_096;
+/// Largest `limits.max_message_bytes` (256 MiB).
+pub const MAX_MESSAGE_BYTES: u64 = 256 << 20;
+/// Largest `limits.max_header_list_bytes` (1 MiB).
+pub const MAX_HEADER_LIST_BYTES: u64 = 1 << 20;
+/// The allocator node's default `limits.max_message_bytes`: the 64 MiB its
+/// clients and peers send at most (Inspect replies and raft messages).
+pub const NODE_MAX_MESSAGE_BYTES: u64 = 64 << 20;
+// The default is what the node's own clients send at most.
+const _: () = assert!(
+    NODE_MAX_MESSAGE_BYTES as usize == crate::raft::node::MAX_API_MESSAGE_BYTES
+        && NODE_MAX_MESSAGE_BYTES as usize == crate::raft::network::MAX_RAFT_MESSAGE_BYTES
+);
+
+/// `[limits]`: what one gRPC listener lets a caller hold (the allocator
+/// node's and the agent's). Applied by [`GrpcLimits::server`] and, for the
+/// message size (a per-service setting in tonic), by each service.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcLimits {
+    /// Requests one connection has in its handlers at once; more wait for
+    /// a slot (tower's concurrency limit), so one caller cannot take every
+    /// task.
+    pub concurrency_per_connection: u64,
+    /// HTTP/2 streams one connection may open at once; beyond them the
+    /// client is refused the stream (`REFUSED_STREAM`).
+    pub max_concurrent_streams: u64,
+    /// A handler still running after this long is answered `CANCELLED`.
+    pub request_timeout_ms: u64,
+    /// HTTP/2 PING interval on an idle connection ...
+    pub keepalive_interval_ms: u64,
+    /// ... and how long an unanswered PING waits before the connection is
+    /// closed (a vanished peer frees its connection).
+    pub keepalive_timeout_ms: u64,
+    /// Largest message decoded or encoded; a larger request is refused
+    /// (tonic answers `OUT_OF_RANGE`) before its handler runs. `None`: the listener's
+    /// own default ([`NODE_MAX_MESSAGE_BYTES`] on the node).
+    pub max_message_bytes: Option<u64>,
+    /// Largest HTTP/2 header list (metadata) a request may carry.
+    pub max_header_list_bytes: u64,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        GrpcLimits {
+            concurrency_per_connection: 256,
+            max_concurrent_streams: 256,
+            request_timeout_ms: 30_000,
+            keepalive_interval_ms: 30_000,
+            keepalive_timeout_ms: 10_000,
+            max_message_bytes: None,
+            max_header_list_bytes: 16_384,
+        }
+    }
+}
+
+impl GrpcLimits {
+    /// A tonic server builder with every limit but the message size (set
+    /// per service: see [`GrpcLimits::message_bytes`]).
+    pub fn server(&self) -> tonic::transport::Server {
+        // The bounds (NODE_BOUNDS, AGENT_BOUNDS) keep every value far below
+        // u32::MAX and usize::MAX; saturate rather than trust a hand-built
+        // value.
+        let clamp_u32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        let clamp_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(clamp_usize(self.concurrency_per_connection.max(1)))
+            .max_concurrent_streams(clamp_u32(self.max_concurrent_streams.max(1)))
+            .timeout(Duration::from_millis(self.request_timeout_ms.max(1)))
+            .http2_keepalive_interval(Some(Duration::from_millis(
+                self.keepalive_interval_ms.max(1),
+            )))
+            .http2_keepalive_timeout(Some(Duration::from_millis(
+                self.keepalive_timeout_ms.max(1),
+            )))
+            .http2_max_header_list_size(clamp_u32(self.max_header_list_bytes.max(1)))
+    }
+
+    /// The largest message in bytes, `default` when the file sets none.
+    pub fn message_bytes(&self, default: u64) -> usize {
+        usize::try_from(self.max_message_bytes.unwrap_or(default)).unwrap_or(usize::MAX)
+    }
+}
 
 /// The ranges of one `[[pool]]` table's numbers (paths relative to it).
 /// Within [`crate::config`]'s own ranges (what `CreatePool` accepts), some
@@ -335,6 +443,8 @@ pub struct NodeConfig {
     pub tick_interval_ms: u64,
     pub raft: RaftSettings,
     pub prober: ProberSettings,
+    /// Limits of the node's gRPC listener (`[limits]`).
+    pub limits: GrpcLimits,
 }
 
 // Tables are never `Spanned` here: `toml` has no span for a table the text
@@ -354,6 +464,8 @@ struct RawConfig {
     raft: Option<RaftSettings>,
     #[serde(default)]
     prober: Option<RawProber>,
+    #[serde(default)]
+    limits: GrpcLimits,
 }
 
 fn default_tick_interval_ms() -> u64 {
@@ -500,6 +612,7 @@ impl NodeConfig {
             tick_interval_ms: raw.tick_interval_ms,
             raft,
             prober,
+            limits: raw.limits,
         })
     }
 
@@ -945,6 +1058,23 @@ fallback_allowance_millitokens_per_s = 500000
 
     fn pools_error(text: &str) -> String {
         parse_pools("pools.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn limits_table_is_read_and_defaults_keep_the_peer_message_size() {
+        let config = NodeConfig::parse("n2.toml", GOOD, Path::new(".")).unwrap();
+        assert_eq!(config.limits, GrpcLimits::default());
+        assert_eq!(
+            config.limits.message_bytes(NODE_MAX_MESSAGE_BYTES),
+            64 << 20
+        );
+        let text = format!("{GOOD}\n[limits]\nrequest_timeout_ms = 5\nmax_message_bytes = 8192\n");
+        let config = NodeConfig::parse("n2.toml", &text, Path::new(".")).unwrap();
+        assert_eq!(config.limits.request_timeout_ms, 5);
+        assert_eq!(config.limits.message_bytes(NODE_MAX_MESSAGE_BYTES), 8_192);
+        assert_eq!(config.limits.keepalive_interval_ms, 30_000);
+        let unknown = format!("{GOOD}\n[limits]\nbogus = 1\n");
+        assert!(node_error(&unknown).contains("bogus"));
     }
 
     #[test]

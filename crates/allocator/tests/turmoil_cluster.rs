@@ -55,6 +55,7 @@ fn node_config(id: u64) -> NodeConfig {
         tick_interval_ms: 0,
         raft: sim_net::election_band(&RaftSettings::default(), id - 1),
         prober: ProberSettings::default(),
+        limits: Default::default(),
     }
 }
 

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_allocator::node_config::{
-    check_bounds, check_path_text, read_config_file, Bound, MAX_TIMEOUT_MS, MAX_URL_BYTES,
+    check_bounds, check_path_text, read_config_file, Bound, GrpcLimits, MAX_HEADER_LIST_BYTES,
+    MAX_MESSAGE_BYTES, MAX_STREAMS, MAX_TIMEOUT_MS, MAX_URL_BYTES, MIN_MESSAGE_BYTES,
 };
 use leasehold_config_text::{Lines, Node};
 use leasehold_logging::{quote, quote_with};
@@ -26,6 +27,16 @@ use crate::redis_auth::RedisAuthSettings;
 pub const MAX_IN_FLIGHT: u64 = 1_000_000;
 /// Cap on `fallback.max_keys` (each live bucket is a few hundred bytes).
 pub const MAX_FALLBACK_KEYS: u64 = 10_000_000;
+/// Cap on `store.memory_max_keys` (a key is a few hundred bytes: 100 M keys
+/// is tens of GB, more than an embedded store should hold).
+pub const MAX_MEMORY_KEYS: u64 = 100_000_000;
+/// The agent's default `limits.max_message_bytes`: a Check is a few KiB at
+/// most (inputs are capped far below), a Status reply smaller still.
+pub const AGENT_MAX_MESSAGE_BYTES: u64 = 1 << 20;
+/// Cap on `http_limits.max_header_bytes`.
+pub const MAX_HTTP_HEADER_BYTES: u64 = 1 << 20;
+/// Cap on `http_limits.max_body_bytes`.
+pub const MAX_HTTP_BODY_BYTES: u64 = 16 << 20;
 
 /// The ranges of the agent config's numbers outside `[global]` (see
 /// [`GLOBAL_BOUNDS`] for those), paths from the file's root.
@@ -35,8 +46,24 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("store.max_in_flight", 1, MAX_IN_FLIGHT),
     Bound::new("store.breaker_failures", 1, 1_000),
     Bound::new("store.breaker_open_ms", 1, 600_000),
+    Bound::new("store.memory_max_keys", 1, MAX_MEMORY_KEYS),
     Bound::new("fallback.max_keys", 1, MAX_FALLBACK_KEYS),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
+    Bound::new("limits.concurrency_per_connection", 1, MAX_STREAMS),
+    Bound::new("limits.max_concurrent_streams", 1, MAX_STREAMS),
+    Bound::new("limits.request_timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("limits.keepalive_interval_ms", 1_000, 3_600_000),
+    Bound::new("limits.keepalive_timeout_ms", 1_000, MAX_TIMEOUT_MS),
+    Bound::new(
+        "limits.max_message_bytes",
+        MIN_MESSAGE_BYTES,
+        MAX_MESSAGE_BYTES,
+    ),
+    Bound::new("limits.max_header_list_bytes", 1_024, MAX_HEADER_LIST_BYTES),
+    Bound::new("http_limits.max_header_bytes", 1_024, MAX_HTTP_HEADER_BYTES),
+    Bound::new("http_limits.max_body_bytes", 0, MAX_HTTP_BODY_BYTES),
+    Bound::new("http_limits.header_read_timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("http_limits.idle_timeout_ms", 1, 3_600_000),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -62,6 +89,12 @@ pub struct AgentConfig {
     pub redis: RedisAuthSettings,
     #[serde(default)]
     pub fallback: FallbackSettings,
+    /// Limits of the gRPC listener (`listen`).
+    #[serde(default)]
+    pub limits: GrpcLimits,
+    /// Limits of the HTTP listener (`http_listen`).
+    #[serde(default)]
+    pub http_limits: HttpLimits,
     /// Global pools synced with the allocator (absent: none).
     #[serde(default)]
     pub global: Option<GlobalSettings>,
@@ -79,6 +112,10 @@ pub struct StoreSettings {
     pub max_in_flight: usize,
     pub breaker_failures: u32,
     pub breaker_open_ms: u64,
+    /// Keys the in-memory store (no `redis_url`) holds at most; at the cap
+    /// a call that would add one is refused as a store error (fail modes
+    /// apply). See [`crate::memory`].
+    pub memory_max_keys: usize,
 }
 
 impl Default for StoreSettings {
@@ -89,7 +126,52 @@ impl Default for StoreSettings {
             max_in_flight: 4_096,
             breaker_failures: 5,
             breaker_open_ms: 1_000,
+            memory_max_keys: crate::memory::DEFAULT_MAX_KEYS,
         }
+    }
+}
+
+/// `[http_limits]`: what one caller of `/metrics` and `/health` may hold.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpLimits {
+    /// Largest request head (request line and headers); a larger one is
+    /// answered 431 and the connection closed.
+    pub max_header_bytes: u64,
+    /// Largest request body; a declared larger one is answered 413 (the
+    /// endpoints read no body).
+    pub max_body_bytes: u64,
+    /// A request head not complete this long after the server started
+    /// waiting for it (a new connection, or the next request on a kept-alive
+    /// one) closes the connection: a slow client cannot hold it.
+    pub header_read_timeout_ms: u64,
+    /// A connection on which nothing is read or written this long is closed.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_header_bytes: 16_384,
+            max_body_bytes: 65_536,
+            header_read_timeout_ms: 5_000,
+            idle_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Both listeners' limits, as the server applies them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListenerLimits {
+    pub grpc: GrpcLimits,
+    pub http: HttpLimits,
+}
+
+impl ListenerLimits {
+    /// The gRPC listener's largest message, [`AGENT_MAX_MESSAGE_BYTES`]
+    /// unless `limits.max_message_bytes` is set.
+    pub fn grpc_message_bytes(&self) -> usize {
+        self.grpc.message_bytes(AGENT_MAX_MESSAGE_BYTES)
     }
 }
 
@@ -267,6 +349,30 @@ policy_file = "policy.toml"
         assert_eq!(c.fallback.max_keys, DEFAULT_MAX_KEYS);
         assert!(c.redis_url.is_none());
         assert_eq!(c.file, "eu.toml");
+        assert_eq!(c.store.memory_max_keys, crate::memory::DEFAULT_MAX_KEYS);
+        assert_eq!(c.limits, GrpcLimits::default());
+        assert_eq!(c.http_limits, HttpLimits::default());
+    }
+
+    #[test]
+    fn limits_tables_are_read() {
+        let text = format!(
+            "{GOOD}[store]\nmemory_max_keys = 10\n[limits]\nrequest_timeout_ms = 7\nmax_message_bytes = 8192\n[http_limits]\nidle_timeout_ms = 9\n"
+        );
+        let c = AgentConfig::parse("eu.toml", &text).unwrap();
+        assert_eq!(c.store.memory_max_keys, 10);
+        assert_eq!(c.limits.request_timeout_ms, 7);
+        let limits = ListenerLimits {
+            grpc: c.limits.clone(),
+            http: c.http_limits.clone(),
+        };
+        assert_eq!(limits.grpc_message_bytes(), 8_192);
+        assert_eq!(c.http_limits.idle_timeout_ms, 9);
+        assert_eq!(c.http_limits.max_header_bytes, 16_384);
+        assert_eq!(
+            ListenerLimits::default().grpc_message_bytes(),
+            AGENT_MAX_MESSAGE_BYTES as usize
+        );
     }
 
     #[test]

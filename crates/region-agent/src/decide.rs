@@ -38,6 +38,7 @@ pub(crate) fn store_cause(error: &StoreError) -> &'static str {
         StoreError::NotSent(NotSent::BreakerOpen) => "store.breaker_open",
         StoreError::NotSent(NotSent::InFlightLimit) => "store.in_flight_limit",
         StoreError::NotSent(NotSent::Unreachable(_)) => "store.unreachable",
+        StoreError::NotSent(NotSent::KeyCapReached { .. }) => "store.key_cap",
         StoreError::Script(_) => "store.script",
         StoreError::Ambiguous(_) => "store.ambiguous",
     }
@@ -763,11 +764,11 @@ impl Decider {
             (true, false, _) => "allowed",
             (false, false, _) => "denied",
         };
-        let version = bundle.version.to_string();
         self.metrics
             .decisions
-            .with_label_values(&[outcome, decision.policy_id.as_str(), version.as_str()])
+            .with_label_values(&[outcome, decision.policy_id.as_str()])
             .inc();
+        self.metrics.set_policy_version(bundle.version);
     }
 }
 

@@ -2,6 +2,13 @@
 //! hashes, sorted sets and strings, each key with an optional expiry that is
 //! checked lazily against the time passed in (expired when `now > expires_at`,
 //! as Redis does). The Rust twins of the scripts run on it.
+//!
+//! Lazy expiry alone keeps a key nobody touches again forever, so the
+//! keyspace also keeps an expiry index (deadline order) for an active sweep,
+//! like Redis's expire cycle: [`Keyspace::sweep_expired`] drops at most a
+//! given number of expired keys, earliest deadline first, at the time passed
+//! in — deterministic, and bounded work per step. Sweeping never changes
+//! what a script reads: a key past its deadline is already absent to it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -99,16 +106,66 @@ struct Entry {
 #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
 pub struct WrongType;
 
+/// Some keys' entries as they were (absent ones included), to put back
+/// with [`Keyspace::restore`].
+#[derive(Debug, Clone)]
+pub struct Snapshot(Vec<(String, Option<Entry>)>);
+
 /// The keyspace. Not thread-safe by itself: the store wraps it in a lock so
 /// one script's reads and writes are atomic, as on Redis.
+///
+/// Keeps, for every entry with an expiry, exactly one `(expires_at_ms, key)`
+/// in `expiries` (and none for a persistent entry): every change to
+/// `entries` goes through [`Keyspace::insert_entry`],
+/// [`Keyspace::remove_entry`] or [`Keyspace::set_expiry`].
 #[derive(Debug, Clone, Default)]
 pub struct Keyspace {
     entries: HashMap<String, Entry>,
+    /// Deadline order of the keys that have one, for the active sweep.
+    expiries: BTreeSet<(i64, String)>,
 }
 
 impl Keyspace {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn insert_entry(&mut self, key: &str, entry: Entry) {
+        if let Some(at) = entry.expires_at_ms {
+            self.expiries.insert((at, key.to_string()));
+        }
+        if let Some(old) = self.entries.insert(key.to_string(), entry) {
+            self.forget_expiry(key, old.expires_at_ms);
+        }
+        debug_assert!(self.entries.len() >= self.expiries.len());
+    }
+
+    fn remove_entry(&mut self, key: &str) -> Option<Entry> {
+        let old = self.entries.remove(key)?;
+        self.forget_expiry(key, old.expires_at_ms);
+        Some(old)
+    }
+
+    /// Sets (or clears) an existing entry's deadline; no-op when missing.
+    fn set_expiry(&mut self, key: &str, expires_at_ms: Option<i64>) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let old = std::mem::replace(&mut entry.expires_at_ms, expires_at_ms);
+        self.forget_expiry(key, old);
+        if let Some(at) = expires_at_ms {
+            self.expiries.insert((at, key.to_string()));
+        }
+    }
+
+    /// Removes `key`'s index entry for `old` — unless the key's current
+    /// entry holds that same deadline (a replacement with an equal expiry).
+    fn forget_expiry(&mut self, key: &str, old: Option<i64>) {
+        let Some(at) = old else { return };
+        let current = self.entries.get(key).and_then(|e| e.expires_at_ms);
+        if current != Some(at) {
+            self.expiries.remove(&(at, key.to_string()));
+        }
     }
 
     /// Drops `key` if it has expired at `now_ms`.
@@ -118,14 +175,57 @@ impl Keyspace {
             Some(Entry { expires_at_ms: Some(at), .. }) if now_ms > *at
         );
         if due {
-            self.entries.remove(key);
+            self.remove_entry(key);
         }
+    }
+
+    /// The active sweep: drops up to `max_keys_dropped` keys expired at
+    /// `now_ms`, earliest deadline first; returns how many went. Work is
+    /// O(`max_keys_dropped` × log n) whatever the keyspace's size.
+    pub fn sweep_expired(&mut self, now_ms: i64, max_keys_dropped: usize) -> usize {
+        let mut dropped = 0;
+        while dropped < max_keys_dropped {
+            let due = match self.expiries.first() {
+                Some((at, key)) if now_ms > *at => key.clone(),
+                _ => break,
+            };
+            self.remove_entry(&due);
+            dropped += 1;
+        }
+        dropped
+    }
+
+    /// The entries of `keys` as they are now (expired ones included).
+    pub fn snapshot(&self, keys: &[String]) -> Snapshot {
+        Snapshot(
+            keys.iter()
+                .map(|key| (key.clone(), self.entries.get(key).cloned()))
+                .collect(),
+        )
+    }
+
+    /// Puts every key of `snapshot` back as it was (absent: removed). Later
+    /// entries of one key win, and all hold the same state.
+    pub fn restore(&mut self, snapshot: Snapshot) {
+        for (key, entry) in snapshot.0 {
+            match entry {
+                Some(entry) => self.insert_entry(&key, entry),
+                None => {
+                    self.remove_entry(&key);
+                }
+            }
+        }
+    }
+
+    /// Keys held, expired ones not yet swept included: the memory bound the
+    /// store's key cap applies to. O(1).
+    pub fn held_keys(&self) -> usize {
+        self.entries.len()
     }
 
     /// Number of live keys at `now_ms` (like DBSIZE after expiry).
     pub fn len(&mut self, now_ms: i64) -> usize {
-        self.entries
-            .retain(|_, e| e.expires_at_ms.is_none_or(|at| now_ms <= at));
+        self.sweep_expired(now_ms, usize::MAX);
         self.entries.len()
     }
 
@@ -144,7 +244,7 @@ impl Keyspace {
     }
 
     pub fn delete(&mut self, key: &str) -> bool {
-        self.entries.remove(key).is_some()
+        self.remove_entry(key).is_some()
     }
 
     /// Remaining time to live in ms, as PTTL (None: missing or persistent).
@@ -160,9 +260,9 @@ impl Keyspace {
     pub fn pexpire(&mut self, key: &str, ttl_ms: i64, now_ms: i64) {
         self.expire_if_due(key, now_ms);
         if ttl_ms <= 0 {
-            self.entries.remove(key);
-        } else if let Some(entry) = self.entries.get_mut(key) {
-            entry.expires_at_ms = Some(now_ms + ttl_ms);
+            self.remove_entry(key);
+        } else {
+            self.set_expiry(key, Some(now_ms + ttl_ms));
         }
     }
 
@@ -188,6 +288,7 @@ impl Keyspace {
         now_ms: i64,
     ) -> Result<(), WrongType> {
         self.expire_if_due(key, now_ms);
+        // A new entry has no expiry: the index needs no update.
         let entry = self.entries.entry(key.to_string()).or_insert(Entry {
             value: Value::Hash(BTreeMap::new()),
             expires_at_ms: None,
@@ -214,8 +315,8 @@ impl Keyspace {
 
     /// SET key value PX ttl (ttl > 0) or without expiry (ttl None).
     pub fn set(&mut self, key: &str, value: String, ttl_ms: Option<i64>, now_ms: i64) {
-        self.entries.insert(
-            key.to_string(),
+        self.insert_entry(
+            key,
             Entry {
                 value: Value::String(value),
                 expires_at_ms: ttl_ms.map(|ttl| now_ms + ttl),
@@ -229,8 +330,8 @@ impl Keyspace {
     pub fn set_keep_ttl(&mut self, key: &str, value: String, now_ms: i64) {
         self.expire_if_due(key, now_ms);
         let expires_at_ms = self.entries.get(key).and_then(|e| e.expires_at_ms);
-        self.entries.insert(
-            key.to_string(),
+        self.insert_entry(
+            key,
             Entry {
                 value: Value::String(value),
                 expires_at_ms,
@@ -243,6 +344,7 @@ impl Keyspace {
     /// removals, as Redis deletes empty sets.
     pub fn sorted_set(&mut self, key: &str, now_ms: i64) -> Result<&mut SortedSet, WrongType> {
         self.expire_if_due(key, now_ms);
+        // A new entry has no expiry: the index needs no update.
         let entry = self.entries.entry(key.to_string()).or_insert(Entry {
             value: Value::SortedSet(SortedSet::default()),
             expires_at_ms: None,
@@ -259,7 +361,7 @@ impl Keyspace {
             self.entries.get(key),
             Some(Entry { value: Value::SortedSet(s), .. }) if s.is_empty()
         ) {
-            self.entries.remove(key);
+            self.remove_entry(key);
         }
     }
 }
@@ -287,6 +389,62 @@ mod tests {
         space.set_keep_ttl("d", "1".into(), 120);
         assert_eq!(space.pttl("d", 120), None);
         assert!(space.exists("d", 120));
+    }
+
+    #[test]
+    fn sweep_drops_expired_keys_nobody_touches_again_earliest_first() {
+        let mut space = Keyspace::new();
+        for i in 0..10 {
+            space.set(&format!("k{i}"), "v".into(), Some(10 + i), 0);
+        }
+        space.hset("persistent", &[("f", "1".into())], 0).unwrap();
+        assert_eq!(space.held_keys(), 11);
+        // At 14, k0..=k3 (deadlines 10..=13) are due; a budget of 2 drops
+        // the two earliest only.
+        assert_eq!(space.sweep_expired(14, 2), 2);
+        assert_eq!(space.held_keys(), 9);
+        assert!(space.entries.contains_key("k2") && !space.entries.contains_key("k1"));
+        assert_eq!(space.sweep_expired(14, 100), 2);
+        assert_eq!(space.sweep_expired(14, 100), 0);
+        assert_eq!(space.sweep_expired(1_000, 100), 6);
+        assert_eq!(space.held_keys(), 1);
+        assert!(space.expiries.is_empty());
+    }
+
+    #[test]
+    fn expiry_index_follows_every_change_of_deadline() {
+        let mut space = Keyspace::new();
+        space.set("a", "1".into(), Some(10), 0);
+        space.pexpire("a", 100, 0);
+        space.set("b", "1".into(), Some(10), 0);
+        space.set("b", "2".into(), None, 0);
+        space.set("c", "1".into(), Some(10), 0);
+        space.set("c", "2".into(), Some(10), 0);
+        space.set_keep_ttl("c", "3".into(), 5);
+        assert!(space.delete("c"));
+        space.set("d", "1".into(), Some(5), 0);
+        space.pexpire("d", 0, 0);
+        let index: Vec<_> = space.expiries.iter().cloned().collect();
+        assert_eq!(index, vec![(100, "a".to_string())]);
+        assert_eq!(space.sweep_expired(50, 10), 0);
+        assert!(space.exists("a", 50) && space.exists("b", 50));
+    }
+
+    #[test]
+    fn restore_puts_named_keys_back_as_they_were() {
+        let mut space = Keyspace::new();
+        space.set("kept", "1".into(), Some(50), 0);
+        let names = ["kept".to_string(), "new".to_string()];
+        let before = space.snapshot(&names);
+        space.set("kept", "2".into(), Some(90), 10);
+        space.hset("new", &[("f", "1".into())], 10).unwrap();
+        space.pexpire("new", 20, 10);
+        space.restore(before);
+        assert_eq!(space.get("kept", 20), Ok(Some("1".into())));
+        assert_eq!(space.pttl("kept", 20), Some(30));
+        assert!(!space.exists("new", 20));
+        let index: Vec<_> = space.expiries.iter().cloned().collect();
+        assert_eq!(index, vec![(50, "kept".to_string())]);
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! The agent's Prometheus metrics, on a registry of its own (several agents
 //! can live in one process: `leasehold dev`, tests). Labels carry rule ids,
-//! outcomes and policy versions only — never a tenant, principal or IP.
+//! pool ids, outcomes and other closed sets only — never a tenant,
+//! principal, IP or any value a request or a reload chooses — so the label
+//! sets are bounded by the policy and config: rule ids by the bundle's rule
+//! cap, pools by `global.pool`'s cap, the rest by the enums named below.
+//! The policy version, which grows with every reload, is a gauge
+//! (`leasehold_policy_version`), not a label.
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -15,15 +20,18 @@ const LATENCY_BUCKETS_S: [f64; 12] = [
 #[derive(Clone)]
 pub struct AgentMetrics {
     registry: Registry,
-    /// outcome: allowed | denied | unavailable | fallback_allowed | fallback_denied | fail_open | policy_error
+    /// outcome: allowed | denied | unavailable | fallback_allowed | fallback_denied | fail_open | policy_error;
+    /// rule: the deciding rule's id (from the policy).
     pub decisions: IntCounterVec,
+    /// The version of the policy bundle last used or installed.
+    pub policy_version: IntGauge,
     pub store_latency: HistogramVec,
     /// 0 closed, 1 half open, 2 open.
     pub breaker_state: IntGaugeVec,
     /// mode: local | open | closed
     pub fallback_decisions: IntCounterVec,
     pub shadow_denials: IntCounterVec,
-    /// outcome: granted | denied | fallback
+    /// outcome: granted | denied | fallback; rule: the rule's id.
     pub lease_blocks: IntCounterVec,
     pub local_fallback_keys: IntGauge,
     pub invalid_requests: IntCounterVec,
@@ -38,12 +46,11 @@ impl AgentMetrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new_custom(Some("leasehold".into()), None)?;
         let decisions = IntCounterVec::new(
-            Opts::new(
-                "decisions_total",
-                "Check decisions by outcome, rule and policy version",
-            ),
-            &["outcome", "rule", "policy_version"],
+            Opts::new("decisions_total", "Check decisions by outcome and rule"),
+            &["outcome", "rule"],
         )?;
+        let policy_version =
+            IntGauge::new("policy_version", "Version of the policy bundle in use")?;
         let store_latency = HistogramVec::new(
             HistogramOpts::new("store_latency_seconds", "Store batch latency")
                 .buckets(LATENCY_BUCKETS_S.to_vec()),
@@ -102,6 +109,7 @@ impl AgentMetrics {
         registry.register(Box::new(global_mode.clone()))?;
         registry.register(Box::new(allocator_reachable.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(policy_version.clone()))?;
         registry.register(Box::new(store_latency.clone()))?;
         registry.register(Box::new(breaker_state.clone()))?;
         registry.register(Box::new(fallback_decisions.clone()))?;
@@ -112,6 +120,7 @@ impl AgentMetrics {
         Ok(AgentMetrics {
             registry,
             decisions,
+            policy_version,
             store_latency,
             breaker_state,
             fallback_decisions,
@@ -123,6 +132,12 @@ impl AgentMetrics {
             global_mode,
             allocator_reachable,
         })
+    }
+
+    /// Sets the policy-version gauge (saturating: versions are u64).
+    pub fn set_policy_version(&self, version: u64) {
+        self.policy_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
     }
 
     /// The text exposition format for `/metrics`.

@@ -3,15 +3,20 @@
 //! (`/metrics`, `/health`). All I/O wiring; no decisions here.
 //!
 //! [`start`] is [`build`] (the decider and the global-pool sync, nothing
-//! running yet), [`grpc_router`] and [`http_router`] served on real TCP
-//! listeners, and [`Built::spawn_background`] (sync tasks, policy file
-//! watch). The simulation uses the same blocks on its own network.
+//! running yet), [`limited_grpc_router`] and [`http_router_limited`] served
+//! on real TCP listeners with the config's `[limits]` and `[http_limits]`
+//! (the HTTP side through hyper's own connection builder, for its head-size
+//! cap and header-read timeout, plus an idle timeout), and
+//! [`Built::spawn_background`] (sync tasks, policy file watch). The
+//! simulation uses the same blocks on its own network, without listener
+//! limits ([`grpc_router`], [`http_router`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::response::IntoResponse;
 use axum::routing::get;
 use leasehold_allocator::transport::{self, Connector};
 use leasehold_proto::agent::v1::agent_server::AgentServer;
@@ -20,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, HttpLimits, ListenerLimits};
 use crate::decide::{Counters, Decider};
 use crate::envoy::EnvoyRateLimitService;
 use crate::fallback::LocalFallback;
@@ -52,6 +57,9 @@ pub struct AgentSpec {
     pub global: Option<GlobalSettings>,
     /// How the agent connects to the allocator; `None`: real TCP.
     pub connector: Option<Arc<dyn Connector>>,
+    /// Limits of the two listeners [`start`] serves (`[limits]`,
+    /// `[http_limits]`).
+    pub limits: ListenerLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +137,10 @@ impl AgentSpec {
                     other => refused("redis_url", other.to_string()),
                 })?,
             ),
-            None => Arc::new(MemoryStore::default()),
+            None => Arc::new(MemoryStore::with_max_keys(
+                Arc::new(SystemClock),
+                config.store.memory_max_keys,
+            )),
         };
         Ok(AgentSpec {
             region: config.region.clone(),
@@ -144,6 +155,10 @@ impl AgentSpec {
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
             connector: None,
+            limits: ListenerLimits {
+                grpc: config.limits.clone(),
+                http: config.http_limits.clone(),
+            },
         })
     }
 }
@@ -178,6 +193,8 @@ pub struct Built {
     /// [`Built::spawn_background`]).
     pub policy_file: Option<PathBuf>,
     pub policy_poll: Duration,
+    /// The spec's listener limits, for whoever serves the routers.
+    pub limits: ListenerLimits,
 }
 
 impl Built {
@@ -239,11 +256,13 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         sync,
         policy_file: spec.policy_file,
         policy_poll: spec.policy_poll,
+        limits: spec.limits,
     })
 }
 
 /// The agent's gRPC services on one router: the native agent API and
-/// Envoy's RLS. Serve it on any listener (`serve_with_incoming…`).
+/// Envoy's RLS, without listener limits (the simulation's network has no
+/// strangers). Serve it on any listener (`serve_with_incoming…`).
 pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
     tonic::transport::Server::builder()
         .add_service(AgentServer::new(AgentService::new(decider.clone())))
@@ -252,9 +271,40 @@ pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
         )))
 }
 
+/// The same services behind `limits` (`[limits]`): concurrency per
+/// connection, request timeout, keepalive, streams, header list and message
+/// sizes. What [`start`] serves.
+pub fn limited_grpc_router(
+    decider: &Arc<Decider>,
+    limits: &ListenerLimits,
+) -> tonic::transport::server::Router {
+    let bytes = limits.grpc_message_bytes();
+    limits
+        .grpc
+        .server()
+        .add_service(
+            AgentServer::new(AgentService::new(decider.clone()))
+                .max_decoding_message_size(bytes)
+                .max_encoding_message_size(bytes),
+        )
+        .add_service(
+            RateLimitServiceServer::new(EnvoyRateLimitService::new(decider.clone()))
+                .max_decoding_message_size(bytes)
+                .max_encoding_message_size(bytes),
+        )
+}
+
 /// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`
-/// (JSON, global pools included).
+/// (JSON, global pools included), with the default body limit.
 pub fn http_router(decider: &Arc<Decider>) -> axum::Router {
+    http_router_limited(decider, &HttpLimits::default())
+}
+
+/// [`http_router`] refusing a request body above `limits.max_body_bytes`
+/// (413): by its declared length at once, and for any extractor a handler
+/// may add later through axum's `DefaultBodyLimit`.
+pub fn http_router_limited(decider: &Arc<Decider>, limits: &HttpLimits) -> axum::Router {
+    let body_bytes = usize::try_from(limits.max_body_bytes).unwrap_or(usize::MAX);
     let for_http = decider.clone();
     let for_health = decider.clone();
     axum::Router::new()
@@ -269,6 +319,8 @@ pub fn http_router(decider: &Arc<Decider>) -> axum::Router {
                         .with_label_values(&[d.store.name()])
                         .set(breaker_gauge(state));
                     d.metrics.local_fallback_keys.set(d.fallback.len() as i64);
+                    // The installed version, even before its first decision.
+                    d.metrics.set_policy_version(d.policy.current().version);
                     set_global_gauges(&d);
                     d.metrics.render()
                 }
@@ -305,6 +357,22 @@ pub fn http_router(decider: &Arc<Decider>) -> axum::Router {
                 }
             }),
         )
+        .layer(axum::extract::DefaultBodyLimit::max(body_bytes))
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                let declared = request
+                    .headers()
+                    .get(axum::http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                match declared {
+                    Some(length) if length > body_bytes as u64 => {
+                        axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response()
+                    }
+                    _ => next.run(request).await,
+                }
+            },
+        ))
 }
 
 /// Builds and serves an agent. A listener that cannot bind is refused
@@ -333,7 +401,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     let (shutdown, signal) = watch::channel(false);
     let mut tasks = Vec::new();
 
-    let grpc_service = grpc_router(&built.decider);
+    let grpc_service = limited_grpc_router(&built.decider, &built.limits);
     let mut grpc_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
         // No Nagle: a limiter answer is one small frame and must not wait for an ACK.
@@ -349,16 +417,13 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         }
     }));
 
-    let router = http_router(&built.decider);
-    let mut http_signal = signal.clone();
-    tasks.push(tokio::spawn(async move {
-        let stop = async move {
-            let _ = http_signal.wait_for(|stop| *stop).await;
-        };
-        if let Err(e) = axum::serve(http, router).with_graceful_shutdown(stop).await {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
-    }));
+    let router = http_router_limited(&built.decider, &built.limits.http);
+    tasks.push(tokio::spawn(serve_http(
+        http,
+        router,
+        built.limits.http.clone(),
+        signal.clone(),
+    )));
 
     tasks.extend(built.spawn_background(signal.clone()));
     tracing::info!(region = %built.decider.region, %grpc_addr, %http_addr, "agent serving");
@@ -369,6 +434,154 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         shutdown,
         tasks,
     })
+}
+
+/// Pause after a failed accept (out of file descriptors, say), so the loop
+/// does not spin while the condition lasts.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// Serves `router` over HTTP/1.1 on `listener` with `limits`: hyper's head
+/// size cap (431) and header-read timeout, and an idle timeout on the
+/// connection's I/O ([`IdleTimeout`]). Ends when `stop` turns true, closing
+/// every connection.
+async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: HttpLimits,
+    stop: watch::Receiver<bool>,
+) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms.max(1)))
+        .max_header_size(usize::try_from(limits.max_header_bytes).unwrap_or(usize::MAX));
+    let idle = Duration::from_millis(limits.idle_timeout_ms.max(1));
+    loop {
+        let mut stopping = stop.clone();
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopping.wait_for(|stop| *stop) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let io = hyper_util::rt::TokioIo::new(IdleTimeout::new(stream, idle));
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = builder.serve_connection(io, service);
+        let mut stopping = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                served = connection => {
+                    if let Err(e) = served {
+                        tracing::debug!(error = %e, "HTTP connection closed");
+                    }
+                }
+                _ = stopping.wait_for(|stop| *stop) => {}
+            }
+        });
+    }
+}
+
+/// A stream that fails with `TimedOut` once nothing was read or written on
+/// it for `timeout` while its user waits on it: hyper then drops the
+/// connection. Keeps a kept-alive or stalled client from holding a socket.
+struct IdleTimeout {
+    inner: tokio::net::TcpStream,
+    timeout: Duration,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl IdleTimeout {
+    fn new(inner: tokio::net::TcpStream, timeout: Duration) -> Self {
+        IdleTimeout {
+            inner,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    fn touch(&mut self) {
+        let next = tokio::time::Instant::now() + self.timeout;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// Called when the inner stream is pending: times out past the deadline.
+    fn pending<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        match self.deadline.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "HTTP connection idle past http_limits.idle_timeout_ms",
+            ))),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for IdleTimeout {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
+            std::task::Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    this.touch();
+                }
+                std::task::Poll::Ready(result)
+            }
+            std::task::Poll::Pending => this.pending(cx),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for IdleTimeout {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_write(cx, buf) {
+            std::task::Poll::Ready(result) => {
+                if matches!(result, Ok(n) if n > 0) {
+                    this.touch();
+                }
+                std::task::Poll::Ready(result)
+            }
+            std::task::Poll::Pending => this.pending(cx),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_flush(cx) {
+            std::task::Poll::Pending => this.pending(cx),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// Refreshes the global-pool gauges from the room (at scrape time).
@@ -514,6 +727,7 @@ fail_mode = "closed"
             tick_interval_ms: 0,
             raft: RaftSettings::default(),
             prober: ProberSettings::default(),
+            limits: Default::default(),
         };
         let disk = MemoryDisk::new();
         let mut parts = NodeParts::real(config, InitMode::Explicit);
@@ -549,6 +763,7 @@ fail_mode = "closed"
                 sim_unclamped_lease: false,
             }),
             connector: Some(connector.clone()),
+            limits: ListenerLimits::default(),
         })
         .expect("agent builds");
         let events = Arc::new(Events::default());

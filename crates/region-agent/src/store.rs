@@ -18,6 +18,13 @@ pub enum NotSent {
     InFlightLimit,
     #[error("store unreachable: {0}")]
     Unreachable(String),
+    /// The in-memory store holds its cap of keys and the call names a key it
+    /// does not hold: refused before running, so nothing changed. Existing
+    /// keys keep deciding; the rule's fail mode decides this call.
+    #[error(
+        "in-memory store full: it holds its cap of {max_keys} keys and the call would add one"
+    )]
+    KeyCapReached { max_keys: usize },
 }
 
 /// The outcome of one call that did not produce a reply.

@@ -303,6 +303,7 @@ fn node_config(scenario: &Scenario, id: u64) -> NodeConfig {
         raft: sim_net::election_band(&RaftSettings::default(), id - 1),
         // Verdicts come from the `prober` host (HealthReport).
         prober: ProberSettings::default(),
+        limits: Default::default(),
     }
 }
 
@@ -364,6 +365,7 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         clock,
         global: Some(global),
         connector: Some(sim_net::connector()),
+        limits: Default::default(),
     };
     let built = server::build(spec)?;
     let recorder = Arc::new(Recorder {

@@ -1038,17 +1038,22 @@ fn serve(
     bound: Bound,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    // `[limits]` (defaults: the 64 MiB peers and clients send at most).
+    let api_bytes = config.limits.message_bytes(MAX_API_MESSAGE_BYTES as u64);
+    let raft_bytes = config.limits.message_bytes(MAX_RAFT_MESSAGE_BYTES as u64);
     let allocator = AllocatorServer::new(AllocatorService::new(node.clone()))
-        .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        .max_decoding_message_size(api_bytes)
+        .max_encoding_message_size(api_bytes);
     let raft = RaftServer::new(RaftRpcService {
         raft: node.inner.raft.clone(),
         node_id: config.node_id,
         configured_peers: config.peer_list(),
     })
-    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
-    let router = tonic::transport::Server::builder()
+    .max_decoding_message_size(raft_bytes)
+    .max_encoding_message_size(raft_bytes);
+    let router = config
+        .limits
+        .server()
         .add_service(allocator)
         .add_service(raft);
     tokio::spawn(async move {
