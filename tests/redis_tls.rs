@@ -197,6 +197,7 @@ fail_mode = "open"
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
+        limits: Default::default(),
     })
     .await
     .expect("agent starts with Redis refusing it");
