@@ -468,7 +468,7 @@ policy_file = "policy.toml"
             "127.0.0.1:6379",
             "http://secret@h:1/",
             "redis://",
-            "rediss://h:1/",
+            "rediss://",
         ] {
             let text = format!("{GOOD}redis_url = \"{url}\"\n");
             let e = error(&text);
@@ -482,6 +482,37 @@ policy_file = "policy.toml"
         assert!(error(&long).contains("above the cap of 2048"));
         let good = format!("{GOOD}redis_url = \"redis://user:pw@127.0.0.1:6379/0\"\n");
         assert!(AgentConfig::parse("eu.toml", &good).is_ok());
+        // rustls is compiled in: rediss:// is a usable URL.
+        let tls = format!("{GOOD}redis_url = \"rediss://h:1/\"\n");
+        assert!(AgentConfig::parse("eu.toml", &tls).is_ok());
+    }
+
+    #[test]
+    fn redis_credentials_need_a_redis_url_and_tls_files_need_rediss() {
+        let no_url = format!("{GOOD}[redis]\nusername = \"agent\"\n");
+        assert!(
+            error(&no_url).contains("field redis:"),
+            "{}",
+            error(&no_url)
+        );
+        let plain =
+            format!("{GOOD}redis_url = \"redis://h:1/\"\n[redis]\ntls_ca_file = \"ca.pem\"\n");
+        let e = error(&plain);
+        assert!(
+            e.contains("field redis.tls_ca_file: TLS files need a rediss://"),
+            "{e}"
+        );
+        let good = format!(
+            "{GOOD}redis_url = \"rediss://h:1/\"\n[redis]\nusername = \"agent\"\npassword_file = \"p\"\ntls_ca_file = \"ca.pem\"\n"
+        );
+        let c = AgentConfig::parse("eu.toml", &good).unwrap();
+        assert_eq!(c.redis.username.as_deref(), Some("agent"));
+        let unknown = format!("{GOOD}redis_url = \"rediss://h:1/\"\n[redis]\npassword = \"x\"\n");
+        assert!(
+            error(&unknown).contains("unknown field"),
+            "{}",
+            error(&unknown)
+        );
     }
 
     #[test]
