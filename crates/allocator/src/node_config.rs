@@ -445,6 +445,9 @@ pub struct NodeConfig {
     pub prober: ProberSettings,
     /// Limits of the node's gRPC listener (`[limits]`).
     pub limits: GrpcLimits,
+    /// `[tls]`: serve mTLS only and dial peers over mTLS; absent →
+    /// plaintext (logged at start).
+    pub tls: Option<leasehold_tls::TlsSettings>,
 }
 
 // Tables are never `Spanned` here: `toml` has no span for a table the text
@@ -466,6 +469,8 @@ struct RawConfig {
     prober: Option<RawProber>,
     #[serde(default)]
     limits: GrpcLimits,
+    #[serde(default)]
+    tls: Option<leasehold_tls::TlsSettings>,
 }
 
 fn default_tick_interval_ms() -> u64 {
@@ -589,6 +594,15 @@ impl NodeConfig {
             Some(prober) => parse_prober(&here, prober)?,
             None => ProberSettings::default(),
         };
+        let tls = match raw.tls.clone() {
+            Some(mut tls) => {
+                tls.check()
+                    .map_err(|(path, message)| here.error(&path, format!("{path}: {message}")))?;
+                tls.resolve(base);
+                Some(tls)
+            }
+            None => None,
+        };
         let pools = match &raw.pools_file {
             Some(pools_file) => {
                 check_path(&here, "pools_file", pools_file)?;
@@ -613,6 +627,7 @@ impl NodeConfig {
             raft,
             prober,
             limits: raw.limits,
+            tls,
         })
     }
 

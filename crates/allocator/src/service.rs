@@ -13,19 +13,25 @@ use leasehold_logging::quote;
 use tonic::{Request, Response, Status};
 
 use crate::command::{Command, Outcome};
+use crate::gate::{audit_admin, Gate};
 use crate::raft::node::{Committed, Node, ProposeError, RaftView};
 use crate::wire::{self, ErrorInfo, InspectFilter};
 use leasehold_proto::allocator::v1 as pb;
+use leasehold_tls::authz::{Call, Method};
 
 /// The Allocator service over one node.
 #[derive(Clone)]
 pub struct AllocatorService {
     node: Node,
+    gate: Gate,
 }
 
 impl AllocatorService {
-    pub fn new(node: Node) -> Self {
-        AllocatorService { node }
+    /// `gate`: [`Gate::Enforced`] when the node serves mTLS (every call
+    /// authorized by [`leasehold_tls::authz`] before anything is read or
+    /// proposed), [`Gate::Open`] when it serves plaintext.
+    pub fn new(node: Node, gate: Gate) -> Self {
+        AllocatorService { node, gate }
     }
 
     /// Proposes `command`; refusals become statuses, logged with their scope.
@@ -98,6 +104,10 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::GrantRequest>,
     ) -> Result<Response<pb::GrantReply>, Status> {
+        self.gate.check(
+            &request,
+            Call::for_region(Method::Grant, &request.get_ref().region),
+        )?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::Grant {
@@ -123,6 +133,10 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RebalanceRequest>,
     ) -> Result<Response<pb::ShareReply>, Status> {
+        self.gate.check(
+            &request,
+            Call::for_region(Method::Rebalance, &request.get_ref().region),
+        )?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::Rebalance {
@@ -141,6 +155,10 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::AckShareRequest>,
     ) -> Result<Response<pb::ShareReply>, Status> {
+        self.gate.check(
+            &request,
+            Call::for_region(Method::AckShare, &request.get_ref().region),
+        )?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::AckShare {
@@ -158,6 +176,10 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
+        self.gate.check(
+            &request,
+            Call::for_region(Method::Register, &request.get_ref().region),
+        )?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::RegisterRegion {
@@ -181,6 +203,7 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::HealthReportRequest>,
     ) -> Result<Response<pb::HealthReportReply>, Status> {
+        let _ = self.gate.check(&request, Call::new(Method::HealthReport))?;
         let r = request.into_inner();
         if !self.node.is_leader() {
             return Err(ErrorInfo::not_leader(self.node.leader()).into_status());
@@ -215,6 +238,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectReply>, Status> {
+        let narrow = !request.get_ref().pool.is_empty() && !request.get_ref().include_grants;
+        self.gate.check(&request, Call::inspect(narrow))?;
         let r = request.into_inner();
         let linearizable = self.node.linearizable_read().await;
         let stale = match linearizable {
@@ -255,30 +280,36 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::CreatePoolRequest>,
     ) -> Result<Response<pb::PoolReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::CreatePool))?;
         let r = request.into_inner();
         let config = wire::pool_config_from_wire(r.config).map_err(ErrorInfo::into_status)?;
+        let detail = format!("pool {}", quote(&r.pool));
         let committed = self
             .commit(Command::CreatePool {
                 pool: r.pool,
                 config,
             })
-            .await?;
-        pool_reply(committed)
+            .await;
+        audit_admin(caller.as_ref(), Method::CreatePool, &detail, &committed);
+        pool_reply(committed?)
     }
 
     async fn update_pool(
         &self,
         request: Request<pb::UpdatePoolRequest>,
     ) -> Result<Response<pb::PoolReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::UpdatePool))?;
         let r = request.into_inner();
         let config = wire::pool_config_from_wire(r.config).map_err(ErrorInfo::into_status)?;
+        let detail = format!("pool {}", quote(&r.pool));
         let committed = self
             .commit(Command::UpdatePool {
                 pool: r.pool,
                 config,
             })
-            .await?;
-        pool_reply(committed)
+            .await;
+        audit_admin(caller.as_ref(), Method::UpdatePool, &detail, &committed);
+        pool_reply(committed?)
     }
 
     /// Ids, addresses and the group's state are checked by the node
@@ -287,12 +318,16 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::MembershipReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::AddNode))?;
         let r = request.into_inner();
+        let detail = format!("node {} at {}", r.node_id, quote(&r.address));
         let change = self
             .node
             .add_node(r.node_id, r.address, r.voter)
             .await
-            .map_err(|e| e.to_error_info().into_status())?;
+            .map_err(|e| e.to_error_info().into_status());
+        audit_admin(caller.as_ref(), Method::AddNode, &detail, &change);
+        let change = change?;
         Ok(Response::new(membership_reply(change)))
     }
 
@@ -300,12 +335,16 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::MembershipReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::RemoveNode))?;
         let r = request.into_inner();
+        let detail = format!("node {}", r.node_id);
         let change = self
             .node
             .remove_node(r.node_id)
             .await
-            .map_err(|e| e.to_error_info().into_status())?;
+            .map_err(|e| e.to_error_info().into_status());
+        audit_admin(caller.as_ref(), Method::RemoveNode, &detail, &change);
+        let change = change?;
         Ok(Response::new(membership_reply(change)))
     }
 
@@ -313,14 +352,18 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::FreezeRequest>,
     ) -> Result<Response<pb::FreezeReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::Freeze))?;
         let r = request.into_inner();
+        let detail = format!("pool {} region {}", quote(&r.pool), quote(&r.region));
         let committed = self
             .commit(Command::AdminFreeze {
                 pool: r.pool,
                 region: r.region,
                 frozen: r.frozen,
             })
-            .await?;
+            .await;
+        audit_admin(caller.as_ref(), Method::Freeze, &detail, &committed);
+        let committed = committed?;
         let reply = committed.reply;
         match &reply.outcome {
             Outcome::FreezeSet { frozen } => Ok(Response::new(pb::FreezeReply {
@@ -336,13 +379,17 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::ReclaimRequest>,
     ) -> Result<Response<pb::ReclaimReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::Reclaim))?;
         let r = request.into_inner();
+        let detail = format!("pool {} region {}", quote(&r.pool), quote(&r.region));
         let committed = self
             .commit(Command::AdminReclaim {
                 pool: r.pool,
                 region: r.region,
             })
-            .await?;
+            .await;
+        audit_admin(caller.as_ref(), Method::Reclaim, &detail, &committed);
+        let committed = committed?;
         let reply = committed.reply;
         match &reply.outcome {
             Outcome::Reclaimed(report) => Ok(Response::new(pb::ReclaimReply {
@@ -358,13 +405,17 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RemoveRegionRequest>,
     ) -> Result<Response<pb::RemoveRegionReply>, Status> {
+        let caller = self.gate.check(&request, Call::new(Method::RemoveRegion))?;
         let r = request.into_inner();
+        let detail = format!("pool {} region {}", quote(&r.pool), quote(&r.region));
         let committed = self
             .commit(Command::RemoveRegion {
                 pool: r.pool,
                 region: r.region,
             })
-            .await?;
+            .await;
+        audit_admin(caller.as_ref(), Method::RemoveRegion, &detail, &committed);
+        let committed = committed?;
         let reply = committed.reply;
         match &reply.outcome {
             Outcome::Removed(report) => {

@@ -206,3 +206,45 @@ impl fmt::Debug for Listen {
         }
     }
 }
+
+/// mTLS to allocator nodes (ARCHITECTURE §8): channels whose server must
+/// present a node identity (`/node/<id>`) of the trust domain, this
+/// component's own certificate presented; files re-read when they change.
+/// The prober's byte streams stay plain TCP: the agents' health endpoint
+/// is not yet served over TLS.
+#[derive(Clone)]
+pub struct TlsNodeConnector {
+    tls: leasehold_tls::TlsConnector,
+}
+
+impl TlsNodeConnector {
+    pub fn new(settings: &leasehold_tls::TlsSettings) -> Result<Self, leasehold_tls::TlsError> {
+        Ok(TlsNodeConnector {
+            tls: leasehold_tls::TlsConnector::new(settings.files(), &settings.trust_domain)?,
+        })
+    }
+}
+
+impl fmt::Debug for TlsNodeConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsNodeConnector").finish_non_exhaustive()
+    }
+}
+
+impl Connector for TlsNodeConnector {
+    fn channel(&self, address: &str) -> Result<Channel, ConnectError> {
+        let address = address
+            .strip_prefix("http://")
+            .or_else(|| address.strip_prefix("https://"))
+            .unwrap_or(address);
+        let connector = leasehold_tls::GrpcConnector::new(
+            self.tls.clone(),
+            leasehold_tls::ExpectedPeer::AnyNode,
+        );
+        Ok(endpoint(address)?.connect_with_connector_lazy(connector))
+    }
+
+    fn stream(&self, host_port: &str) -> StreamFuture {
+        TcpConnector.stream(host_port)
+    }
+}

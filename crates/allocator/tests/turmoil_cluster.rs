@@ -56,6 +56,7 @@ fn node_config(id: u64) -> NodeConfig {
         raft: sim_net::election_band(&RaftSettings::default(), id - 1),
         prober: ProberSettings::default(),
         limits: Default::default(),
+        tls: None,
     }
 }
 

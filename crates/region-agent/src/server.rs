@@ -728,6 +728,7 @@ fail_mode = "closed"
             raft: RaftSettings::default(),
             prober: ProberSettings::default(),
             limits: Default::default(),
+            tls: None,
         };
         let disk = MemoryDisk::new();
         let mut parts = NodeParts::real(config, InitMode::Explicit);

@@ -304,6 +304,7 @@ fn node_config(scenario: &Scenario, id: u64) -> NodeConfig {
         // Verdicts come from the `prober` host (HealthReport).
         prober: ProberSettings::default(),
         limits: Default::default(),
+        tls: None,
     }
 }
 

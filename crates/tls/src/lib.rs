@@ -32,6 +32,7 @@ pub mod files;
 pub mod identity;
 pub mod reload;
 pub mod server;
+pub mod settings;
 mod verify;
 
 pub use client::{channel, ClientOptions, ExpectedPeer, GrpcConnector, TlsConnector};
@@ -40,3 +41,4 @@ pub use files::TlsFiles;
 pub use identity::{identity_of, parse_spiffe, Identity, IdentityError};
 pub use reload::{Reloading, ReloadingClientConfig, ReloadingServerConfig};
 pub use server::{incoming, peer, Alpn, PeerInfo, ServerOptions, TlsAcceptor, TlsConnection};
+pub use settings::{warn_plaintext, TlsSettings};

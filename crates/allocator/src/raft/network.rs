@@ -367,6 +367,9 @@ pub struct RaftRpcService {
     pub node_id: NodeId,
     /// `id=address` of the configured peers, sorted by id.
     pub configured_peers: Vec<String>,
+    /// With mTLS, only node identities pass (a Region's or an admin's
+    /// certificate cannot vote or append; ARCHITECTURE §8).
+    pub gate: crate::gate::Gate,
 }
 
 fn decode<T: DeserializeOwned>(payload: &pb::RaftPayload) -> Result<T, Status> {
@@ -386,6 +389,10 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::AppendEntries),
+        )?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
         let answer: AppendResult = self.raft.append_entries(rpc).await;
         encode(&answer)
@@ -395,6 +402,10 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::Vote),
+        )?;
         let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
         let answer: VoteResult = self.raft.vote(rpc).await;
         encode(&answer)
@@ -404,6 +415,10 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::InstallSnapshot),
+        )?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(request.get_ref())?;
         let answer: SnapshotResult = self.raft.install_snapshot(rpc).await;
         encode(&answer)
@@ -411,8 +426,12 @@ impl pb::raft_server::Raft for RaftRpcService {
 
     async fn node_status(
         &self,
-        _: Request<pb::NodeStatusRequest>,
+        request: Request<pb::NodeStatusRequest>,
     ) -> Result<Response<pb::NodeStatusReply>, Status> {
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::NodeStatus),
+        )?;
         let initialized = tokio::time::timeout(NODE_STATUS_TIMEOUT, self.raft.is_initialized())
             .await
             .map_err(|_| Status::unavailable("raft core did not answer"))?

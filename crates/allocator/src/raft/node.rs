@@ -65,6 +65,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{self, SystemClock, WallClock};
 use crate::command::{Command, CommandError, Outcome, Rejection, Reply};
+use crate::gate::Gate;
 use crate::machine::{Admission, Machine};
 use crate::node_config::{NodeConfig, RaftSettings};
 use crate::pool::Pool;
@@ -128,6 +129,9 @@ pub enum NodeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// A `[tls]` file that cannot serve (the error names it).
+    #[error("tls: {0}")]
+    Tls(#[from] leasehold_tls::TlsError),
 }
 
 /// A command the state machine answered.
@@ -895,13 +899,21 @@ impl NodeParts {
 
 /// Starts a node from its config: storage, raft, the gRPC server and the
 /// leader's duties; then initializes as `init` allows.
+///
+/// With `[tls]` the node serves mTLS only and dials its peers over mTLS,
+/// expecting node identities ([`crate::transport::TlsNodeConnector`]).
 pub async fn start(config: NodeConfig, init: InitMode) -> Result<RunningNode, NodeError> {
-    start_with(NodeParts::real(config, init)).await
+    let mut parts = NodeParts::real(config, init);
+    if let Some(tls) = &parts.config.tls {
+        parts.connector = Arc::new(crate::transport::TlsNodeConnector::new(tls)?);
+    }
+    start_with(parts).await
 }
 
 /// What a node serves on, once bound.
 enum Bound {
     Tcp(TcpListener),
+    Tls(TcpListener, leasehold_tls::TlsAcceptor),
     Incoming(Incoming),
 }
 
@@ -979,7 +991,16 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
             let address = listener
                 .local_addr()
                 .map_err(|source| NodeError::Bind { addr, source })?;
-            (Bound::Tcp(listener), address)
+            match &config.tls {
+                Some(tls) => {
+                    let acceptor = leasehold_tls::TlsAcceptor::new(tls.files(), &tls.trust_domain)?;
+                    (Bound::Tls(listener, acceptor), address)
+                }
+                None => {
+                    leasehold_tls::warn_plaintext("allocator");
+                    (Bound::Tcp(listener), address)
+                }
+            }
         }
         Listen::Incoming { local, incoming } => (Bound::Incoming(incoming), local),
     };
@@ -1041,13 +1062,18 @@ fn serve(
     // `[limits]` (defaults: the 64 MiB peers and clients send at most).
     let api_bytes = config.limits.message_bytes(MAX_API_MESSAGE_BYTES as u64);
     let raft_bytes = config.limits.message_bytes(MAX_RAFT_MESSAGE_BYTES as u64);
-    let allocator = AllocatorServer::new(AllocatorService::new(node.clone()))
+    let gate = match bound {
+        Bound::Tls(..) => Gate::Enforced,
+        Bound::Tcp(_) | Bound::Incoming(_) => Gate::Open,
+    };
+    let allocator = AllocatorServer::new(AllocatorService::new(node.clone(), gate))
         .max_decoding_message_size(api_bytes)
         .max_encoding_message_size(api_bytes);
     let raft = RaftServer::new(RaftRpcService {
         raft: node.inner.raft.clone(),
         node_id: config.node_id,
         configured_peers: config.peer_list(),
+        gate,
     })
     .max_decoding_message_size(raft_bytes)
     .max_encoding_message_size(raft_bytes);
@@ -1066,6 +1092,10 @@ fn serve(
                 // must not wait for an ACK.
                 let incoming =
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router.serve_with_incoming_shutdown(incoming, stopped).await
+            }
+            Bound::Tls(listener, acceptor) => {
+                let incoming = leasehold_tls::incoming(listener, acceptor);
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
             Bound::Incoming(incoming) => {

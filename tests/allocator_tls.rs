@@ -1,0 +1,341 @@
+//! The allocator behind mTLS (ARCHITECTURE §8): a real node on sled with
+//! `[tls]`, certificates from `leasehold_tls::certs::init`, clients with
+//! each identity's certificate. Every row of the authorization table that
+//! the allocator serves is exercised; a refusal is PERMISSION_DENIED naming
+//! the identity and the method and appends nothing to the raft log.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
+use leasehold_allocator::node_config::NodeConfig;
+use leasehold_allocator::raft::node::{start, InitMode, RunningNode};
+use leasehold_allocator::transport::{Connector, TlsNodeConnector};
+use leasehold_allocator::{PoolConfig, RatePoolConfig};
+use leasehold_proto::allocator::v1 as pb;
+use leasehold_proto::allocator::v1::raft_client::RaftClient;
+use leasehold_tls::TlsSettings;
+use tonic::Code;
+
+const TRUST_DOMAIN: &str = "leasehold.local";
+
+struct Secured {
+    dir: tempfile::TempDir,
+    node: RunningNode,
+}
+
+impl Secured {
+    fn settings(&self, stem: &str) -> TlsSettings {
+        TlsSettings::in_dir(&self.dir.path().join("certs"), stem, TRUST_DOMAIN)
+    }
+
+    fn connector(&self, stem: &str) -> Arc<dyn Connector> {
+        Arc::new(TlsNodeConnector::new(&self.settings(stem)).expect("client certificate loads"))
+    }
+
+    fn client(&self, stem: &str) -> AllocatorClient {
+        let settings = ClientSettings {
+            call_timeout: Duration::from_secs(10),
+            leader_wait: Duration::from_secs(30),
+            max_attempts: 20,
+            retry_pause: Duration::from_millis(100),
+            hedge_after: None,
+        };
+        AllocatorClient::with_connector(
+            &[self.node.address.to_string()],
+            settings,
+            self.connector(stem),
+        )
+        .expect("client")
+    }
+
+    /// The node's last log index, read by the admin.
+    async fn last_log_index(&self) -> u64 {
+        let reply = self
+            .client("admin")
+            .inspect(pb::InspectRequest::default())
+            .await
+            .expect("admin inspects");
+        reply.raft.expect("raft status").last_log_index
+    }
+}
+
+async fn secured_node() -> Secured {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    leasehold_tls::certs::init(&certs, TRUST_DOMAIN, &["eu".into(), "us".into()], 1)
+        .expect("certs init");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = format!(
+        "node_id = 1\nlisten = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\ntick_interval_ms = 0\n\
+         [peers]\n1 = \"127.0.0.1:{port}\"\n\
+         [tls]\ntrust_domain = \"{TRUST_DOMAIN}\"\nca_file = \"certs/ca.pem\"\n\
+         cert_file = \"certs/node-1.pem\"\nkey_file = \"certs/node-1.key\"\n"
+    );
+    let config = NodeConfig::parse("allocator-1.toml", &text, dir.path()).expect("config");
+    assert!(config.tls.is_some());
+    let node = start(config, InitMode::Explicit)
+        .await
+        .expect("node starts");
+    let secured = Secured { dir, node };
+    // The admin creates the pool (waits for the leader).
+    let pool = PoolConfig::Rate(RatePoolConfig::with_defaults(10_000_000));
+    secured
+        .client("admin")
+        .create_pool("api", &pool)
+        .await
+        .expect("admin creates a pool");
+    secured
+}
+
+fn denied(result: Result<impl std::fmt::Debug, ClientError>, identity: &str, method: &str) {
+    let error = result.expect_err("the call was allowed");
+    assert_eq!(error.code(), Some(Code::PermissionDenied), "{error}");
+    let text = error.to_string();
+    assert!(text.contains(identity), "{text}");
+    assert!(text.contains(method), "{text}");
+}
+
+fn rebalance(region: &str, incarnation: u64) -> pb::RebalanceRequest {
+    pb::RebalanceRequest {
+        pool: "api".into(),
+        region: region.into(),
+        incarnation,
+        demand_requests: 5,
+        applied_share_millitokens_per_s: 0,
+        applied_share_version: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_acts_only_for_itself_and_a_refusal_appends_nothing() {
+    let s = secured_node().await;
+    let eu = s.client("region-eu");
+    let registered = eu.register("api", "eu").await.expect("eu registers itself");
+    eu.rebalance(rebalance("eu", registered.incarnation))
+        .await
+        .expect("eu rebalances itself");
+    // A Region may learn one pool's config (the agent does at start).
+    eu.inspect(pb::InspectRequest {
+        pool: "api".into(),
+        include_grants: false,
+        allow_stale: true,
+    })
+    .await
+    .expect("eu inspects its pool");
+
+    let before = s.last_log_index().await;
+    denied(eu.register("api", "us").await, "/region/eu", "Register");
+    denied(
+        eu.rebalance(rebalance("us", 1)).await,
+        "/region/eu",
+        "Rebalance",
+    );
+    denied(
+        eu.grant("api", "us", 1, "lease-1", 1_000).await,
+        "/region/eu",
+        "Grant",
+    );
+    denied(
+        eu.inspect(pb::InspectRequest::default()).await,
+        "/region/eu",
+        "Inspect",
+    );
+    assert_eq!(s.last_log_index().await, before, "a refusal appended");
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_prober_reports_health() {
+    let s = secured_node().await;
+    s.client("region-eu")
+        .register("api", "eu")
+        .await
+        .expect("eu registers");
+    let before = s.last_log_index().await;
+    denied(
+        s.client("region-eu").health_report("eu", false).await,
+        "/region/eu",
+        "HealthReport",
+    );
+    denied(
+        s.client("admin").health_report("eu", false).await,
+        "/admin",
+        "HealthReport",
+    );
+    assert_eq!(s.last_log_index().await, before);
+    let reply = s
+        .client("prober")
+        .health_report("eu", false)
+        .await
+        .expect("the prober reports");
+    assert!(reply.committed);
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_need_the_admin_identity_and_sre_only_reads() {
+    let s = secured_node().await;
+    let pool = PoolConfig::Rate(RatePoolConfig::with_defaults(1_000_000));
+    let before = s.last_log_index().await;
+    for stem in ["region-eu", "sre", "prober", "gateway-eu", "node-1"] {
+        let client = s.client(stem);
+        let identity = match stem {
+            "region-eu" => "/region/eu",
+            "gateway-eu" => "/gateway/eu",
+            "node-1" => "/node/1",
+            other => other,
+        };
+        denied(
+            client.create_pool("other", &pool).await,
+            identity,
+            "CreatePool",
+        );
+        denied(client.freeze("api", "eu", true).await, identity, "Freeze");
+        denied(client.reclaim("api", "eu").await, identity, "Reclaim");
+        denied(client.remove_node(7).await, identity, "RemoveNode");
+    }
+    assert_eq!(
+        s.last_log_index().await,
+        before,
+        "a refused admin call appended"
+    );
+    s.client("sre")
+        .inspect(pb::InspectRequest::default())
+        .await
+        .expect("sre reads everything");
+    s.client("admin")
+        .create_pool("other", &pool)
+        .await
+        .expect("admin creates");
+    assert!(s.last_log_index().await > before);
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_rpcs_accept_node_identities_only() {
+    let s = secured_node().await;
+    let address = s.node.address.to_string();
+    for (stem, identity) in [
+        ("region-eu", "/region/eu"),
+        ("admin", "/admin"),
+        ("sre", "/sre"),
+    ] {
+        let channel = s.connector(stem).channel(&address).unwrap();
+        let mut raft = RaftClient::new(channel);
+        // Authorized before the payload is read: even a forged higher term
+        // never reaches openraft.
+        let forged = pb::RaftPayload {
+            json: br#"{"vote":{"leader_id":{"term":99,"node_id":9},"committed":false}}"#.to_vec(),
+        };
+        for status in [
+            raft.vote(forged.clone()).await.unwrap_err(),
+            raft.append_entries(forged.clone()).await.unwrap_err(),
+            raft.install_snapshot(forged.clone()).await.unwrap_err(),
+        ] {
+            assert_eq!(status.code(), Code::PermissionDenied, "{stem}: {status}");
+            assert!(status.message().contains(identity), "{status}");
+        }
+    }
+    // A node identity passes the gate (the payload is then judged by raft).
+    let channel = s.connector("node-1").channel(&address).unwrap();
+    let status = RaftClient::new(channel)
+        .node_status(pb::NodeStatusRequest {})
+        .await
+        .expect("a node asks who a node is");
+    assert_eq!(status.into_inner().node_id, 1);
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_client_gets_no_answer_from_a_tls_node() {
+    let s = secured_node().await;
+    let plain = AllocatorClient::connect(&[s.node.address.to_string()]).unwrap();
+    let error = plain
+        .inspect(pb::InspectRequest::default())
+        .await
+        .expect_err("plaintext answered");
+    assert_ne!(error.code(), Some(Code::Ok), "{error}");
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_replicate_over_mtls() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    leasehold_tls::certs::init(&certs, TRUST_DOMAIN, &["eu".into()], 3).expect("certs init");
+    let ports: Vec<u16> = (0..3)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let peers: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("{} = \"127.0.0.1:{port}\"\n", i + 1))
+        .collect();
+    let mut nodes = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let id = i + 1;
+        let text = format!(
+            "node_id = {id}\nlisten = \"127.0.0.1:{port}\"\ndata_dir = \"data-{id}\"\n\
+             tick_interval_ms = 0\n[peers]\n{peers}\
+             [tls]\ntrust_domain = \"{TRUST_DOMAIN}\"\nca_file = \"certs/ca.pem\"\n\
+             cert_file = \"certs/node-{id}.pem\"\nkey_file = \"certs/node-{id}.key\"\n"
+        );
+        let config = NodeConfig::parse("allocator.toml", &text, dir.path()).expect("config");
+        let init = if id == 1 {
+            InitMode::Explicit
+        } else {
+            InitMode::Auto
+        };
+        nodes.push(start(config, init).await.expect("node starts"));
+    }
+    let admin = TlsSettings::in_dir(&certs, "admin", TRUST_DOMAIN);
+    let addresses: Vec<String> = nodes.iter().map(|n| n.address.to_string()).collect();
+    let client = AllocatorClient::with_connector(
+        &addresses,
+        ClientSettings {
+            call_timeout: Duration::from_secs(10),
+            leader_wait: Duration::from_secs(60),
+            max_attempts: 200,
+            retry_pause: Duration::from_millis(100),
+            hedge_after: None,
+        },
+        Arc::new(TlsNodeConnector::new(&admin).unwrap()),
+    )
+    .unwrap();
+    let pool = PoolConfig::Rate(RatePoolConfig::with_defaults(1_000_000));
+    let created = client.create_pool("api", &pool).await.expect("created");
+    // Every node applies it: raft ran over mTLS between the nodes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for node in &nodes {
+        loop {
+            let applied = node
+                .node
+                .state_machine()
+                .read(|state| state.machine.pool("api").is_some());
+            if applied {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {} did not apply entry {}",
+                node.node.id(),
+                created.epoch
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+}
