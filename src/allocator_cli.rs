@@ -1,8 +1,10 @@
 //! `leasehold allocator` (run a node) and the inspection commands that talk
 //! to any node and follow the leader: `pool list|show`, `region list`,
-//! `grant list`; and the admin's `region remove`.
+//! `grant list`; and the admin's `region remove`; `certs init`. Every
+//! client command takes the mTLS flags of [`TlsArgs`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use leasehold_allocator::client::{AllocatorClient, ClientSettings};
@@ -11,7 +13,9 @@ use leasehold_allocator::node_config::NodeConfig;
 use leasehold_allocator::raft::node::{self, InitMode};
 use leasehold_allocator::raft::recover;
 use leasehold_allocator::render;
+use leasehold_allocator::transport::TlsNodeConnector;
 use leasehold_proto::allocator::v1 as pb;
+use leasehold_tls::TlsSettings;
 
 /// The three loopback nodes of `deploy/regions/allocator-{1,2,3}.toml`.
 pub const DEFAULT_ALLOCATORS: &str = "127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303";
@@ -38,12 +42,80 @@ pub struct AllocatorArgs {
     yes: bool,
 }
 
+/// mTLS for the CLI's calls (ARCHITECTURE §8). `--tls-dir D` uses the
+/// files `leasehold certs init` wrote there (`ca.pem`, and `sre` for reads,
+/// `admin` for changes unless `--identity` says otherwise); `--ca`,
+/// `--cert`, `--key` name the files one by one. None of them: plaintext
+/// (a node with `[tls]` then refuses the connection).
+#[derive(Args, Clone, Default)]
+pub struct TlsArgs {
+    /// Directory written by `leasehold certs init`.
+    #[arg(long, env = "LEASEHOLD_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
+    /// The certificate stem in --tls-dir (`sre`, `admin`, `region-eu`…).
+    #[arg(long)]
+    identity: Option<String>,
+    /// The CA certificate (PEM).
+    #[arg(long, env = "LEASEHOLD_CA", requires_all = ["cert", "key"])]
+    ca: Option<PathBuf>,
+    /// This caller's certificate (PEM).
+    #[arg(long, env = "LEASEHOLD_CERT", requires_all = ["ca", "key"])]
+    cert: Option<PathBuf>,
+    /// This caller's private key (PEM).
+    #[arg(long, env = "LEASEHOLD_KEY", requires_all = ["ca", "cert"])]
+    key: Option<PathBuf>,
+    /// The SPIFFE trust domain of the certificates.
+    #[arg(
+        long,
+        env = "LEASEHOLD_TRUST_DOMAIN",
+        default_value = "leasehold.local"
+    )]
+    trust_domain: String,
+}
+
+impl TlsArgs {
+    /// The settings in force, `default_identity` the stem used with
+    /// `--tls-dir` when `--identity` is absent.
+    fn settings(&self, default_identity: &str) -> Option<TlsSettings> {
+        if let (Some(ca), Some(cert), Some(key)) = (&self.ca, &self.cert, &self.key) {
+            return Some(TlsSettings {
+                trust_domain: self.trust_domain.clone(),
+                ca_file: ca.clone(),
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            });
+        }
+        let dir = self.tls_dir.as_ref()?;
+        let stem = self.identity.as_deref().unwrap_or(default_identity);
+        Some(TlsSettings::in_dir(dir, stem, &self.trust_domain))
+    }
+
+    /// A client of `allocators` over mTLS when configured, else plaintext.
+    fn client(
+        &self,
+        allocators: &[String],
+        settings: ClientSettings,
+        default_identity: &str,
+    ) -> anyhow::Result<AllocatorClient> {
+        Ok(match self.settings(default_identity) {
+            Some(tls) => {
+                let connector = TlsNodeConnector::new(&tls)
+                    .map_err(|e| anyhow::anyhow!("--tls-dir/--cert: {e}"))?;
+                AllocatorClient::with_connector(allocators, settings, Arc::new(connector))?
+            }
+            None => AllocatorClient::with_settings(allocators, settings)?,
+        })
+    }
+}
+
 /// Where to ask and how to print.
 #[derive(Args, Clone)]
 pub struct Target {
     /// Allocator node addresses (any node: the leader is followed).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_ALLOCATORS)]
     allocator: Vec<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -74,6 +146,8 @@ pub struct AdminTarget {
     /// Allocator node addresses (any node: the leader is followed).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_ALLOCATORS)]
     allocator: Vec<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -184,7 +258,7 @@ async fn inspect(
         leader_wait: std::time::Duration::from_secs(5),
         ..ClientSettings::default()
     };
-    let client = AllocatorClient::with_settings(&target.allocator, settings)?;
+    let client = target.tls.client(&target.allocator, settings, "sre")?;
     let request = pb::InspectRequest {
         pool: pool.unwrap_or_default().to_string(),
         include_grants: grants,
@@ -232,7 +306,7 @@ async fn remove_region(pool: &str, region: &str, target: &AdminTarget) -> anyhow
         leader_wait: std::time::Duration::from_secs(5),
         ..ClientSettings::default()
     };
-    let client = AllocatorClient::with_settings(&target.allocator, settings)?;
+    let client = target.tls.client(&target.allocator, settings, "admin")?;
     let reply = client
         .remove_region(pool, region)
         .await
@@ -241,6 +315,16 @@ async fn remove_region(pool: &str, region: &str, target: &AdminTarget) -> anyhow
     if !target.json {
         let view = Target {
             allocator: target.allocator.clone(),
+            tls: TlsArgs {
+                identity: Some(
+                    target
+                        .tls
+                        .identity
+                        .clone()
+                        .unwrap_or_else(|| "admin".into()),
+                ),
+                ..target.tls.clone()
+            },
             json: false,
             stale: false,
         };
@@ -254,5 +338,53 @@ pub async fn grant(command: GrantCommand) -> anyhow::Result<()> {
     let GrantCommand::List { pool, target } = command;
     let reply = inspect(&target, Some(&pool), true).await?;
     print!("{}", render::grant_list(&reply, target.json));
+    Ok(())
+}
+
+/// `leasehold certs …`
+#[derive(Subcommand)]
+pub enum CertsCommand {
+    /// Writes a CA and every identity's certificate and key (SPIFFE URI
+    /// SANs; keys mode 0600): region-<r>, gateway-<r>, node-<id>, prober,
+    /// admin, sre. Refuses to replace an existing CA without --force.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "leasehold.local")]
+        trust_domain: String,
+        /// Regions to issue region-<r> and gateway-<r> certificates for.
+        #[arg(long, value_delimiter = ',', default_value = "eu,us,ap")]
+        regions: Vec<String>,
+        /// Allocator nodes: node-1 … node-N.
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// Replace an existing CA (every certificate is then new).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+pub fn certs(command: CertsCommand) -> anyhow::Result<()> {
+    let CertsCommand::Init {
+        dir,
+        trust_domain,
+        regions,
+        nodes,
+        force,
+    } = command;
+    let options = leasehold_tls::certs::InitOptions {
+        force,
+        ..Default::default()
+    };
+    let written = leasehold_tls::certs::init_with(&dir, &trust_domain, &regions, nodes, &options)
+        .map_err(|e| anyhow::anyhow!("certs init --dir {}: {e}", dir.display()))?;
+    println!(
+        "wrote {} files in {} (trust domain {trust_domain}):",
+        written.len(),
+        dir.display()
+    );
+    for file in written {
+        println!("  {}", file.display());
+    }
     Ok(())
 }

@@ -32,11 +32,13 @@ use leasehold_allocator::config::PoolConfig;
 use leasehold_allocator::node_config::{parse_pools, NodeConfig, SeedPool};
 use leasehold_allocator::raft::network::lazy_channel;
 use leasehold_allocator::raft::node::{self, InitMode, RunningNode};
+use leasehold_allocator::transport::TlsNodeConnector;
 use leasehold_proto::agent::v1 as agent_pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_proto::allocator::v1 as allocator_pb;
 use leasehold_region_agent::config::AgentConfig;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
+use leasehold_tls::TlsSettings;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -128,7 +130,19 @@ pub struct DevArgs {
     #[arg(long, value_name = "N", default_value_t = 10, requires = "demo",
           value_parser = clap::value_parser!(u64).range(1..=1_000))]
     demo_cost: u64,
+    /// Where the dev cluster's certificates are (reused when the directory
+    /// already holds a CA, else written there by `certs init`); default: a
+    /// fresh set in the dev directory, removed on exit.
+    #[arg(long, value_name = "DIR", conflicts_with = "plaintext")]
+    certs_dir: Option<PathBuf>,
+    /// No mTLS between agents, allocator nodes and the CLI (for
+    /// experiments; logged). By default every allocator call is mTLS.
+    #[arg(long)]
+    plaintext: bool,
 }
+
+/// The trust domain of the dev cluster's certificates.
+pub const DEV_TRUST_DOMAIN: &str = "leasehold.local";
 
 /// One `--redis REGION=URL`.
 #[derive(Clone, Debug)]
@@ -195,6 +209,8 @@ impl DevArgs {
 struct Layout {
     nodes: Vec<(u64, SocketAddr)>,
     agents: Vec<AgentPlace>,
+    /// The certificates' directory (mTLS on), or None (`--plaintext`).
+    certs: Option<PathBuf>,
 }
 
 struct AgentPlace {
@@ -225,7 +241,37 @@ impl Layout {
                     redis_url: args.redis_url(r.name).map(str::to_string),
                 })
                 .collect(),
+            certs: None,
         }
+    }
+
+    /// `[tls]` of the component whose certificate stem is `stem`, or "".
+    fn tls_table(&self, stem: &str) -> String {
+        match &self.certs {
+            Some(dir) => {
+                let tls = TlsSettings::in_dir(dir, stem, DEV_TRUST_DOMAIN);
+                format!(
+                    "\n[tls]\ntrust_domain = \"{DEV_TRUST_DOMAIN}\"\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+                    tls.ca_file.display().to_string(),
+                    tls.cert_file.display().to_string(),
+                    tls.key_file.display().to_string()
+                )
+            }
+            None => String::new(),
+        }
+    }
+
+    /// A client of the dev allocators as `stem` (mTLS when on).
+    fn client(&self, stem: &str, settings: ClientSettings) -> anyhow::Result<AllocatorClient> {
+        let allocators = self.allocator_list();
+        Ok(match &self.certs {
+            Some(dir) => {
+                let tls = TlsSettings::in_dir(dir, stem, DEV_TRUST_DOMAIN);
+                let connector = TlsNodeConnector::new(&tls)?;
+                AllocatorClient::with_connector(&allocators, settings, Arc::new(connector))?
+            }
+            None => AllocatorClient::with_settings(&allocators, settings)?,
+        })
     }
 
     fn allocator_list(&self) -> Vec<String> {
@@ -330,6 +376,7 @@ fn node_config(
             agent.region, agent.http
         );
     }
+    text.push_str(&layout.tls_table(&format!("node-{id}")));
     let label = format!("leasehold dev: allocator-{id}.toml (generated)");
     let mut config = NodeConfig::parse(&label, &text, dir)?;
     config.pools = pools.to_vec();
@@ -344,7 +391,7 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
         .iter()
         .map(|a| format!("\"{a}\""))
         .collect();
-    let text = format!(
+    let mut text = format!(
         "region = \"{region}\"\nlisten = \"{grpc}\"\nhttp_listen = \"{http}\"\n\
          pepper_file = \"dev-pepper.txt\"\npolicy_file = \"dev-policy.toml\"\n\n\
          [global]\nallocators = [{allocators}]\nrequest_timeout_ms = 3000\n\n\
@@ -355,6 +402,7 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
         http = agent.http,
         allocators = allocators.join(", "),
     );
+    text.push_str(&layout.tls_table(&format!("region-{}", agent.region)));
     let label = format!("leasehold dev: agent-{}.toml (generated)", agent.region);
     let mut config = AgentConfig::parse(&label, &text)?;
     config.pepper_file = dir.join(&config.pepper_file);
@@ -453,7 +501,7 @@ async fn wait_for_pools(layout: &Layout, pools: &[SeedPool]) {
         leader_wait: Duration::from_secs(2),
         ..ClientSettings::default()
     };
-    let Ok(client) = AllocatorClient::with_settings(&layout.allocator_list(), settings) else {
+    let Ok(client) = layout.client("sre", settings) else {
         return;
     };
     let request = allocator_pb::InspectRequest {
@@ -506,10 +554,11 @@ impl StopSignals {
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut signals = StopSignals::register()?;
-    let layout = Layout::new(&args);
+    let mut layout = Layout::new(&args);
     layout.check_ports_free(args.port_offset)?;
     let (pools, limit_millitokens_per_s) = embedded_pools()?;
     let dir = DevDir::create()?;
+    layout.certs = dev_certs(&args, &dir.path)?;
     let started_at = Instant::now();
     let mut running = Running::default();
     let interrupted = tokio::select! {
@@ -607,6 +656,25 @@ impl Watchers {
     }
 }
 
+/// The dev cluster's certificates: `--certs-dir` (reused when it holds a
+/// CA), else a fresh set in the dev directory; None with `--plaintext`.
+fn dev_certs(args: &DevArgs, dev_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if args.plaintext {
+        leasehold_tls::warn_plaintext("leasehold dev");
+        return Ok(None);
+    }
+    let dir = args
+        .certs_dir
+        .clone()
+        .unwrap_or_else(|| dev_dir.join("certs"));
+    if !dir.join("ca.pem").exists() {
+        let regions: Vec<String> = REGIONS.iter().map(|r| r.name.to_string()).collect();
+        leasehold_tls::certs::init(&dir, DEV_TRUST_DOMAIN, &regions, NODES.len() as u64)
+            .with_context(|| format!("certificates in {}", dir.display()))?;
+    }
+    Ok(Some(dir))
+}
+
 fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
     let mut out = String::new();
     let _ = writeln!(
@@ -634,11 +702,27 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
          policy deploy/policies/dev.toml (domains api, pooled), copied to {} (raise `version` there to hot-reload)",
         dir.join("dev-policy.toml").display()
     );
-    let target = if args.port_offset == 0 {
+    let mut target = if args.port_offset == 0 {
         String::new()
     } else {
         format!(" --allocator {}", layout.allocator_list().join(","))
     };
+    match &layout.certs {
+        Some(certs) => {
+            let _ = writeln!(
+                out,
+                "  mTLS on: certificates in {} (trust domain {DEV_TRUST_DOMAIN}; reads as sre, changes as admin)",
+                certs.display()
+            );
+            let _ = write!(target, " --tls-dir {}", certs.display());
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "  PLAINTEXT (--plaintext): allocator calls are not authenticated"
+            );
+        }
+    }
     let eu = &layout.agents[0];
     let _ = write!(
         out,

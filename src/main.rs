@@ -1,6 +1,6 @@
 //! `leasehold`: the one binary. Subcommands map to components:
 //! `dev` (embedded cluster), `allocator`, `agent`, `pool`, `region`,
-//! `grant`, `lease`, `sim`, `bench`.
+//! `grant`, `lease`, `certs`, `sim`, `bench`.
 
 mod allocator_cli;
 mod bench;
@@ -52,6 +52,11 @@ enum Command {
     },
     /// List leases (not yet available).
     Lease,
+    /// Certificates for mTLS: `certs init` writes a CA and every identity.
+    Certs {
+        #[command(subcommand)]
+        command: allocator_cli::CertsCommand,
+    },
     /// Deterministic simulation of partitions, leader loss and Region loss,
     /// with the overshoot-bound checker.
     Sim {
@@ -129,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,
         Command::Lease => not_yet("lease"),
+        Command::Certs { command } => allocator_cli::certs(command),
         Command::Sim { command } => sim_cli::run(command).await,
         Command::Bench { target } => bench::run(target).await,
     }

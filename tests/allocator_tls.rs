@@ -339,3 +339,127 @@ async fn three_nodes_replicate_over_mtls() {
         node.stop().await;
     }
 }
+
+fn leasehold(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(args)
+        .output()
+        .expect("run leasehold")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reads_as_sre_and_changes_as_admin_with_its_tls_dir() {
+    let s = secured_node().await;
+    s.client("region-eu")
+        .register("api", "eu")
+        .await
+        .expect("eu registers");
+    let address = s.node.address.to_string();
+    let certs = s.dir.path().join("certs");
+    let certs = certs.to_str().unwrap();
+    let list = leasehold(&[
+        "pool",
+        "list",
+        "--allocator",
+        &address,
+        "--tls-dir",
+        certs,
+        "--json",
+    ]);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    assert!(String::from_utf8_lossy(&list.stdout).contains("\"api\""));
+    // sre may not remove; admin (the default identity of a change) may.
+    let as_sre = leasehold(&[
+        "region",
+        "remove",
+        "--pool",
+        "api",
+        "--region",
+        "eu",
+        "--allocator",
+        &address,
+        "--tls-dir",
+        certs,
+        "--identity",
+        "sre",
+    ]);
+    assert!(!as_sre.status.success());
+    let stderr = String::from_utf8_lossy(&as_sre.stderr);
+    assert!(
+        stderr.contains("PermissionDenied") && stderr.contains("/sre"),
+        "{stderr}"
+    );
+    let as_admin = leasehold(&[
+        "region",
+        "remove",
+        "--pool",
+        "api",
+        "--region",
+        "eu",
+        "--allocator",
+        &address,
+        "--tls-dir",
+        certs,
+        "--json",
+    ]);
+    assert!(
+        as_admin.status.success(),
+        "{}",
+        String::from_utf8_lossy(&as_admin.stderr)
+    );
+    // Without certificates: no answer from a TLS node.
+    let plain = leasehold(&["pool", "list", "--allocator", &address]);
+    assert!(!plain.status.success());
+    s.node.stop().await;
+}
+
+#[test]
+fn certs_init_writes_every_identity_and_refuses_to_replace_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("c");
+    let certs = certs.to_str().unwrap();
+    let first = leasehold(&[
+        "certs",
+        "init",
+        "--dir",
+        certs,
+        "--regions",
+        "eu,us",
+        "--nodes",
+        "2",
+    ]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    for stem in [
+        "ca",
+        "region-eu",
+        "region-us",
+        "gateway-eu",
+        "node-1",
+        "node-2",
+        "prober",
+        "admin",
+        "sre",
+    ] {
+        assert!(
+            dir.path().join("c").join(format!("{stem}.pem")).exists(),
+            "{stem}"
+        );
+    }
+    let again = leasehold(&["certs", "init", "--dir", certs]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("certs init --dir"));
+    let forced = leasehold(&["certs", "init", "--dir", certs, "--force"]);
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+}

@@ -30,6 +30,17 @@ const STOP: Duration = Duration::from_secs(30);
 /// two would compete for the same few cores.
 static ONE_CLUSTER: Mutex<()> = Mutex::new(());
 
+/// The certificates every dev cluster of this test binary uses (`dev
+/// --certs-dir` writes them once and reuses them; the CLI reads with them).
+fn certs_dir() -> &'static str {
+    static DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dev-certs-{}", std::process::id()));
+        dir.display().to_string()
+    })
+}
+
 fn leasehold() -> Command {
     Command::new(env!("CARGO_BIN_EXE_leasehold"))
 }
@@ -131,6 +142,7 @@ impl Dev {
     fn start(offset: u16, extra: &[&str]) -> Dev {
         let mut child = leasehold()
             .args(["dev", "--port-offset", &offset.to_string()])
+            .args(["--certs-dir", certs_dir()])
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -268,6 +280,7 @@ fn rate_pool_shares(offset: u16) -> Option<(u64, Vec<(String, u64)>)> {
     let out = leasehold()
         .args(["pool", "show", "api-rate", "--json"])
         .args(["--allocator", &allocator_list(offset)])
+        .args(["--tls-dir", certs_dir()])
         .output()
         .unwrap();
     if !out.status.success() {
@@ -341,6 +354,18 @@ fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm()
     assert_eq!(limit, 10_000_000, "L of the embedded api-rate pool");
     let sum: u64 = shares.iter().map(|(_, share)| share).sum();
     assert!(sum <= limit, "{shares:?}");
+    // mTLS by default: the same read without certificates gets no answer.
+    assert!(
+        dev.stdout().contains("mTLS on: certificates in"),
+        "{}",
+        dev.stdout()
+    );
+    let plain = leasehold()
+        .args(["pool", "show", "api-rate", "--json"])
+        .args(["--allocator", &allocator_list(offset)])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "a plaintext read was answered");
     dev.wait_for("the report line once every agent enforces a share", |dev| {
         dev.stdout()
             .contains("every Region holds a share of api-rate")

@@ -84,6 +84,11 @@ pub struct AgentConfig {
     pub policy_file: PathBuf,
     #[serde(default)]
     pub store: StoreSettings,
+    /// `[tls]`: this agent's identity (`/region/<region>`), used for its
+    /// calls to the allocator (mTLS; the allocator must answer as a node).
+    /// Absent → plaintext to the allocator, logged at start.
+    #[serde(default)]
+    pub tls: Option<leasehold_tls::TlsSettings>,
     /// Redis credentials and TLS (`[redis]`), with `redis_url` only.
     #[serde(default)]
     pub redis: RedisAuthSettings,
@@ -244,6 +249,9 @@ impl AgentConfig {
         config.pepper_file = base.join(&config.pepper_file);
         config.policy_file = base.join(&config.policy_file);
         config.redis.resolve(base);
+        if let Some(tls) = config.tls.as_mut() {
+            tls.resolve(base);
+        }
         Ok(config)
     }
 
@@ -295,6 +303,9 @@ impl AgentConfig {
             check_redis_url(url).map_err(|message| ("redis_url".to_string(), message))?;
         }
         self.redis.check(self.redis_url.as_deref())?;
+        if let Some(tls) = &self.tls {
+            tls.check()?;
+        }
         for (field, path) in [
             ("pepper_file", &self.pepper_file),
             ("policy_file", &self.policy_file),

@@ -154,7 +154,7 @@ impl AgentSpec {
             fallback_max_keys: config.fallback.max_keys,
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
-            connector: None,
+            connector: allocator_connector(config)?,
             limits: ListenerLimits {
                 grpc: config.limits.clone(),
                 http: config.http_limits.clone(),
@@ -613,6 +613,35 @@ fn set_global_gauges(decider: &Decider) {
             .set(i64::try_from(room).unwrap_or(i64::MAX));
         metrics.global_mode.with_label_values(&[pool]).set(mode);
     }
+}
+
+/// The agent's connections to the allocator: mTLS with its `[tls]`
+/// identity, which must be `/region/<its region>` (a start-up error naming
+/// the file otherwise); `None` (plain TCP, logged) without `[tls]`.
+fn allocator_connector(config: &AgentConfig) -> Result<Option<Arc<dyn Connector>>, StartError> {
+    let refused = |message: String| StartError::Setting {
+        config: config.file.clone(),
+        setting: "tls",
+        message,
+    };
+    let Some(tls) = &config.tls else {
+        if config.global.is_some() {
+            leasehold_tls::warn_plaintext("agent→allocator");
+        }
+        return Ok(None);
+    };
+    let identity = leasehold_tls::files::own_identity(&tls.files(), &tls.trust_domain)
+        .map_err(|e| refused(e.to_string()))?;
+    let expected = leasehold_tls::Identity::Region(config.region.clone());
+    if identity != expected {
+        return Err(refused(format!(
+            "{}: the certificate is {identity}, this agent serves {expected}",
+            tls.cert_file.display()
+        )));
+    }
+    let connector = leasehold_allocator::transport::TlsNodeConnector::new(tls)
+        .map_err(|e| refused(e.to_string()))?;
+    Ok(Some(Arc::new(connector)))
 }
 
 #[cfg(test)]

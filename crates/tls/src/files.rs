@@ -144,6 +144,17 @@ pub(crate) fn stamp(file: &Path) -> Stamp {
     )
 }
 
+/// The identity `settings`' certificate file names (its first certificate),
+/// checked as [`check_own_cert`] does: what a component compares with what
+/// it is configured to be (an agent's `/region/<its region>`).
+pub fn own_identity(files: &TlsFiles, trust_domain: &str) -> Result<Identity, TlsError> {
+    let certs = load_certs(&files.cert)?;
+    let leaf = certs
+        .first()
+        .ok_or_else(|| load_error(&files.cert, "no certificate"))?;
+    check_own_cert(&files.cert, leaf, trust_domain)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
