@@ -90,6 +90,19 @@ impl TlsArgs {
         Some(TlsSettings::in_dir(dir, stem, &self.trust_domain))
     }
 
+    /// `error`, with a hint when the call went out plaintext: a node with
+    /// `[tls]` answers a plaintext client with a protocol error only.
+    fn explain(&self, error: anyhow::Error) -> anyhow::Error {
+        if self.tls_dir.is_none() && self.ca.is_none() {
+            error.context(
+                "no --tls-dir, --ca/--cert/--key or LEASEHOLD_TLS_DIR: the call went out \
+                 plaintext, which a node with [tls] refuses",
+            )
+        } else {
+            error
+        }
+    }
+
     /// A client of `allocators` over mTLS when configured, else plaintext.
     fn client(
         &self,
@@ -264,7 +277,10 @@ async fn inspect(
         include_grants: grants,
         allow_stale: target.stale,
     };
-    Ok(client.inspect(request).await?)
+    client
+        .inspect(request)
+        .await
+        .map_err(|e| target.tls.explain(e.into()))
 }
 
 pub async fn pool(command: PoolCommand) -> anyhow::Result<()> {
@@ -307,10 +323,11 @@ async fn remove_region(pool: &str, region: &str, target: &AdminTarget) -> anyhow
         ..ClientSettings::default()
     };
     let client = target.tls.client(&target.allocator, settings, "admin")?;
-    let reply = client
-        .remove_region(pool, region)
-        .await
-        .map_err(|e| anyhow::anyhow!("region remove --pool {pool} --region {region}: {e}"))?;
+    let reply = client.remove_region(pool, region).await.map_err(|e| {
+        target.tls.explain(anyhow::anyhow!(
+            "region remove --pool {pool} --region {region}: {e}"
+        ))
+    })?;
     print!("{}", render::removal(&reply, target.json));
     if !target.json {
         let view = Target {

@@ -131,8 +131,9 @@ pub struct DevArgs {
           value_parser = clap::value_parser!(u64).range(1..=1_000))]
     demo_cost: u64,
     /// Where the dev cluster's certificates are (reused when the directory
-    /// already holds a CA, else written there by `certs init`); default: a
-    /// fresh set in the dev directory, removed on exit.
+    /// already holds a CA, else written there by `certs init`); default:
+    /// `leasehold-dev-certs` in the system's temporary directory, kept
+    /// across runs so the CLI can use it (`--tls-dir`, LEASEHOLD_TLS_DIR).
     #[arg(long, value_name = "DIR", conflicts_with = "plaintext")]
     certs_dir: Option<PathBuf>,
     /// No mTLS between agents, allocator nodes and the CLI (for
@@ -558,7 +559,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     layout.check_ports_free(args.port_offset)?;
     let (pools, limit_millitokens_per_s) = embedded_pools()?;
     let dir = DevDir::create()?;
-    layout.certs = dev_certs(&args, &dir.path)?;
+    layout.certs = dev_certs(&args)?;
     let started_at = Instant::now();
     let mut running = Running::default();
     let interrupted = tokio::select! {
@@ -656,9 +657,13 @@ impl Watchers {
     }
 }
 
+/// The default certificates' directory of `leasehold dev`, in the system's
+/// temporary directory.
+pub const DEV_CERTS_DIR: &str = "leasehold-dev-certs";
+
 /// The dev cluster's certificates: `--certs-dir` (reused when it holds a
-/// CA), else a fresh set in the dev directory; None with `--plaintext`.
-fn dev_certs(args: &DevArgs, dev_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+/// CA), else [`DEV_CERTS_DIR`] (reused likewise); None with `--plaintext`.
+fn dev_certs(args: &DevArgs) -> anyhow::Result<Option<PathBuf>> {
     if args.plaintext {
         leasehold_tls::warn_plaintext("leasehold dev");
         return Ok(None);
@@ -666,7 +671,7 @@ fn dev_certs(args: &DevArgs, dev_dir: &Path) -> anyhow::Result<Option<PathBuf>> 
     let dir = args
         .certs_dir
         .clone()
-        .unwrap_or_else(|| dev_dir.join("certs"));
+        .unwrap_or_else(|| std::env::temp_dir().join(DEV_CERTS_DIR));
     if !dir.join("ca.pem").exists() {
         let regions: Vec<String> = REGIONS.iter().map(|r| r.name.to_string()).collect();
         leasehold_tls::certs::init(&dir, DEV_TRUST_DOMAIN, &regions, NODES.len() as u64)

@@ -9,6 +9,10 @@
 #   deploy/regions/run-local.sh clean    down, then delete target/leasehold-run and the
 #                                        allocators' sled data (target/leasehold-data)
 #
+# mTLS throughout: the first `up` writes target/leasehold-certs with
+# `leasehold certs init` (kept across runs; `clean` keeps it too); the CLI
+# reads with `--tls-dir target/leasehold-certs` or LEASEHOLD_TLS_DIR.
+#
 # Binary: $LEASEHOLD_BIN, else the release build (built with `cargo build
 # --release` when missing; $CARGO_TARGET_DIR is honoured). Pid files, logs,
 # Redis data and the derived agent configs live in target/leasehold-run/.
@@ -19,6 +23,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 run="$root/target/leasehold-run"
+# The certificates every process presents (mTLS; the configs name them).
+certs="$root/target/leasehold-certs"
 regions=(eu us ap)
 nodes=(1 2 3)
 # Bound on each wait for a process to answer or to exit, in tenths of a second.
@@ -150,7 +156,7 @@ derive_agent_config() {
       if (!done) print "redis_url = \"" redis "\"   # set by run-local.sh"
       done = 1; next
     }
-    /^[[:space:]]*(pepper_file|policy_file)[[:space:]]*=/ { print absolute($0); next }
+    /^[[:space:]]*(pepper_file|policy_file|ca_file|cert_file|key_file)[[:space:]]*=/ { print absolute($0); next }
     /^[[:space:]]*\[/ && !done { print "redis_url = \"" redis "\"   # set by run-local.sh"; done = 1 }
     { print }
   ' "$here/agent-$region.toml" >"$out"
@@ -211,6 +217,10 @@ up() {
   bin="$(binary)"
   mkdir -p "$run"
   preflight
+  if [[ ! -f "$certs/ca.pem" ]]; then
+    "$bin" certs init --dir "$certs" --regions eu,us,ap --nodes 3 >/dev/null
+    say "certificates: $certs (leasehold certs init)"
+  fi
   for region in "${regions[@]}"; do start_redis "$region"; done
   for n in "${nodes[@]}"; do start_allocator "$n" "$bin"; done
   for region in "${regions[@]}"; do start_agent "$region" "$bin"; done
@@ -218,8 +228,8 @@ up() {
   for n in "${nodes[@]}"; do check_allocator "$n"; done
   cat <<EOF
 run-local: up. Try:
-  $bin pool show api-rate        # shares appear within a few rebalance intervals (5 s each)
-  $bin region list
+  $bin pool show api-rate --tls-dir $certs   # shares appear within a few rebalance intervals (5 s each)
+  $bin region list --tls-dir $certs          # or: export LEASEHOLD_TLS_DIR=$certs
   curl -s $(health_url eu)
   $0 down
 EOF
