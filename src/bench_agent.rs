@@ -61,6 +61,7 @@ pub async fn run(concurrency: usize, seconds: u64) -> anyhow::Result<()> {
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
+        listeners: Default::default(),
         limits: Default::default(),
     })
     .await?;

@@ -75,6 +75,7 @@ async fn start_agent(store: Arc<dyn BucketStore>, limits: ListenerLimits) -> Run
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
+        listeners: Default::default(),
         limits,
     })
     .await

@@ -121,6 +121,7 @@ async fn start(kind: ScriptKind, rewrite: fn(Vec<i64>) -> Vec<i64>) -> Agent {
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
+        listeners: Default::default(),
         limits: Default::default(),
     })
     .await

@@ -217,6 +217,7 @@ impl World {
                 sim_unclamped_lease: false,
             }),
             connector: None,
+            listeners: Default::default(),
             limits: Default::default(),
         })
         .await

@@ -197,6 +197,7 @@ fail_mode = "open"
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
+        listeners: Default::default(),
         limits: Default::default(),
     })
     .await

@@ -142,6 +142,7 @@ pub async fn start_counting(
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
+        listeners: Default::default(),
         limits: Default::default(),
     })
     .await

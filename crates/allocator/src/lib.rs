@@ -75,7 +75,6 @@ pub mod command;
 pub mod config;
 pub mod fence;
 pub mod follow;
-pub mod gate;
 pub mod grant;
 pub mod id;
 pub mod local_cluster;

@@ -13,11 +13,11 @@ use leasehold_logging::quote;
 use tonic::{Request, Response, Status};
 
 use crate::command::{Command, Outcome};
-use crate::gate::{audit_admin, Gate};
 use crate::raft::node::{Committed, Node, ProposeError, RaftView};
 use crate::wire::{self, ErrorInfo, InspectFilter};
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_tls::authz::{Call, Method};
+use leasehold_tls::gate::{audit_admin, Gate};
 
 /// The Allocator service over one node.
 #[derive(Clone)]

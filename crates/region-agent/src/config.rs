@@ -89,6 +89,15 @@ pub struct AgentConfig {
     /// Absent → plaintext to the allocator, logged at start.
     #[serde(default)]
     pub tls: Option<leasehold_tls::TlsSettings>,
+    /// Serve `listen` with mTLS under the `[tls]` identity: every call
+    /// authorized (gateways `/gateway/<region>`, ReloadPolicy `/admin`,
+    /// Status `/sre` or `/admin`). False: plaintext, logged at start.
+    #[serde(default)]
+    pub grpc_mtls: bool,
+    /// A plaintext listener serving only Envoy's RLS, for a sidecar on the
+    /// same host: a loopback address only.
+    #[serde(default)]
+    pub rls_listen: Option<SocketAddr>,
     /// Redis credentials and TLS (`[redis]`), with `redis_url` only.
     #[serde(default)]
     pub redis: RedisAuthSettings,
@@ -305,6 +314,23 @@ impl AgentConfig {
         self.redis.check(self.redis_url.as_deref())?;
         if let Some(tls) = &self.tls {
             tls.check()?;
+        }
+        if self.grpc_mtls && self.tls.is_none() {
+            return Err((
+                "grpc_mtls".into(),
+                "needs [tls] (the agent's certificate and the CA)".into(),
+            ));
+        }
+        if let Some(rls) = self.rls_listen {
+            if !rls.ip().is_loopback() {
+                return Err((
+                    "rls_listen".into(),
+                    format!("{rls} is not a loopback address: plaintext RLS stays on this host"),
+                ));
+            }
+            if rls == self.listen || rls == self.http_listen {
+                return Err(("rls_listen".into(), format!("{rls} is already in use here")));
+            }
         }
         for (field, path) in [
             ("pepper_file", &self.pepper_file),

@@ -27,11 +27,18 @@ const PRINCIPAL_KEYS: [&str; 4] = ["user", "api_key", "remote_address", "princip
 
 pub struct EnvoyRateLimitService {
     decider: Arc<Decider>,
+    gate: leasehold_tls::gate::Gate,
 }
 
 impl EnvoyRateLimitService {
+    /// Open: every caller may ask (a plaintext listener).
     pub fn new(decider: Arc<Decider>) -> Self {
-        EnvoyRateLimitService { decider }
+        Self::with_gate(decider, leasehold_tls::gate::Gate::Open)
+    }
+
+    /// Callers checked by `gate`: `/gateway/<this Region>` on mTLS.
+    pub fn with_gate(decider: Arc<Decider>, gate: leasehold_tls::gate::Gate) -> Self {
+        EnvoyRateLimitService { decider, gate }
     }
 }
 
@@ -86,6 +93,13 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyRateLimitService 
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::for_region(
+                leasehold_tls::authz::Method::ShouldRateLimit,
+                &self.decider.region,
+            ),
+        )?;
         let req = request.into_inner();
         if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
             return Err(

@@ -39,6 +39,19 @@ use crate::policy::{self, Bundle, PolicyHolder};
 use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::service::AgentService;
 use crate::store::BucketStore;
+use leasehold_tls::gate::Gate;
+
+/// Who may reach the agent's gRPC services (ARCHITECTURE §8).
+#[derive(Clone, Debug, Default)]
+pub struct ListenerSecurity {
+    /// mTLS on `listen` with this identity (the Region's certificate):
+    /// gateways need `/gateway/<region>`, ReloadPolicy `/admin`, Status
+    /// `/sre` or `/admin`. `None`: plaintext, every call open (logged).
+    pub grpc_tls: Option<leasehold_tls::TlsSettings>,
+    /// A second, plaintext listener serving only Envoy's RLS (the usual
+    /// sidecar on loopback); loopback addresses only (checked at load).
+    pub rls_listen: Option<SocketAddr>,
+}
 
 /// Everything an agent needs, already loaded.
 pub struct AgentSpec {
@@ -57,6 +70,8 @@ pub struct AgentSpec {
     pub global: Option<GlobalSettings>,
     /// How the agent connects to the allocator; `None`: real TCP.
     pub connector: Option<Arc<dyn Connector>>,
+    /// mTLS on `listen`, and a plaintext loopback listener for Envoy.
+    pub listeners: ListenerSecurity,
     /// Limits of the two listeners [`start`] serves (`[limits]`,
     /// `[http_limits]`).
     pub limits: ListenerLimits,
@@ -78,6 +93,12 @@ pub enum StartError {
     Global(#[from] SyncError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// A listener's TLS files cannot serve (the error names the file).
+    #[error("{setting}: {message}")]
+    Listener {
+        setting: &'static str,
+        message: String,
+    },
     /// `setting` is the listener's config key (`listen`, `http_listen`).
     #[error("{setting} = {addr}: {source}")]
     Bind {
@@ -155,6 +176,10 @@ impl AgentSpec {
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
             connector: allocator_connector(config)?,
+            listeners: ListenerSecurity {
+                grpc_tls: config.grpc_mtls.then(|| config.tls.clone()).flatten(),
+                rls_listen: config.rls_listen,
+            },
             limits: ListenerLimits {
                 grpc: config.limits.clone(),
                 http: config.http_limits.clone(),
@@ -167,6 +192,8 @@ impl AgentSpec {
 pub struct RunningAgent {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The plaintext Envoy RLS listener's address (`rls_listen`), if any.
+    pub rls_addr: Option<SocketAddr>,
     pub decider: Arc<Decider>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -277,21 +304,36 @@ pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
 pub fn limited_grpc_router(
     decider: &Arc<Decider>,
     limits: &ListenerLimits,
+    gate: Gate,
 ) -> tonic::transport::server::Router {
     let bytes = limits.grpc_message_bytes();
     limits
         .grpc
         .server()
         .add_service(
-            AgentServer::new(AgentService::new(decider.clone()))
+            AgentServer::new(AgentService::with_gate(decider.clone(), gate))
                 .max_decoding_message_size(bytes)
                 .max_encoding_message_size(bytes),
         )
         .add_service(
-            RateLimitServiceServer::new(EnvoyRateLimitService::new(decider.clone()))
+            RateLimitServiceServer::new(EnvoyRateLimitService::with_gate(decider.clone(), gate))
                 .max_decoding_message_size(bytes)
                 .max_encoding_message_size(bytes),
         )
+}
+
+/// Envoy's RLS alone behind `limits`, open (the plaintext loopback
+/// listener `rls_listen`).
+fn rls_only_router(
+    decider: &Arc<Decider>,
+    limits: &ListenerLimits,
+) -> tonic::transport::server::Router {
+    let bytes = limits.grpc_message_bytes();
+    limits.grpc.server().add_service(
+        RateLimitServiceServer::new(EnvoyRateLimitService::new(decider.clone()))
+            .max_decoding_message_size(bytes)
+            .max_encoding_message_size(bytes),
+    )
 }
 
 /// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`
@@ -380,6 +422,7 @@ pub fn http_router_limited(decider: &Arc<Decider>, limits: &HttpLimits) -> axum:
 /// caller adds which config file set it.
 pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     let (listen, http_listen) = (spec.listen, spec.http_listen);
+    let listeners = spec.listeners.clone();
     let built = build(spec)?;
     let bind_error = |setting: &'static str, addr: SocketAddr| {
         move |source: std::io::Error| StartError::Bind {
@@ -401,21 +444,79 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     let (shutdown, signal) = watch::channel(false);
     let mut tasks = Vec::new();
 
-    let grpc_service = limited_grpc_router(&built.decider, &built.limits);
+    let acceptor = match &listeners.grpc_tls {
+        Some(tls) => Some(
+            leasehold_tls::TlsAcceptor::new(tls.files(), &tls.trust_domain).map_err(|e| {
+                StartError::Listener {
+                    setting: "grpc_mtls",
+                    message: e.to_string(),
+                }
+            })?,
+        ),
+        None => {
+            leasehold_tls::warn_plaintext("agent gRPC listener");
+            None
+        }
+    };
+    let gate = if acceptor.is_some() {
+        Gate::Enforced
+    } else {
+        Gate::Open
+    };
+    let grpc_service = limited_grpc_router(&built.decider, &built.limits, gate);
     let mut grpc_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
-        // No Nagle: a limiter answer is one small frame and must not wait for an ACK.
-        let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
         let stop = async move {
             let _ = grpc_signal.wait_for(|stop| *stop).await;
         };
-        if let Err(e) = grpc_service
-            .serve_with_incoming_shutdown(incoming, stop)
-            .await
-        {
+        let served = match acceptor {
+            Some(acceptor) => {
+                let incoming = leasehold_tls::incoming(grpc, acceptor);
+                grpc_service
+                    .serve_with_incoming_shutdown(incoming, stop)
+                    .await
+            }
+            None => {
+                // No Nagle: a limiter answer is one small frame and must
+                // not wait for an ACK.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+                grpc_service
+                    .serve_with_incoming_shutdown(incoming, stop)
+                    .await
+            }
+        };
+        if let Err(e) = served {
             tracing::error!(error = %e, "gRPC server stopped");
         }
     }));
+    let mut rls_addr = None;
+    if let Some(rls_listen) = listeners.rls_listen {
+        let rls = TcpListener::bind(rls_listen)
+            .await
+            .map_err(bind_error("rls_listen", rls_listen))?;
+        rls_addr = Some(
+            rls.local_addr()
+                .map_err(bind_error("rls_listen", rls_listen))?,
+        );
+        tracing::warn!(
+            target: "audit",
+            rls_listen = %rls_listen,
+            "Envoy RLS served plaintext on loopback (rls_listen): any local process may ask"
+        );
+        let router = rls_only_router(&built.decider, &built.limits);
+        let mut rls_signal = signal.clone();
+        tasks.push(tokio::spawn(async move {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(rls).with_nodelay(Some(true));
+            let stop = async move {
+                let _ = rls_signal.wait_for(|stop| *stop).await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::error!(error = %e, "RLS server stopped");
+            }
+        }));
+    }
 
     let router = http_router_limited(&built.decider, &built.limits.http);
     tasks.push(tokio::spawn(serve_http(
@@ -430,6 +531,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     Ok(RunningAgent {
         grpc_addr,
         http_addr,
+        rls_addr,
         decider: built.decider,
         shutdown,
         tasks,
@@ -793,6 +895,7 @@ fail_mode = "closed"
                 sim_unclamped_lease: false,
             }),
             connector: Some(connector.clone()),
+            listeners: Default::default(),
             limits: ListenerLimits::default(),
         })
         .expect("agent builds");

@@ -12,14 +12,31 @@ use crate::global::room::PoolView;
 
 use crate::decide::Decider;
 use crate::policy;
+use leasehold_tls::authz::{Call, Method};
+use leasehold_tls::gate::{audit_admin, Gate};
+use leasehold_tls::Identity;
 
 pub struct AgentService {
     decider: Arc<Decider>,
+    gate: Gate,
 }
 
 impl AgentService {
+    /// Open: every call allowed (a plaintext listener, or the simulation).
     pub fn new(decider: Arc<Decider>) -> Self {
-        AgentService { decider }
+        Self::with_gate(decider, Gate::Open)
+    }
+
+    /// Each call checked by `gate` ([`leasehold_tls::authz`]): gateways of
+    /// this agent's Region, `/admin` for ReloadPolicy, `/sre` and `/admin`
+    /// for Status.
+    pub fn with_gate(decider: Arc<Decider>, gate: Gate) -> Self {
+        AgentService { decider, gate }
+    }
+
+    fn allow<T>(&self, request: &Request<T>, method: Method) -> Result<Option<Identity>, Status> {
+        self.gate
+            .check(request, Call::for_region(method, &self.decider.region))
     }
 }
 
@@ -29,6 +46,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
+        self.allow(&request, Method::Check)?;
         Ok(Response::new(
             self.decider.check(request.into_inner()).await?,
         ))
@@ -38,6 +56,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::LeaseBlockRequest>,
     ) -> Result<Response<pb::LeaseBlockResponse>, Status> {
+        self.allow(&request, Method::LeaseBlock)?;
         Ok(Response::new(
             self.decider.lease_block(request.into_inner()).await?,
         ))
@@ -47,6 +66,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::ReturnBlockRequest>,
     ) -> Result<Response<pb::ReturnBlockResponse>, Status> {
+        self.allow(&request, Method::ReturnBlock)?;
         Ok(Response::new(
             self.decider.return_block(request.into_inner()).await?,
         ))
@@ -56,6 +76,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::AcquireConcurrencyRequest>,
     ) -> Result<Response<pb::AcquireConcurrencyResponse>, Status> {
+        self.allow(&request, Method::AcquireConcurrency)?;
         Ok(Response::new(
             self.decider
                 .acquire_concurrency(request.into_inner())
@@ -67,6 +88,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::ReleaseConcurrencyRequest>,
     ) -> Result<Response<pb::ReleaseConcurrencyResponse>, Status> {
+        self.allow(&request, Method::ReleaseConcurrency)?;
         Ok(Response::new(
             self.decider
                 .release_concurrency(request.into_inner())
@@ -76,15 +98,17 @@ impl Agent for AgentService {
 
     async fn health(
         &self,
-        _: Request<pb::HealthRequest>,
+        request: Request<pb::HealthRequest>,
     ) -> Result<Response<pb::HealthResponse>, Status> {
+        self.allow(&request, Method::Health)?;
         Ok(Response::new(self.decider.health()))
     }
 
     async fn status(
         &self,
-        _: Request<pb::StatusRequest>,
+        request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.allow(&request, Method::Status)?;
         Ok(Response::new(self.decider.status()))
     }
 
@@ -92,6 +116,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::ReloadPolicyRequest>,
     ) -> Result<Response<pb::ReloadPolicyResponse>, Status> {
+        let caller = self.allow(&request, Method::ReloadPolicy)?;
         let req = request.into_inner();
         let expected = (!req.sha256.is_empty()).then_some(req.sha256.as_str());
         let outcome = policy::parse("admin-rpc", &req.bundle_toml, expected)
@@ -104,6 +129,12 @@ impl Agent for AgentService {
                     .map(|_| (version, checksum))
                     .map_err(|e| e.to_string())
             });
+        audit_admin(
+            caller.as_ref(),
+            Method::ReloadPolicy,
+            "policy bundle",
+            &outcome,
+        );
         let response = match outcome {
             Ok((version, checksum)) => {
                 tracing::info!(version, "policy bundle installed by admin RPC");

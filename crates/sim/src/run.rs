@@ -366,6 +366,7 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         clock,
         global: Some(global),
         connector: Some(sim_net::connector()),
+        listeners: Default::default(),
         limits: Default::default(),
     };
     let built = server::build(spec)?;

@@ -10,6 +10,7 @@
 //!
 //! Map:
 //! - [`authz`] — [`authz::authorize`]: the table of §8, the `audit` target.
+//! - [`gate`] — [`gate::Gate`]: a service's check of each call against `authz`.
 //! - [`identity`] — [`Identity`], [`parse_spiffe`], [`identity_of`].
 //! - [`files`] — [`TlsFiles`], PEM loading whose errors name the file.
 //! - [`reload`] — [`Reloading`]: the config in force, rebuilt when a file
@@ -29,6 +30,7 @@ pub mod certs;
 pub mod client;
 pub mod error;
 pub mod files;
+pub mod gate;
 pub mod identity;
 pub mod reload;
 pub mod server;

@@ -369,7 +369,7 @@ pub struct RaftRpcService {
     pub configured_peers: Vec<String>,
     /// With mTLS, only node identities pass (a Region's or an admin's
     /// certificate cannot vote or append; ARCHITECTURE §8).
-    pub gate: crate::gate::Gate,
+    pub gate: leasehold_tls::gate::Gate,
 }
 
 fn decode<T: DeserializeOwned>(payload: &pb::RaftPayload) -> Result<T, Status> {

@@ -65,7 +65,6 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::{self, SystemClock, WallClock};
 use crate::command::{Command, CommandError, Outcome, Rejection, Reply};
-use crate::gate::Gate;
 use crate::machine::{Admission, Machine};
 use crate::node_config::{NodeConfig, RaftSettings};
 use crate::pool::Pool;
@@ -81,6 +80,7 @@ use crate::transport::{self, Connector, Incoming, Listen};
 use crate::wire::ErrorInfo;
 use leasehold_proto::allocator::v1::allocator_server::AllocatorServer;
 use leasehold_proto::allocator::v1::raft_server::RaftServer;
+use leasehold_tls::gate::Gate;
 
 mod members;
 

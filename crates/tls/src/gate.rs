@@ -1,14 +1,14 @@
-//! The authorization gate of a node's gRPC services (ARCHITECTURE §8).
+//! The authorization gate of a gRPC service (ARCHITECTURE §8), shared by
+//! the allocator's and the agent's services.
 //!
-//! With `[tls]`, every connection is mTLS and every call carries the
-//! caller's verified identity ([`leasehold_tls::peer`]); the gate asks the
-//! one table ([`leasehold_tls::authz::authorize`]) before the handler reads
-//! or proposes anything, so a refusal changes nothing and appends nothing.
-//! Without `[tls]` the gate is [`Gate::Open`]: plaintext, logged at start,
-//! for experiments on a trusted loopback.
+//! On an mTLS listener every call carries the caller's verified identity
+//! ([`crate::peer`]); the gate asks the one table ([`authz::authorize`])
+//! before the handler reads or changes anything, so a refusal changes
+//! nothing and appends nothing. On a plaintext listener the gate is
+//! [`Gate::Open`] (logged at start, for experiments on a trusted loopback).
 
-use leasehold_tls::authz::{self, Call, Method};
-use leasehold_tls::Identity;
+use crate::authz::{self, Call, Method};
+use crate::identity::Identity;
 use tonic::{Request, Status};
 
 /// Whether calls are authorized.
@@ -31,7 +31,7 @@ impl Gate {
         if self == Gate::Open {
             return Ok(None);
         }
-        let Some(peer) = leasehold_tls::peer(request) else {
+        let Some(peer) = crate::peer(request) else {
             tracing::warn!(
                 target: "audit",
                 method = call.method.name(),

@@ -1,0 +1,268 @@
+//! The agent's gRPC listener behind mTLS (ARCHITECTURE §8): gateways of its
+//! own Region decide, `/admin` alone reloads the policy, `/sre` reads
+//! Status; Envoy's RLS may be served plaintext on a loopback listener.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{any_port, check, target, PEPPER};
+use leasehold_proto::agent::v1 as pb;
+use leasehold_proto::agent::v1::agent_client::AgentClient;
+use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use leasehold_proto::envoy::service::ratelimit::v3 as rls;
+use leasehold_region_agent::config::AgentConfig;
+use leasehold_region_agent::memory::{MemoryStore, SystemClock};
+use leasehold_region_agent::policy;
+use leasehold_region_agent::server::{self, AgentSpec, ListenerSecurity, RunningAgent};
+use leasehold_tls::{ExpectedPeer, Identity, TlsConnector, TlsSettings};
+use tonic::transport::Channel;
+use tonic::Code;
+
+const TRUST_DOMAIN: &str = "leasehold.local";
+
+fn policy_text(version: u64) -> String {
+    format!(
+        r#"
+version = {version}
+
+[[domain]]
+name = "api"
+
+[[domain.rule]]
+id = "p-search"
+scope = "user"
+algorithm = "token_bucket"
+match = {{ route_group = "search" }}
+capacity = 20
+refill = 1
+period_ms = 1000000
+fail_mode = "open"
+"#
+    )
+}
+
+struct Secured {
+    dir: tempfile::TempDir,
+    agent: RunningAgent,
+}
+
+impl Secured {
+    fn settings(&self, stem: &str) -> TlsSettings {
+        TlsSettings::in_dir(&self.dir.path().join("certs"), stem, TRUST_DOMAIN)
+    }
+
+    async fn client(&self, stem: &str) -> AgentClient<Channel> {
+        let tls = self.settings(stem);
+        let connector = TlsConnector::new(tls.files(), TRUST_DOMAIN).unwrap();
+        let channel = leasehold_tls::channel(
+            &self.agent.grpc_addr.to_string(),
+            connector,
+            ExpectedPeer::Identity(Identity::Region("eu".into())),
+        )
+        .await
+        .expect("mTLS channel to the agent");
+        AgentClient::new(channel)
+    }
+}
+
+async fn secured_agent() -> Secured {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    leasehold_tls::certs::init(&certs, TRUST_DOMAIN, &["eu".into(), "us".into()], 1).unwrap();
+    let agent = server::start(AgentSpec {
+        region: "eu".into(),
+        listen: any_port(),
+        http_listen: any_port(),
+        store: Arc::new(MemoryStore::default()),
+        pepper: PEPPER.to_vec(),
+        policy: policy::parse("policy.toml", &policy_text(1), None).unwrap(),
+        policy_file: None,
+        policy_poll: Duration::from_secs(1),
+        fallback_max_keys: 1_000,
+        clock: Arc::new(SystemClock),
+        global: None,
+        connector: None,
+        listeners: ListenerSecurity {
+            grpc_tls: Some(TlsSettings::in_dir(&certs, "region-eu", TRUST_DOMAIN)),
+            rls_listen: Some(any_port()),
+        },
+        limits: Default::default(),
+    })
+    .await
+    .expect("agent starts with mTLS");
+    Secured { dir, agent }
+}
+
+fn assert_denied<T: std::fmt::Debug>(
+    result: Result<T, tonic::Status>,
+    identity: &str,
+    method: &str,
+) {
+    let status = result.expect_err("allowed");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status}");
+    assert!(status.message().contains(identity), "{status}");
+    assert!(status.message().contains(method), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_gateways_of_its_region_decide() {
+    let s = secured_agent().await;
+    let decision = s
+        .client("gateway-eu")
+        .await
+        .check(check("g1", target("atlas", "dora", "search"), 1))
+        .await
+        .expect("eu's gateway checks")
+        .into_inner();
+    assert!(decision.allowed);
+    for (stem, identity) in [
+        ("gateway-us", "/gateway/us"),
+        ("region-eu", "/region/eu"),
+        ("sre", "/sre"),
+    ] {
+        let mut client = s.client(stem).await;
+        assert_denied(
+            client
+                .check(check("x", target("atlas", "dora", "search"), 1))
+                .await,
+            identity,
+            "Check",
+        );
+        assert_denied(
+            client.lease_block(pb::LeaseBlockRequest::default()).await,
+            identity,
+            "LeaseBlock",
+        );
+    }
+    s.agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_admin_reloads_the_policy_and_sre_reads_status() {
+    let s = secured_agent().await;
+    let reload = pb::ReloadPolicyRequest {
+        bundle_toml: policy_text(1_000_000),
+        sha256: String::new(),
+    };
+    for (stem, identity) in [
+        ("gateway-eu", "/gateway/eu"),
+        ("sre", "/sre"),
+        ("region-eu", "/region/eu"),
+    ] {
+        assert_denied(
+            s.client(stem).await.reload_policy(reload.clone()).await,
+            identity,
+            "ReloadPolicy",
+        );
+    }
+    let status = s
+        .client("sre")
+        .await
+        .status(pb::StatusRequest {})
+        .await
+        .expect("sre reads status")
+        .into_inner();
+    assert_eq!(
+        status.policy_version, 1,
+        "a refused reload installed a bundle"
+    );
+    assert_denied(
+        s.client("gateway-eu")
+            .await
+            .status(pb::StatusRequest {})
+            .await,
+        "/gateway/eu",
+        "Status",
+    );
+    let reply = s
+        .client("admin")
+        .await
+        .reload_policy(reload)
+        .await
+        .expect("admin reloads")
+        .into_inner();
+    assert!(reply.accepted, "{reply:?}");
+    assert_eq!(s.agent.decider.status().policy_version, 1_000_000);
+    s.agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_is_answered_plaintext_on_the_loopback_listener_only() {
+    let s = secured_agent().await;
+    let request = rls::RateLimitRequest {
+        domain: "api".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![
+                Entry {
+                    key: "tenant".into(),
+                    value: "atlas".into(),
+                },
+                Entry {
+                    key: "route_group".into(),
+                    value: "search".into(),
+                },
+                Entry {
+                    key: "user".into(),
+                    value: "dora".into(),
+                },
+            ],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 1,
+    };
+    let rls_addr = s.agent.rls_addr.expect("rls_listen bound");
+    let mut plain = rls::rate_limit_service_client::RateLimitServiceClient::connect(format!(
+        "http://{rls_addr}"
+    ))
+    .await
+    .unwrap();
+    let answer = plain
+        .should_rate_limit(request.clone())
+        .await
+        .expect("Envoy's plaintext RLS on loopback")
+        .into_inner();
+    assert_eq!(
+        answer.overall_code,
+        rls::rate_limit_response::Code::Ok as i32
+    );
+    // The plaintext listener serves RLS only: the native API is not there.
+    let mut native = AgentClient::connect(format!("http://{rls_addr}"))
+        .await
+        .unwrap();
+    let status = native
+        .status(pb::StatusRequest {})
+        .await
+        .expect_err("the native API on the RLS listener");
+    assert_eq!(status.code(), Code::Unimplemented, "{status}");
+    // The mTLS listener answers no plaintext client.
+    let refused = AgentClient::connect(format!("http://{}", s.agent.grpc_addr)).await;
+    if let Ok(mut client) = refused {
+        assert!(client.status(pb::StatusRequest {}).await.is_err());
+    }
+    s.agent.stop().await;
+}
+
+#[test]
+fn plaintext_rls_must_be_on_loopback_and_mtls_needs_a_certificate() {
+    const GOOD: &str =
+        "region = \"eu\"\nlisten = \"127.0.0.1:7101\"\nhttp_listen = \"127.0.0.1:7191\"\n\
+                        pepper_file = \"p\"\npolicy_file = \"x.toml\"\n";
+    let far = format!("{GOOD}rls_listen = \"10.0.0.1:8081\"\n");
+    let error = AgentConfig::parse("eu.toml", &far).unwrap_err().to_string();
+    assert!(
+        error.contains("field rls_listen: 10.0.0.1:8081 is not a loopback address"),
+        "{error}"
+    );
+    let bare = format!("{GOOD}grpc_mtls = true\n");
+    let error = AgentConfig::parse("eu.toml", &bare)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("field grpc_mtls: needs [tls]"), "{error}");
+    let near = format!("{GOOD}rls_listen = \"127.0.0.1:8081\"\n");
+    assert!(AgentConfig::parse("eu.toml", &near).is_ok());
+}
