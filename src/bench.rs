@@ -33,6 +33,10 @@ pub struct AgentBench {
     /// Seconds per measurement.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Also measure the agent behind mTLS (`grpc_mtls`, a gateway
+    /// certificate) and print the ratio mTLS / plaintext of the same run.
+    #[arg(long)]
+    tls: bool,
 }
 
 #[derive(Args)]
@@ -60,7 +64,9 @@ pub struct StoreBench {
 pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
     match target {
         BenchTarget::Store(args) => store(args).await,
-        BenchTarget::Agent(args) => crate::bench_agent::run(args.concurrency, args.seconds).await,
+        BenchTarget::Agent(args) => {
+            crate::bench_agent::run(args.concurrency, args.seconds, args.tls).await
+        }
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
     }
 }

@@ -14,6 +14,8 @@ use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::script::ScriptKind;
 use leasehold_region_agent::server::{self, AgentSpec};
 use leasehold_region_agent::testing::RedisServer;
+use leasehold_tls::TlsSettings;
+use tonic::transport::Channel;
 
 /// One user rule that never runs dry: every decision takes the allow path.
 const POLICY: &str = r#"
@@ -40,36 +42,9 @@ struct Run {
     errors: u64,
 }
 
-pub async fn run(concurrency: usize, seconds: u64) -> anyhow::Result<()> {
-    let redis = RedisServer::start().context("starting a private redis-server")?;
-    let store = RedisStore::new(RedisStoreConfig {
-        call_deadline: Duration::from_secs(1),
-        ..RedisStoreConfig::new(redis.url())
-    })?;
-    let bundle = policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let any = "127.0.0.1:0".parse()?;
-    let agent = server::start(AgentSpec {
-        region: "bench".into(),
-        listen: any,
-        http_listen: any,
-        store: Arc::new(store),
-        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
-        policy: bundle,
-        policy_file: None,
-        policy_poll: Duration::from_secs(60),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
-        listeners: Default::default(),
-        limits: Default::default(),
-    })
-    .await?;
-    let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;
-    let duration = Duration::from_secs(seconds);
-
-    let baseline = raw_evalsha(&redis.url(), concurrency, duration).await?;
-    let through_agent = measure(concurrency, duration, move |task, i| {
+/// Checks through `client` from `concurrency` callers for `duration`.
+async fn checks(client: AgentClient<Channel>, concurrency: usize, duration: Duration) -> Run {
+    measure(concurrency, duration, move |task, i| {
         let mut client = client.clone();
         async move {
             let request = pb::CheckRequest {
@@ -89,7 +64,87 @@ pub async fn run(concurrency: usize, seconds: u64) -> anyhow::Result<()> {
             matches!(client.check(request).await, Ok(r) if r.get_ref().allowed)
         }
     })
-    .await;
+    .await
+}
+
+/// The same agent setup behind mTLS (`grpc_mtls`, certificates from
+/// `certs init` in a temporary directory), called as `/gateway/bench`.
+async fn checks_over_mtls(
+    store: Arc<RedisStore>,
+    concurrency: usize,
+    duration: Duration,
+) -> anyhow::Result<Run> {
+    const TRUST_DOMAIN: &str = "leasehold.local";
+    let dir = tempfile::tempdir()?;
+    leasehold_tls::certs::init(dir.path(), TRUST_DOMAIN, &["bench".into()], 1)?;
+    let bundle = policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let any = "127.0.0.1:0".parse()?;
+    let agent = server::start(AgentSpec {
+        region: "bench".into(),
+        listen: any,
+        http_listen: any,
+        store,
+        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
+        policy: bundle,
+        policy_file: None,
+        policy_poll: Duration::from_secs(60),
+        fallback_max_keys: 1_000,
+        clock: Arc::new(SystemClock),
+        global: None,
+        connector: None,
+        listeners: server::ListenerSecurity {
+            grpc_tls: Some(TlsSettings::in_dir(
+                dir.path(),
+                "region-bench",
+                TRUST_DOMAIN,
+            )),
+            rls_listen: None,
+        },
+        limits: Default::default(),
+    })
+    .await?;
+    let gateway = TlsSettings::in_dir(dir.path(), "gateway-bench", TRUST_DOMAIN);
+    let channel = leasehold_tls::channel(
+        &agent.grpc_addr.to_string(),
+        leasehold_tls::TlsConnector::new(gateway.files(), TRUST_DOMAIN)?,
+        leasehold_tls::ExpectedPeer::Identity(leasehold_tls::Identity::Region("bench".into())),
+    )
+    .await?;
+    let run = checks(AgentClient::new(channel), concurrency, duration).await;
+    agent.stop().await;
+    Ok(run)
+}
+
+pub async fn run(concurrency: usize, seconds: u64, tls: bool) -> anyhow::Result<()> {
+    let redis = RedisServer::start().context("starting a private redis-server")?;
+    let store = Arc::new(RedisStore::new(RedisStoreConfig {
+        call_deadline: Duration::from_secs(1),
+        ..RedisStoreConfig::new(redis.url())
+    })?);
+    let bundle = policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let any = "127.0.0.1:0".parse()?;
+    let agent = server::start(AgentSpec {
+        region: "bench".into(),
+        listen: any,
+        http_listen: any,
+        store: store.clone(),
+        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
+        policy: bundle,
+        policy_file: None,
+        policy_poll: Duration::from_secs(60),
+        fallback_max_keys: 1_000,
+        clock: Arc::new(SystemClock),
+        global: None,
+        connector: None,
+        listeners: Default::default(),
+        limits: Default::default(),
+    })
+    .await?;
+    let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;
+    let duration = Duration::from_secs(seconds);
+
+    let baseline = raw_evalsha(&redis.url(), concurrency, duration).await?;
+    let through_agent = checks(client, concurrency, duration).await;
     agent.stop().await;
     println!("leasehold bench agent (one user rule, allow path, {concurrency} callers, same redis-server)");
     print_run("baseline raw multi_rule EVALSHA via redis-rs", &baseline);
@@ -100,6 +155,16 @@ pub async fn run(concurrency: usize, seconds: u64) -> anyhow::Result<()> {
         through_agent.p50_us as f64 / baseline.p50_us.max(1) as f64,
         through_agent.p99_us as f64 / baseline.p99_us.max(1) as f64,
     );
+    if tls {
+        let over_mtls = checks_over_mtls(store, concurrency, duration).await?;
+        print_run("agent Check over loopback gRPC + mTLS     ", &over_mtls);
+        println!(
+            "  ratio mTLS / plaintext: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
+            over_mtls.rate / through_agent.rate,
+            over_mtls.p50_us as f64 / through_agent.p50_us.max(1) as f64,
+            over_mtls.p99_us as f64 / through_agent.p99_us.max(1) as f64,
+        );
+    }
     Ok(())
 }
 

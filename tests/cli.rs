@@ -50,6 +50,38 @@ fn bench_store_prints_a_ratio_against_redis_benchmark() {
 }
 
 #[test]
+fn bench_agent_tls_prints_the_mtls_to_plaintext_ratio_of_one_run() {
+    let out = leasehold()
+        .args([
+            "bench",
+            "agent",
+            "--tls",
+            "--seconds",
+            "1",
+            "--concurrency",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("ratio mTLS / plaintext: throughput"),
+        "{text}"
+    );
+    // Every Check over mTLS was answered as a gateway's (none refused).
+    let mtls_line = text
+        .lines()
+        .find(|l| l.contains("+ mTLS"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(mtls_line.contains("(0 errors)"), "{text}");
+}
+
+#[test]
 fn agent_with_a_bad_config_names_the_file_and_line_and_exits() {
     let dir = std::env::temp_dir().join(format!("leasehold-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
