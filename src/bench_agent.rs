@@ -42,6 +42,27 @@ struct Run {
     errors: u64,
 }
 
+/// The bench agent on `store`: Region `bench`, one user rule, plaintext.
+fn bench_spec(store: Arc<RedisStore>) -> anyhow::Result<AgentSpec> {
+    let any = "127.0.0.1:0".parse()?;
+    Ok(AgentSpec {
+        region: "bench".into(),
+        listen: any,
+        http_listen: any,
+        store,
+        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
+        policy: policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?,
+        policy_file: None,
+        policy_poll: Duration::from_secs(60),
+        fallback_max_keys: 1_000,
+        clock: Arc::new(SystemClock),
+        global: None,
+        connector: None,
+        listeners: Default::default(),
+        limits: Default::default(),
+    })
+}
+
 /// Checks through `client` from `concurrency` callers for `duration`.
 async fn checks(client: AgentClient<Channel>, concurrency: usize, duration: Duration) -> Run {
     measure(concurrency, duration, move |task, i| {
@@ -77,21 +98,7 @@ async fn checks_over_mtls(
     const TRUST_DOMAIN: &str = "leasehold.local";
     let dir = tempfile::tempdir()?;
     leasehold_tls::certs::init(dir.path(), TRUST_DOMAIN, &["bench".into()], 1)?;
-    let bundle = policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let any = "127.0.0.1:0".parse()?;
     let agent = server::start(AgentSpec {
-        region: "bench".into(),
-        listen: any,
-        http_listen: any,
-        store,
-        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
-        policy: bundle,
-        policy_file: None,
-        policy_poll: Duration::from_secs(60),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
         listeners: server::ListenerSecurity {
             grpc_tls: Some(TlsSettings::in_dir(
                 dir.path(),
@@ -100,7 +107,7 @@ async fn checks_over_mtls(
             )),
             rls_listen: None,
         },
-        limits: Default::default(),
+        ..bench_spec(store)?
     })
     .await?;
     let gateway = TlsSettings::in_dir(dir.path(), "gateway-bench", TRUST_DOMAIN);
@@ -121,25 +128,7 @@ pub async fn run(concurrency: usize, seconds: u64, tls: bool) -> anyhow::Result<
         call_deadline: Duration::from_secs(1),
         ..RedisStoreConfig::new(redis.url())
     })?);
-    let bundle = policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let any = "127.0.0.1:0".parse()?;
-    let agent = server::start(AgentSpec {
-        region: "bench".into(),
-        listen: any,
-        http_listen: any,
-        store: store.clone(),
-        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
-        policy: bundle,
-        policy_file: None,
-        policy_poll: Duration::from_secs(60),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
-        listeners: Default::default(),
-        limits: Default::default(),
-    })
-    .await?;
+    let agent = server::start(bench_spec(store.clone())?).await?;
     let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;
     let duration = Duration::from_secs(seconds);
 

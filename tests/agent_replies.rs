@@ -7,16 +7,13 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{any_port, check, target, PATIENT_DEADLINE, PEPPER};
+use common::{check, target, PATIENT_DEADLINE};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_region_agent::memory::SystemClock;
-use leasehold_region_agent::policy;
 use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::script::{ScriptCall, ScriptKind};
-use leasehold_region_agent::server::{self, AgentSpec};
+use leasehold_region_agent::server;
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult};
 use leasehold_region_agent::testing::RedisServer;
 
@@ -108,24 +105,9 @@ async fn start(kind: ScriptKind, rewrite: fn(Vec<i64>) -> Vec<i64>) -> Agent {
         rewrite,
         on: AtomicBool::new(false),
     });
-    let agent = server::start(AgentSpec {
-        region: "eu".into(),
-        listen: any_port(),
-        http_listen: any_port(),
-        store: store.clone(),
-        pepper: PEPPER.to_vec(),
-        policy: policy::parse("test-policy.toml", POLICY, None).expect("valid test policy"),
-        policy_file: None,
-        policy_poll: Duration::from_secs(1),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
-        listeners: Default::default(),
-        limits: Default::default(),
-    })
-    .await
-    .expect("agent starts");
+    let agent = server::start(common::spec_on(store.clone(), POLICY))
+        .await
+        .expect("agent starts");
     let client = AgentClient::connect(format!("http://{}", agent.grpc_addr))
         .await
         .expect("connect");

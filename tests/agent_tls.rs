@@ -5,9 +5,8 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{any_port, check, target, PEPPER};
+use common::{any_port, check, target};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
@@ -15,8 +14,7 @@ use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
 };
 use leasehold_proto::envoy::service::ratelimit::v3 as rls;
 use leasehold_region_agent::config::AgentConfig;
-use leasehold_region_agent::memory::{MemoryStore, SystemClock};
-use leasehold_region_agent::policy;
+use leasehold_region_agent::memory::MemoryStore;
 use leasehold_region_agent::server::{self, AgentSpec, ListenerSecurity, RunningAgent};
 use leasehold_tls::{ExpectedPeer, Identity, TlsConnector, TlsSettings};
 use tonic::transport::Channel;
@@ -74,23 +72,11 @@ async fn secured_agent() -> Secured {
     let certs = dir.path().join("certs");
     leasehold_tls::certs::init(&certs, TRUST_DOMAIN, &["eu".into(), "us".into()], 1).unwrap();
     let agent = server::start(AgentSpec {
-        region: "eu".into(),
-        listen: any_port(),
-        http_listen: any_port(),
-        store: Arc::new(MemoryStore::default()),
-        pepper: PEPPER.to_vec(),
-        policy: policy::parse("policy.toml", &policy_text(1), None).unwrap(),
-        policy_file: None,
-        policy_poll: Duration::from_secs(1),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
         listeners: ListenerSecurity {
             grpc_tls: Some(TlsSettings::in_dir(&certs, "region-eu", TRUST_DOMAIN)),
             rls_listen: Some(any_port()),
         },
-        limits: Default::default(),
+        ..common::spec_on(Arc::new(MemoryStore::default()), &policy_text(1))
     })
     .await
     .expect("agent starts with mTLS");

@@ -8,15 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{any_port, check, target, PEPPER};
+use common::{check, target};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_region_agent::memory::SystemClock;
-use leasehold_region_agent::policy;
 use leasehold_region_agent::redis_auth::RedisAuthSettings;
 use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::script::{ScriptCall, ScriptKind};
-use leasehold_region_agent::server::{self, AgentSpec};
+use leasehold_region_agent::server;
 use leasehold_region_agent::store::{BucketStore, NotSent, StoreError};
 use leasehold_region_agent::testing::{RedisServer, SecureRedis};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
@@ -184,22 +182,10 @@ refill = 1
 period_ms = 1000000
 fail_mode = "open"
 "#;
-    let agent = server::start(AgentSpec {
-        region: "eu".into(),
-        listen: any_port(),
-        http_listen: any_port(),
-        store: Arc::new(store(tls_url.clone(), auth.clone())),
-        pepper: PEPPER.to_vec(),
-        policy: policy::parse("policy.toml", policy_text, None).unwrap(),
-        policy_file: None,
-        policy_poll: Duration::from_secs(1),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
-        listeners: Default::default(),
-        limits: Default::default(),
-    })
+    let agent = server::start(common::spec_on(
+        Arc::new(store(tls_url.clone(), auth.clone())),
+        policy_text,
+    ))
     .await
     .expect("agent starts with Redis refusing it");
     let mut client = AgentClient::connect(format!("http://{}", agent.grpc_addr))

@@ -128,25 +128,9 @@ pub async fn start_counting(
         give_backs: AtomicU64::new(0),
         returned_millitokens: AtomicU64::new(0),
     });
-    let bundle = policy::parse("test-policy.toml", policy_toml, None).expect("valid test policy");
-    let agent = server::start(AgentSpec {
-        region: "eu".into(),
-        listen: any_port(),
-        http_listen: any_port(),
-        store: store.clone(),
-        pepper: PEPPER.to_vec(),
-        policy: bundle,
-        policy_file: None,
-        policy_poll: Duration::from_secs(1),
-        fallback_max_keys: 1_000,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
-        listeners: Default::default(),
-        limits: Default::default(),
-    })
-    .await
-    .expect("agent starts");
+    let agent = server::start(spec_on(store.clone(), policy_toml))
+        .await
+        .expect("agent starts");
     let client = AgentClient::connect(format!("http://{}", agent.grpc_addr))
         .await
         .expect("connect");
@@ -157,6 +141,28 @@ pub async fn start_counting(
         keys: KeyBuilder::new(PEPPER).unwrap(),
     };
     (agent, store)
+}
+
+/// An agent of Region `eu` on `store` under this policy text (plaintext
+/// listeners on free ports, no global pools): override fields with
+/// `AgentSpec { field, ..spec_on(store, policy) }`.
+pub fn spec_on(store: Arc<dyn BucketStore>, policy_toml: &str) -> AgentSpec {
+    AgentSpec {
+        region: "eu".into(),
+        listen: any_port(),
+        http_listen: any_port(),
+        store,
+        pepper: PEPPER.to_vec(),
+        policy: policy::parse("test-policy.toml", policy_toml, None).expect("valid test policy"),
+        policy_file: None,
+        policy_poll: Duration::from_secs(1),
+        fallback_max_keys: 1_000,
+        clock: Arc::new(SystemClock),
+        global: None,
+        connector: None,
+        listeners: Default::default(),
+        limits: Default::default(),
+    }
 }
 
 pub fn target(tenant: &str, user: &str, route_group: &str) -> pb::Target {
