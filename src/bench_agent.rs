@@ -105,7 +105,7 @@ async fn checks_over_mtls(
                 "region-bench",
                 TRUST_DOMAIN,
             )),
-            rls_listen: None,
+            ..Default::default()
         },
         ..bench_spec(store)?
     })

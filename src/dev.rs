@@ -38,7 +38,8 @@ use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_proto::allocator::v1 as allocator_pb;
 use leasehold_region_agent::config::AgentConfig;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
-use leasehold_tls::TlsSettings;
+use leasehold_tls::{Identity, TlsSettings};
+use tonic::transport::Channel;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -262,6 +263,23 @@ impl Layout {
         }
     }
 
+    /// `plaintext = true` for the generated configs under `--plaintext`
+    /// (they refuse to start without `[tls]` otherwise), or "".
+    fn plaintext_line(&self) -> &'static str {
+        match self.certs {
+            Some(_) => "",
+            None => "plaintext = true\n",
+        }
+    }
+
+    /// The agents' HTTP scheme: HTTPS with client certificates under mTLS.
+    fn http_scheme(&self) -> &'static str {
+        match self.certs {
+            Some(_) => "https",
+            None => "http",
+        }
+    }
+
     /// A client of the dev allocators as `stem` (mTLS when on).
     fn client(&self, stem: &str, settings: ClientSettings) -> anyhow::Result<AllocatorClient> {
         let allocators = self.allocator_list();
@@ -359,8 +377,9 @@ fn node_config(
         .map(|(_, address)| *address)
         .context("node id outside the layout")?;
     let mut text = format!(
-        "node_id = {id}\nlisten = \"{listen}\"\ndata_dir = \"allocator-{id}\"\n\
-         tick_interval_ms = 1000\n\n[peers]\n"
+        "{}node_id = {id}\nlisten = \"{listen}\"\ndata_dir = \"allocator-{id}\"\n\
+         tick_interval_ms = 1000\n\n[peers]\n",
+        layout.plaintext_line()
     );
     for (node, address) in &layout.nodes {
         let _ = writeln!(text, "{node} = \"{address}\"");
@@ -373,8 +392,10 @@ fn node_config(
     for agent in &layout.agents {
         let _ = write!(
             text,
-            "\n[[prober.region]]\nregion = \"{}\"\nhealth = \"http://{}/health\"\n",
-            agent.region, agent.http
+            "\n[[prober.region]]\nregion = \"{}\"\nhealth = \"{}://{}/health\"\n",
+            agent.region,
+            layout.http_scheme(),
+            agent.http
         );
     }
     text.push_str(&layout.tls_table(&format!("node-{id}")));
@@ -393,11 +414,12 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
         .map(|a| format!("\"{a}\""))
         .collect();
     let mut text = format!(
-        "region = \"{region}\"\nlisten = \"{grpc}\"\nhttp_listen = \"{http}\"\n\
+        "{plaintext}region = \"{region}\"\nlisten = \"{grpc}\"\nhttp_listen = \"{http}\"\n\
          pepper_file = \"dev-pepper.txt\"\npolicy_file = \"dev-policy.toml\"\n\n\
          [global]\nallocators = [{allocators}]\nrequest_timeout_ms = 3000\n\n\
          [[global.pool]]\nid = \"{RATE_POOL}\"\n\n\
          [[global.pool]]\nid = \"{WINDOW_POOL}\"\nchunk_millitokens = 50000\nlow_water_millitokens = 10000\n",
+        plaintext = layout.plaintext_line(),
         region = agent.region,
         grpc = agent.grpc,
         http = agent.http,
@@ -623,7 +645,7 @@ impl Watchers {
         let views: Vec<Arc<RegionView>> = layout
             .agents
             .iter()
-            .map(|a| Arc::new(RegionView::new(a.region, a.grpc)))
+            .map(|a| Arc::new(RegionView::new(a.region, a.grpc, layout.certs.clone())))
             .collect();
         let mut tasks: Vec<JoinHandle<()>> = views
             .iter()
@@ -716,7 +738,7 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
         Some(certs) => {
             let _ = writeln!(
                 out,
-                "  mTLS on: certificates in {} (trust domain {DEV_TRUST_DOMAIN}; reads as sre, changes as admin)",
+                "  mTLS on every listener: certificates in {} (trust domain {DEV_TRUST_DOMAIN}; the CLI reads as sre, changes as admin)",
                 certs.display()
             );
             let _ = write!(target, " --tls-dir {}", certs.display());
@@ -724,20 +746,42 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
         None => {
             let _ = writeln!(
                 out,
-                "  PLAINTEXT (--plaintext): allocator calls are not authenticated"
+                "  PLAINTEXT (--plaintext): no call to any listener is authenticated"
             );
         }
     }
     let eu = &layout.agents[0];
+    // Under mTLS curl and grpcurl present the sre and gateway certificates.
+    let (curl, grpcurl, scheme) = match &layout.certs {
+        Some(certs) => {
+            let file = |name: &str| certs.join(name).display().to_string();
+            (
+                format!(
+                    "curl -s --cacert {} --cert {} --key {}",
+                    file("ca.pem"),
+                    file("sre.pem"),
+                    file("sre.key")
+                ),
+                format!(
+                    "grpcurl -cacert {} -cert {} -key {}",
+                    file("ca.pem"),
+                    file("gateway-eu.pem"),
+                    file("gateway-eu.key")
+                ),
+                "https",
+            )
+        }
+        None => ("curl -s".to_string(), "grpcurl -plaintext".to_string(), "http"),
+    };
     let _ = write!(
         out,
         "\nTry (another terminal; `cargo run --release --` instead of `leasehold` from a checkout):\n  \
          leasehold pool show {RATE_POOL}{target}\n  \
          leasehold region list{target}\n  \
          leasehold grant list {WINDOW_POOL}{target}\n  \
-         curl -s http://{http}/health\n  \
-         curl -s http://{http}/metrics | grep leasehold_global\n  \
-         grpcurl -plaintext -import-path crates/proto/proto -proto leasehold/agent/v1/agent.proto \\\n    \
+         {curl} {scheme}://{http}/health\n  \
+         {curl} {scheme}://{http}/metrics | grep leasehold_global\n  \
+         {grpcurl} -import-path crates/proto/proto -proto leasehold/agent/v1/agent.proto \\\n    \
          -d '{{\"request_id\":\"try-1\",\"target\":{{\"domain\":\"pooled\",\"tenant\":\"demo\",\"route_group\":\"rate\"}},\"cost\":1}}' \\\n    \
          {grpc} leasehold.agent.v1.Agent/Check\n\
          Ctrl-C stops everything.\n",
@@ -761,6 +805,8 @@ struct AgentSnapshot {
 struct RegionView {
     region: &'static str,
     grpc: SocketAddr,
+    /// The certificates' directory under mTLS.
+    certs: Option<PathBuf>,
     snapshot: Mutex<AgentSnapshot>,
     /// Demo decisions since the last report line (Checks, not tokens).
     admitted: AtomicU64,
@@ -772,16 +818,33 @@ struct RegionView {
 }
 
 impl RegionView {
-    fn new(region: &'static str, grpc: SocketAddr) -> Self {
+    fn new(region: &'static str, grpc: SocketAddr, certs: Option<PathBuf>) -> Self {
         RegionView {
             region,
             grpc,
+            certs,
             snapshot: Mutex::new(AgentSnapshot::default()),
             admitted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
         }
+    }
+
+    /// A lazy channel to the Region's agent, as `identity` under mTLS (the
+    /// agent verified as `/region/<r>`), plaintext otherwise.
+    fn channel(&self, identity: Identity) -> anyhow::Result<Channel> {
+        let address = self.grpc.to_string();
+        Ok(match &self.certs {
+            None => lazy_channel(&address)?,
+            Some(dir) => {
+                let tls = TlsSettings::in_dir(dir, &identity.file_stem(), DEV_TRUST_DOMAIN);
+                let connector = leasehold_tls::TlsConnector::new(tls.files(), &tls.trust_domain)?;
+                let expected =
+                    leasehold_tls::ExpectedPeer::Identity(Identity::Region(self.region.into()));
+                leasehold_tls::lazy_channel(&address, connector, expected, CALL_TIMEOUT)?
+            }
+        })
     }
 
     fn snapshot(&self) -> AgentSnapshot {
@@ -809,8 +872,12 @@ impl AgentSnapshot {
 
 /// Asks one agent for its Status every `STATUS_POLL` until stopped.
 async fn poll_status(view: Arc<RegionView>, mut stopping: watch::Receiver<bool>) {
-    let Ok(channel) = lazy_channel(&view.grpc.to_string()) else {
-        return;
+    let channel = match view.channel(Identity::Sre) {
+        Ok(channel) => channel,
+        Err(error) => {
+            eprintln!("agent {} Status: {error:#}", view.region);
+            return;
+        }
     };
     let mut client = AgentClient::new(channel);
     let mut every = tokio::time::interval(STATUS_POLL);
@@ -874,8 +941,12 @@ async fn generate(
     cost_tokens: u64,
     mut stopping: watch::Receiver<bool>,
 ) {
-    let Ok(channel) = lazy_channel(&view.grpc.to_string()) else {
-        return;
+    let channel = match view.channel(Identity::Gateway(view.region.into())) {
+        Ok(channel) => channel,
+        Err(error) => {
+            eprintln!("demo load to {}: {error:#}", view.region);
+            return;
+        }
     };
     let client = AgentClient::new(channel);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_CHECKS));

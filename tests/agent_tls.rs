@@ -1,12 +1,18 @@
 //! The agent's gRPC listener behind mTLS (ARCHITECTURE §8): gateways of its
 //! own Region decide, `/admin` alone reloads the policy, `/sre` reads
-//! Status; Envoy's RLS may be served plaintext on a loopback listener.
+//! Status; Envoy's RLS may be served plaintext on a loopback listener. Its
+//! HTTP listener is HTTPS with client certificates: the prober (a node's
+//! certificate) and operators read `/health`, only sre and admin
+//! `/metrics`; the prober's HTTPS probe verifies the agent's Region.
 
 mod common;
 
 use std::sync::Arc;
 
 use common::{any_port, check, target};
+use leasehold_allocator::node_config::ProbeTarget;
+use leasehold_allocator::prober::{self, ProbeOutcome};
+use leasehold_allocator::transport::{Connector, TcpConnector, TlsNodeConnector};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
@@ -74,6 +80,7 @@ async fn secured_agent() -> Secured {
     let agent = server::start(AgentSpec {
         listeners: ListenerSecurity {
             grpc_tls: Some(TlsSettings::in_dir(&certs, "region-eu", TRUST_DOMAIN)),
+            http_tls: Some(TlsSettings::in_dir(&certs, "region-eu", TRUST_DOMAIN)),
             rls_listen: Some(any_port()),
         },
         ..common::spec_on(Arc::new(MemoryStore::default()), &policy_text(1))
@@ -233,10 +240,110 @@ async fn envoy_is_answered_plaintext_on_the_loopback_listener_only() {
     s.agent.stop().await;
 }
 
+/// `GET path` over HTTPS as `stem` (the agent verified as `/region/eu`):
+/// the status code and the body, or the connect/handshake error.
+async fn https_get(s: &Secured, stem: &str, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connector = TlsNodeConnector::new(&s.settings(stem)).map_err(|e| e.to_string())?;
+    let address = s.agent.http_addr.to_string();
+    let mut stream = connector
+        .secure_stream(&address, "eu")
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    // The agent closes after answering (`Connection: close`); a TLS close
+    // without close_notify still leaves the whole answer read.
+    let _ = stream.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Ok((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_listener_answers_only_the_identities_the_table_names() {
+    let s = secured_agent().await;
+    for stem in ["node-1", "prober", "sre", "admin", "gateway-eu"] {
+        let (status, body) = https_get(&s, stem, "/health").await.expect(stem);
+        assert_eq!(status, 200, "{stem}: {body}");
+        assert!(body.contains("\"serving\""), "{stem}: {body}");
+    }
+    for (stem, identity) in [("gateway-us", "/gateway/us"), ("region-eu", "/region/eu")] {
+        let (status, body) = https_get(&s, stem, "/health").await.expect(stem);
+        assert_eq!(status, 403, "{stem}: {body}");
+        assert!(body.contains(identity) && body.contains("GET /health"), "{body}");
+    }
+    for stem in ["sre", "admin"] {
+        let (status, body) = https_get(&s, stem, "/metrics").await.expect(stem);
+        assert_eq!(status, 200, "{stem}");
+        assert!(body.contains("leasehold_"), "{stem}: {body}");
+    }
+    for (stem, identity) in [
+        ("node-1", "/node/1"),
+        ("prober", "/prober"),
+        ("gateway-eu", "/gateway/eu"),
+    ] {
+        let (status, body) = https_get(&s, stem, "/metrics").await.expect(stem);
+        assert_eq!(status, 403, "{stem}: {body}");
+        assert!(body.contains(identity) && body.contains("GET /metrics"), "{body}");
+    }
+    // Plain HTTP to the HTTPS port gets no answer (the handshake fails).
+    let plain = ProbeTarget {
+        region: "eu".into(),
+        host_port: s.agent.http_addr.to_string(),
+        path: "/health".into(),
+        https: false,
+    };
+    let outcome = prober::probe_with(&TcpConnector, &plain, std::time::Duration::from_secs(10)).await;
+    assert!(matches!(outcome, ProbeOutcome::Failed(_)), "{outcome:?}");
+    s.agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prober_probes_over_https_and_verifies_the_agents_region() {
+    let s = secured_agent().await;
+    let node = TlsNodeConnector::new(&s.settings("node-1")).unwrap();
+    let eu = ProbeTarget {
+        region: "eu".into(),
+        host_port: s.agent.http_addr.to_string(),
+        path: "/health".into(),
+        https: true,
+    };
+    let timeout = std::time::Duration::from_secs(10);
+    assert_eq!(
+        prober::probe_with(&node, &eu, timeout).await,
+        ProbeOutcome::Serving
+    );
+    // The agent at that address is eu's: a probe of us there fails, so a
+    // Region's agent cannot answer for another Region.
+    let us = ProbeTarget {
+        region: "us".into(),
+        ..eu.clone()
+    };
+    let outcome = prober::probe_with(&node, &us, timeout).await;
+    assert!(matches!(outcome, ProbeOutcome::Failed(_)), "{outcome:?}");
+    // A connector without a certificate cannot probe https:// at all.
+    let outcome = prober::probe_with(&TcpConnector, &eu, timeout).await;
+    match outcome {
+        ProbeOutcome::Failed(reason) => assert!(reason.contains("[tls]"), "{reason}"),
+        other => panic!("probed without a certificate: {other:?}"),
+    }
+    s.agent.stop().await;
+}
+
 #[test]
 fn plaintext_rls_must_be_on_loopback_and_mtls_needs_a_certificate() {
     const GOOD: &str =
-        "region = \"eu\"\nlisten = \"127.0.0.1:7101\"\nhttp_listen = \"127.0.0.1:7191\"\n\
+        "plaintext = true\nregion = \"eu\"\nlisten = \"127.0.0.1:7101\"\nhttp_listen = \"127.0.0.1:7191\"\n\
                         pepper_file = \"p\"\npolicy_file = \"x.toml\"\n";
     let far = format!("{GOOD}rls_listen = \"10.0.0.1:8081\"\n");
     let error = AgentConfig::parse("eu.toml", &far).unwrap_err().to_string();

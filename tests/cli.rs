@@ -88,7 +88,7 @@ fn agent_with_a_bad_config_names_the_file_and_line_and_exits() {
     let path = dir.join("agent-bad.toml");
     std::fs::write(
         &path,
-        "region = \"eu\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"not an address\"\npepper_file = \"p\"\npolicy_file = \"x.toml\"\n",
+        "plaintext = true\nregion = \"eu\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"not an address\"\npepper_file = \"p\"\npolicy_file = \"x.toml\"\n",
     )
     .unwrap();
     let out = leasehold()
@@ -98,12 +98,12 @@ fn agent_with_a_bad_config_names_the_file_and_line_and_exits() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("agent-bad.toml:3:"), "{stderr}");
+    assert!(stderr.contains("agent-bad.toml:4:"), "{stderr}");
     // A bad policy bundle names its file, line, rule and field.
     std::fs::write(dir.join("p"), "a-pepper-of-at-least-16-bytes").unwrap();
     std::fs::write(
         &path,
-        "region = \"eu\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npepper_file = \"p\"\npolicy_file = \"x.toml\"\n",
+        "plaintext = true\nregion = \"eu\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npepper_file = \"p\"\npolicy_file = \"x.toml\"\n",
     )
     .unwrap();
     std::fs::write(

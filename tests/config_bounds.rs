@@ -95,6 +95,7 @@ fn node_doc() -> Doc {
         (
             "",
             &[
+                ("plaintext", "true"),
                 ("node_id", "1"),
                 ("listen", "\"127.0.0.1:0\""),
                 ("data_dir", "\"data\""),
@@ -163,6 +164,7 @@ fn agent_doc() -> Doc {
         (
             "",
             &[
+                ("plaintext", "true"),
                 ("region", "\"eu\""),
                 ("listen", "\"127.0.0.1:0\""),
                 ("http_listen", "\"127.0.0.1:0\""),

@@ -76,6 +76,7 @@ impl AgentProcess {
             "agent.toml",
             &format!(
                 r#"
+plaintext = true
 region = "eu"
 listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"

@@ -115,7 +115,7 @@ fn write_node_config(
 ) -> std::io::Result<LocalNode> {
     let data_dir = dir.join(format!("data-{id}"));
     let mut config = format!(
-        "node_id = {id}\nlisten = \"{address}\"\ndata_dir = \"{}\"\ntick_interval_ms = {}\n\n[peers]\n{peers}\n[raft]\nheartbeat_ms = {}\nelection_min_ms = {}\nelection_max_ms = {}\nwrite_timeout_ms = {}\nsnapshot_every_entries = {}\nlogs_kept_after_snapshot = {}\n",
+        "plaintext = true\nnode_id = {id}\nlisten = \"{address}\"\ndata_dir = \"{}\"\ntick_interval_ms = {}\n\n[peers]\n{peers}\n[raft]\nheartbeat_ms = {}\nelection_min_ms = {}\nelection_max_ms = {}\nwrite_timeout_ms = {}\nsnapshot_every_entries = {}\nlogs_kept_after_snapshot = {}\n",
         data_dir.display(),
         settings.tick_interval_ms,
         settings.heartbeat_ms,

@@ -398,6 +398,9 @@ pub struct ProbeTarget {
     pub host_port: String,
     /// Request path, `/health` unless the URL says otherwise.
     pub path: String,
+    /// `https://`: an mTLS exchange with the node's `[tls]` identity, the
+    /// agent verified as `/region/<region>`.
+    pub https: bool,
 }
 
 /// The health prober (§4.5).
@@ -471,6 +474,10 @@ struct RawConfig {
     limits: GrpcLimits,
     #[serde(default)]
     tls: Option<leasehold_tls::TlsSettings>,
+    /// No `[tls]`: plaintext on purpose (an experiment); without it a
+    /// config with no `[tls]` is refused.
+    #[serde(default)]
+    plaintext: bool,
 }
 
 fn default_tick_interval_ms() -> u64 {
@@ -590,8 +597,21 @@ impl NodeConfig {
         }
         let raft = raw.raft.unwrap_or_default();
         check_raft(&raft).map_err(|(path, message)| here.error(path, message))?;
+        match (&raw.tls, raw.plaintext) {
+            (None, false) => {
+                return Err(here.error(
+                    "tls",
+                    "tls: absent: name this node's certificate in [tls] (see `leasehold certs \
+                     init`), or set plaintext = true for an experiment on a trusted network",
+                ))
+            }
+            (Some(_), true) => {
+                return Err(here.error("plaintext", "plaintext: true with [tls]: drop one"))
+            }
+            _ => {}
+        }
         let prober = match raw.prober {
-            Some(prober) => parse_prober(&here, prober)?,
+            Some(prober) => parse_prober(&here, prober, raw.tls.is_some())?,
             None => ProberSettings::default(),
         };
         let tls = match raw.tls.clone() {
@@ -749,7 +769,12 @@ fn check_raft(raft: &RaftSettings) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
-fn parse_prober(here: &Located<'_>, raw: RawProber) -> Result<ProberSettings, NodeConfigError> {
+/// `tls`: the node has `[tls]` (needed by `https://` targets).
+fn parse_prober(
+    here: &Located<'_>,
+    raw: RawProber,
+    tls: bool,
+) -> Result<ProberSettings, NodeConfigError> {
     let defaults = ProberSettings::default();
     let mut prober = ProberSettings {
         interval_ms: raw.interval_ms.unwrap_or(defaults.interval_ms),
@@ -778,7 +803,7 @@ fn parse_prober(here: &Located<'_>, raw: RawProber) -> Result<ProberSettings, No
                 ),
             )
         })?;
-        let (host_port, path) = parse_health_url(target.health.get_ref()).map_err(|message| {
+        let (host_port, path, https) = parse_health_url(target.health.get_ref()).map_err(|message| {
             here.at(
                 target.health.span(),
                 format!("prober.region.health: {message}"),
@@ -791,19 +816,26 @@ fn parse_prober(here: &Located<'_>, raw: RawProber) -> Result<ProberSettings, No
         {
             return Err(here.at(target.region.span(), "prober.region: Region listed twice"));
         }
+        if https && !tls {
+            return Err(here.at(
+                target.health.span(),
+                "prober.region.health: https:// needs [tls] (the node's certificate and the CA)",
+            ));
+        }
         prober.targets.push(ProbeTarget {
             region: target.region.into_inner(),
             host_port,
             path,
+            https,
         });
     }
     Ok(prober)
 }
 
-/// `http://host:port/path`, `http://host:port` or `host:port` → (host:port,
-/// path), the path defaulting to `/health`. Only plain HTTP; at most
-/// [`MAX_URL_BYTES`].
-pub fn parse_health_url(url: &str) -> Result<(String, String), String> {
+/// `http://host:port/path`, `https://host:port/path`, `http://host:port`
+/// or `host:port` → (host:port, path, https), the path defaulting to
+/// `/health`; at most [`MAX_URL_BYTES`].
+pub fn parse_health_url(url: &str) -> Result<(String, String, bool), String> {
     if url.len() > MAX_URL_BYTES {
         return Err(format!(
             "{} is {} bytes, above the cap of {MAX_URL_BYTES}",
@@ -811,10 +843,10 @@ pub fn parse_health_url(url: &str) -> Result<(String, String), String> {
             url.len()
         ));
     }
-    if url.starts_with("https://") {
-        return Err(format!("{}: only http:// is supported", quote(url)));
-    }
-    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (rest, https) = match url.strip_prefix("https://") {
+        Some(rest) => (rest, true),
+        None => (url.strip_prefix("http://").unwrap_or(url), false),
+    };
     let (host_port, path) = match rest.find('/') {
         Some(slash) => (&rest[..slash], &rest[slash..]),
         None => (rest, "/health"),
@@ -826,7 +858,7 @@ pub fn parse_health_url(url: &str) -> Result<(String, String), String> {
     {
         return Err(format!("{}: the path holds whitespace", quote(url)));
     }
-    Ok((host_port.to_string(), path.to_string()))
+    Ok((host_port.to_string(), path.to_string(), https))
 }
 
 #[derive(Deserialize)]
@@ -1024,7 +1056,7 @@ fn check_reclaim(reclaim: &toml::Value) -> Result<(), (String, String)> {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    const GOOD: &str = r#"plaintext = true
 node_id = 2
 listen = "127.0.0.1:7302"
 data_dir = "data/2"
@@ -1420,9 +1452,12 @@ fallback_allowance_millitokens_per_s = 500000
     fn health_urls() {
         assert_eq!(
             parse_health_url("http://h:1/x").unwrap(),
-            ("h:1".to_string(), "/x".to_string())
+            ("h:1".to_string(), "/x".to_string(), false)
         );
-        assert!(parse_health_url("https://h:1").is_err());
+        assert_eq!(
+            parse_health_url("https://h:1").unwrap(),
+            ("h:1".to_string(), "/health".to_string(), true)
+        );
         assert!(parse_health_url("h").is_err());
         assert!(parse_health_url(&format!("http://h:1/{}", "x".repeat(3_000))).is_err());
     }

@@ -2,7 +2,9 @@
 //!
 //! Runs on every node, probes only while the node is the leader: each
 //! interval it sends `GET <path>` (HTTP/1.1, `Connection: close`) to each
-//! configured Region agent's HTTP listener. A probe succeeds when the answer
+//! configured Region agent's HTTP listener; for an `https://` target over
+//! mTLS with the node's certificate, the agent verified as
+//! `/region/<region>` (so a probe cannot be answered by anyone else). A probe succeeds when the answer
 //! is `200` and its JSON body says `"serving": true` (the agent's `/health`).
 //! `failures_to_unhealthy` consecutive failures make the verdict unhealthy;
 //! one success makes it healthy. The verdict is committed as a
@@ -143,7 +145,13 @@ pub async fn probe_with(
 }
 
 async fn exchange(connector: &dyn Connector, target: &ProbeTarget) -> std::io::Result<Vec<u8>> {
-    let mut stream = connector.stream(&target.host_port).await?;
+    let mut stream = if target.https {
+        connector
+            .secure_stream(&target.host_port, &target.region)
+            .await?
+    } else {
+        connector.stream(&target.host_port).await?
+    };
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
         target.path, target.host_port
@@ -366,6 +374,7 @@ mod tests {
             region: "eu".into(),
             host_port: address,
             path: "/health".into(),
+            https: false,
         };
         assert_eq!(
             probe(&target, Duration::from_secs(2)).await,

@@ -56,6 +56,18 @@ pub trait Connector: Send + Sync + 'static {
 
     /// A byte stream to `host_port` (the prober's HTTP exchange).
     fn stream(&self, host_port: &str) -> StreamFuture;
+
+    /// An mTLS byte stream to `host_port` whose server must be Region
+    /// `region`'s agent (the prober's HTTPS exchange). Only connectors
+    /// holding a certificate can: the others refuse.
+    fn secure_stream(&self, host_port: &str, region: &str) -> StreamFuture {
+        let _ = (host_port, region);
+        Box::pin(async {
+            Err(io::Error::other(
+                "https:// probes need the node's [tls] certificate",
+            ))
+        })
+    }
 }
 
 /// A lazily connected channel to `address` (`host:port`) over real TCP
@@ -215,12 +227,23 @@ impl fmt::Debug for Listen {
 #[derive(Clone)]
 pub struct TlsNodeConnector {
     tls: leasehold_tls::TlsConnector,
+    /// The same certificate offering `http/1.1` (the prober's probes).
+    http: leasehold_tls::TlsConnector,
 }
 
 impl TlsNodeConnector {
     pub fn new(settings: &leasehold_tls::TlsSettings) -> Result<Self, leasehold_tls::TlsError> {
+        let http = leasehold_tls::ClientOptions {
+            alpn: leasehold_tls::Alpn::Http1,
+            ..Default::default()
+        };
         Ok(TlsNodeConnector {
             tls: leasehold_tls::TlsConnector::new(settings.files(), &settings.trust_domain)?,
+            http: leasehold_tls::TlsConnector::with_options(
+                settings.files(),
+                &settings.trust_domain,
+                http,
+            )?,
         })
     }
 }
@@ -246,5 +269,21 @@ impl Connector for TlsNodeConnector {
 
     fn stream(&self, host_port: &str) -> StreamFuture {
         TcpConnector.stream(host_port)
+    }
+
+    fn secure_stream(&self, host_port: &str, region: &str) -> StreamFuture {
+        let (host_port, http) = (host_port.to_string(), self.http.clone());
+        let expected = leasehold_tls::ExpectedPeer::Identity(leasehold_tls::Identity::Region(
+            region.to_string(),
+        ));
+        Box::pin(async move {
+            let tcp = tokio::net::TcpStream::connect(&host_port).await?;
+            tcp.set_nodelay(true)?;
+            let tls = http
+                .connect_expecting(tcp, expected)
+                .await
+                .map_err(io::Error::other)?;
+            Ok(Box::new(tls) as BoxedStream)
+        })
     }
 }

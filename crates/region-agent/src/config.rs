@@ -84,16 +84,28 @@ pub struct AgentConfig {
     pub policy_file: PathBuf,
     #[serde(default)]
     pub store: StoreSettings,
-    /// `[tls]`: this agent's identity (`/region/<region>`), used for its
-    /// calls to the allocator (mTLS; the allocator must answer as a node).
-    /// Absent → plaintext to the allocator, logged at start.
+    /// `[tls]`: this agent's identity (`/region/<region>`): its calls to the
+    /// allocator (the allocator must answer as a node) and, unless turned
+    /// off below, both listeners. Required unless `plaintext = true`.
     #[serde(default)]
     pub tls: Option<leasehold_tls::TlsSettings>,
-    /// Serve `listen` with mTLS under the `[tls]` identity: every call
-    /// authorized (gateways `/gateway/<region>`, ReloadPolicy `/admin`,
-    /// Status `/sre` or `/admin`). False: plaintext, logged at start.
+    /// No `[tls]` at all: every listener and the allocator calls in
+    /// plaintext, for experiments on a trusted loopback (logged at start).
+    /// Without it, a config with no `[tls]` is refused (secure by default).
     #[serde(default)]
-    pub grpc_mtls: bool,
+    pub plaintext: bool,
+    /// Serve `listen` with mTLS under the `[tls]` identity (default with
+    /// `[tls]`): every call authorized (gateways `/gateway/<region>`,
+    /// ReloadPolicy `/admin`, Status `/sre` or `/admin`). `false`:
+    /// plaintext, logged at start.
+    #[serde(default)]
+    pub grpc_mtls: Option<bool>,
+    /// Serve `http_listen` (`/health`, `/metrics`) as HTTPS with client
+    /// certificates (default with `[tls]`): `/health` for the prober (node
+    /// identities), sre, admin and this Region's gateways; `/metrics` for
+    /// sre and admin. `false`: plaintext, logged at start.
+    #[serde(default)]
+    pub http_mtls: Option<bool>,
     /// A plaintext listener serving only Envoy's RLS, for a sidecar on the
     /// same host: a loopback address only.
     #[serde(default)]
@@ -246,6 +258,16 @@ pub enum ConfigError {
 }
 
 impl AgentConfig {
+    /// The gRPC listener's mTLS settings: `[tls]` unless `grpc_mtls = false`.
+    pub fn grpc_tls(&self) -> Option<leasehold_tls::TlsSettings> {
+        self.tls.clone().filter(|_| self.grpc_mtls != Some(false))
+    }
+
+    /// The HTTP listener's mTLS settings: `[tls]` unless `http_mtls = false`.
+    pub fn http_tls(&self) -> Option<leasehold_tls::TlsSettings> {
+        self.tls.clone().filter(|_| self.http_mtls != Some(false))
+    }
+
     /// Reads and validates a config file; paths inside become absolute.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
@@ -315,11 +337,32 @@ impl AgentConfig {
         if let Some(tls) = &self.tls {
             tls.check()?;
         }
-        if self.grpc_mtls && self.tls.is_none() {
-            return Err((
-                "grpc_mtls".into(),
-                "needs [tls] (the agent's certificate and the CA)".into(),
-            ));
+        match (&self.tls, self.plaintext) {
+            (None, false) => {
+                return Err((
+                    "tls".into(),
+                    "absent: name this agent's certificate in [tls] (see `leasehold certs init`), \
+                     or set plaintext = true for an experiment on a trusted network"
+                        .into(),
+                ))
+            }
+            (Some(_), true) => {
+                return Err((
+                    "plaintext".into(),
+                    "true with [tls]: drop one (turn a listener's mTLS off with grpc_mtls = false \
+                     or http_mtls = false)"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
+        for (field, on) in [("grpc_mtls", self.grpc_mtls), ("http_mtls", self.http_mtls)] {
+            if on == Some(true) && self.tls.is_none() {
+                return Err((
+                    field.into(),
+                    "needs [tls] (the agent's certificate and the CA)".into(),
+                ));
+            }
         }
         if let Some(rls) = self.rls_listen {
             if !rls.ip().is_loopback() {
@@ -367,7 +410,7 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    const GOOD: &str = r#"plaintext = true
 region = "eu"
 listen = "127.0.0.1:7101"
 http_listen = "127.0.0.1:7191"
@@ -480,6 +523,41 @@ policy_file = "policy.toml"
             e,
             "eu.toml:13: field global.pool[0].low_water_millitokens: 10 must be below chunk_millitokens (10)"
         );
+    }
+
+    const TLS: &str = "[tls]\ntrust_domain = \"leasehold.local\"\nca_file = \"ca.pem\"\ncert_file = \"region-eu.pem\"\nkey_file = \"region-eu-key.pem\"\n";
+
+    #[test]
+    fn a_config_without_tls_is_refused_unless_plaintext_is_chosen() {
+        let secure_default = GOOD.replace("plaintext = true", "");
+        let e = error(&secure_default);
+        assert!(e.starts_with("eu.toml:1: field tls: absent"), "{e}");
+        assert!(e.contains("plaintext = true"), "{e}");
+        let c = AgentConfig::parse("eu.toml", GOOD).unwrap();
+        assert!(c.grpc_tls().is_none() && c.http_tls().is_none());
+        let both = format!("{GOOD}{TLS}");
+        assert!(error(&both).starts_with("eu.toml:1: field plaintext: true with [tls]"));
+    }
+
+    #[test]
+    fn with_tls_both_listeners_are_mtls_unless_turned_off_one_by_one() {
+        let secure = format!("{}{TLS}", GOOD.replace("plaintext = true", ""));
+        let c = AgentConfig::parse("eu.toml", &secure).unwrap();
+        assert!(c.grpc_tls().is_some() && c.http_tls().is_some());
+        let http_off = secure.replace("[tls]", "http_mtls = false\n[tls]");
+        let c = AgentConfig::parse("eu.toml", &http_off).unwrap();
+        assert!(c.grpc_tls().is_some() && c.http_tls().is_none());
+        let grpc_off = secure.replace("[tls]", "grpc_mtls = false\n[tls]");
+        let c = AgentConfig::parse("eu.toml", &grpc_off).unwrap();
+        assert!(c.grpc_tls().is_none() && c.http_tls().is_some());
+        for field in ["grpc_mtls", "http_mtls"] {
+            let without = format!("{GOOD}{field} = true\n");
+            let e = error(&without);
+            assert_eq!(
+                e,
+                format!("eu.toml:7: field {field}: needs [tls] (the agent's certificate and the CA)")
+            );
+        }
     }
 
     #[test]

@@ -39,7 +39,9 @@ use crate::policy::{self, Bundle, PolicyHolder};
 use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::service::AgentService;
 use crate::store::BucketStore;
+use leasehold_tls::authz::{self, Call, Method};
 use leasehold_tls::gate::Gate;
+use leasehold_tls::PeerInfo;
 
 /// Who may reach the agent's gRPC services (ARCHITECTURE §8).
 #[derive(Clone, Debug, Default)]
@@ -48,6 +50,11 @@ pub struct ListenerSecurity {
     /// gateways need `/gateway/<region>`, ReloadPolicy `/admin`, Status
     /// `/sre` or `/admin`. `None`: plaintext, every call open (logged).
     pub grpc_tls: Option<leasehold_tls::TlsSettings>,
+    /// HTTPS with client certificates on `http_listen` with this identity:
+    /// `/health` for node identities (the prober), `/prober`, `/sre`,
+    /// `/admin` and `/gateway/<region>`; `/metrics` for `/sre` and
+    /// `/admin`. `None`: plaintext, open (logged).
+    pub http_tls: Option<leasehold_tls::TlsSettings>,
     /// A second, plaintext listener serving only Envoy's RLS (the usual
     /// sidecar on loopback); loopback addresses only (checked at load).
     pub rls_listen: Option<SocketAddr>,
@@ -177,7 +184,8 @@ impl AgentSpec {
             global: config.global.clone(),
             connector: allocator_connector(config)?,
             listeners: ListenerSecurity {
-                grpc_tls: config.grpc_mtls.then(|| config.tls.clone()).flatten(),
+                grpc_tls: config.grpc_tls(),
+                http_tls: config.http_tls(),
                 rls_listen: config.rls_listen,
             },
             limits: ListenerLimits {
@@ -518,9 +526,32 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         }));
     }
 
-    let router = http_router_limited(&built.decider, &built.limits.http);
+    let http_acceptor = match &listeners.http_tls {
+        Some(tls) => {
+            let options = leasehold_tls::ServerOptions {
+                alpn: leasehold_tls::Alpn::Http1,
+                ..Default::default()
+            };
+            Some(
+                leasehold_tls::TlsAcceptor::with_options(tls.files(), &tls.trust_domain, options)
+                    .map_err(|e| StartError::Listener {
+                        setting: "http_mtls",
+                        message: e.to_string(),
+                    })?,
+            )
+        }
+        None => {
+            leasehold_tls::warn_plaintext("agent HTTP listener (/health, /metrics)");
+            None
+        }
+    };
+    let mut router = http_router_limited(&built.decider, &built.limits.http);
+    if http_acceptor.is_some() {
+        router = authorize_http(router, built.decider.region.clone());
+    }
     tasks.push(tokio::spawn(serve_http(
         http,
+        http_acceptor,
         router,
         built.limits.http.clone(),
         signal.clone(),
@@ -542,12 +573,55 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
 /// does not spin while the condition lasts.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
+/// Asks the authorization table (ARCHITECTURE §8) before each HTTPS
+/// request: `/metrics` is [`Method::HttpMetrics`], every other path
+/// [`Method::HttpHealth`]; a refusal is 403 naming the identity and the
+/// method, written to the `audit` target. The caller's [`PeerInfo`] is
+/// set per connection by [`serve_http`].
+fn authorize_http(router: axum::Router, region: String) -> axum::Router {
+    let region: Arc<str> = region.into();
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let region = region.clone();
+            async move {
+                let method = if request.uri().path() == "/metrics" {
+                    Method::HttpMetrics
+                } else {
+                    Method::HttpHealth
+                };
+                let Some(peer) = request.extensions().get::<PeerInfo>() else {
+                    // Served only behind the TLS acceptor, which sets it.
+                    return (
+                        axum::http::StatusCode::FORBIDDEN,
+                        format!("{method}: no verified client identity"),
+                    )
+                        .into_response();
+                };
+                match authz::authorize(&peer.identity, &Call::for_region(method, &region)) {
+                    Ok(()) => next.run(request).await,
+                    Err(denied) => {
+                        authz::audit_refusal(&denied);
+                        (
+                            axum::http::StatusCode::FORBIDDEN,
+                            format!("PERMISSION_DENIED: {denied}\n"),
+                        )
+                            .into_response()
+                    }
+                }
+            }
+        },
+    ))
+}
+
 /// Serves `router` over HTTP/1.1 on `listener` with `limits`: hyper's head
 /// size cap (431) and header-read timeout, and an idle timeout on the
-/// connection's I/O ([`IdleTimeout`]). Ends when `stop` turns true, closing
-/// every connection.
+/// connection's I/O ([`IdleTimeout`]). With `tls`, every connection is an
+/// mTLS handshake first (bounded like the gRPC listener's, see
+/// [`leasehold_tls::incoming`]) and its requests carry the caller's
+/// [`PeerInfo`]. Ends when `stop` turns true, closing every connection.
 async fn serve_http(
     listener: TcpListener,
+    tls: Option<leasehold_tls::TlsAcceptor>,
     router: axum::Router,
     limits: HttpLimits,
     stop: watch::Receiver<bool>,
@@ -558,49 +632,88 @@ async fn serve_http(
         .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms.max(1)))
         .max_header_size(usize::try_from(limits.max_header_bytes).unwrap_or(usize::MAX));
     let idle = Duration::from_millis(limits.idle_timeout_ms.max(1));
-    loop {
-        let mut stopping = stop.clone();
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stopping.wait_for(|stop| *stop) => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "HTTP accept failed");
-                tokio::time::sleep(ACCEPT_RETRY).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let io = hyper_util::rt::TokioIo::new(IdleTimeout::new(stream, idle));
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection(io, service);
-        let mut stopping = stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                served = connection => {
-                    if let Err(e) = served {
-                        tracing::debug!(error = %e, "HTTP connection closed");
+    match tls {
+        Some(acceptor) => {
+            use tokio_stream::StreamExt;
+            let mut incoming = std::pin::pin!(leasehold_tls::incoming(listener, acceptor));
+            loop {
+                let mut stopping = stop.clone();
+                let connection = tokio::select! {
+                    next = incoming.next() => next,
+                    _ = stopping.wait_for(|stop| *stop) => return,
+                };
+                match connection {
+                    Some(Ok(connection)) => {
+                        let peer = connection.peer().clone();
+                        serve_connection(&builder, &router, &stop, IdleTimeout::new(connection, idle), Some(peer));
                     }
+                    // `incoming` yields no errors; its end ends the server.
+                    Some(Err(_)) => continue,
+                    None => return,
                 }
-                _ = stopping.wait_for(|stop| *stop) => {}
             }
-        });
+        }
+        None => loop {
+            let mut stopping = stop.clone();
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stopping.wait_for(|stop| *stop) => return,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "HTTP accept failed");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            serve_connection(&builder, &router, &stop, IdleTimeout::new(stream, idle), None);
+        },
     }
+}
+
+/// Serves one HTTP connection in its own task until it closes or `stop`
+/// turns true; its requests carry `peer` when it is an mTLS connection.
+fn serve_connection<S>(
+    builder: &hyper::server::conn::http1::Builder,
+    router: &axum::Router,
+    stop: &watch::Receiver<bool>,
+    io: S,
+    peer: Option<PeerInfo>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let router = match peer {
+        Some(peer) => router.clone().layer(axum::Extension(peer)),
+        None => router.clone(),
+    };
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    let mut stopping = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            served = connection => {
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, "HTTP connection closed");
+                }
+            }
+            _ = stopping.wait_for(|stop| *stop) => {}
+        }
+    });
 }
 
 /// A stream that fails with `TimedOut` once nothing was read or written on
 /// it for `timeout` while its user waits on it: hyper then drops the
 /// connection. Keeps a kept-alive or stalled client from holding a socket.
-struct IdleTimeout {
-    inner: tokio::net::TcpStream,
+struct IdleTimeout<S> {
+    inner: S,
     timeout: Duration,
     deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
-impl IdleTimeout {
-    fn new(inner: tokio::net::TcpStream, timeout: Duration) -> Self {
+impl<S> IdleTimeout<S> {
+    fn new(inner: S, timeout: Duration) -> Self {
         IdleTimeout {
             inner,
             timeout,
@@ -629,7 +742,7 @@ impl IdleTimeout {
     }
 }
 
-impl tokio::io::AsyncRead for IdleTimeout {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for IdleTimeout<S> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -649,7 +762,7 @@ impl tokio::io::AsyncRead for IdleTimeout {
     }
 }
 
-impl tokio::io::AsyncWrite for IdleTimeout {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for IdleTimeout<S> {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

@@ -539,6 +539,7 @@ async fn run_prober(scenario: Arc<Scenario>) -> HostResult {
                 region: region.name.clone(),
                 host_port: format!("{}:{AGENT_HTTP_PORT}", agent_host(&region.name)),
                 path: "/health".into(),
+                https: false,
             };
             let outcome =
                 prober::probe_with(&*connector, &target, Duration::from_millis(300)).await;

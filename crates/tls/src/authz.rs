@@ -15,7 +15,12 @@
 //! | prober | HealthReport |
 //! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus |
 //! | sre | Inspect, Status, Health, NodeStatus (read-only) |
-//! | gateway/r | the agent's Check, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health — on r's agent |
+//! | gateway/r | the agent's Check, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
+//!
+//! The agent's HTTPS listener: `/health` (HttpHealth) for the prober (it
+//! runs on the leader node, so `node/id` and `prober`), sre, admin and
+//! the Region's gateways; `/metrics` (HttpMetrics) for sre and admin (a
+//! Prometheus scraper presents the sre certificate).
 
 use std::fmt;
 
@@ -56,11 +61,14 @@ pub enum Method {
     Health,
     Status,
     ReloadPolicy,
+    // Agent: the HTTPS listener.
+    HttpHealth,
+    HttpMetrics,
 }
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 26] = [
+    pub const ALL: [Method; 28] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -87,6 +95,8 @@ impl Method {
         Method::Health,
         Method::Status,
         Method::ReloadPolicy,
+        Method::HttpHealth,
+        Method::HttpMetrics,
     ];
 
     pub fn name(self) -> &'static str {
@@ -117,6 +127,8 @@ impl Method {
             Method::Health => "Health",
             Method::Status => "Status",
             Method::ReloadPolicy => "ReloadPolicy",
+            Method::HttpHealth => "GET /health",
+            Method::HttpMetrics => "GET /metrics",
         }
     }
 
@@ -223,25 +235,30 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
         (Identity::Region(_), Inspect) => {
             deny("a Region may inspect one named pool, without grant records")
         }
-        (Identity::Node(_), AppendEntries | Vote | InstallSnapshot | NodeStatus) => Ok(()),
-        (Identity::Prober, HealthReport) => Ok(()),
+        // The leader's prober reads agents' /health with its node identity.
+        (Identity::Node(_), AppendEntries | Vote | InstallSnapshot | NodeStatus | HttpHealth) => {
+            Ok(())
+        }
+        (Identity::Prober, HealthReport | HttpHealth) => Ok(()),
         (
             Identity::Admin,
             CreatePool | UpdatePool | Freeze | Reclaim | AddNode | RemoveNode | RemoveRegion
-            | ReloadPolicy | Inspect | Status | Health | NodeStatus,
+            | ReloadPolicy | Inspect | Status | Health | NodeStatus | HttpHealth | HttpMetrics,
         ) => Ok(()),
-        (Identity::Sre, Inspect | Status | Health | NodeStatus) => Ok(()),
+        (Identity::Sre, Inspect | Status | Health | NodeStatus | HttpHealth | HttpMetrics) => {
+            Ok(())
+        }
         (
             Identity::Gateway(own),
             Check | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
-            | ShouldRateLimit | Health,
+            | ShouldRateLimit | Health | HttpHealth,
         ) => match call.region {
             Some(region) if region == own.as_str() => Ok(()),
             _ => deny("a gateway calls only its own Region's agent"),
         },
         (Identity::Region(_) | Identity::Gateway(_), _) => deny("not a Region's or gateway's call"),
-        (Identity::Node(_), _) => deny("node identities call raft RPCs only"),
-        (Identity::Prober, _) => deny("the prober may only report health"),
+        (Identity::Node(_), _) => deny("node identities call raft RPCs and read /health only"),
+        (Identity::Prober, _) => deny("the prober may only report and read health"),
         (Identity::Admin, _) => deny("not an admin call"),
         (Identity::Sre, _) => deny("sre is read-only"),
     }
@@ -310,7 +327,7 @@ mod tests {
         Method::RemoveRegion,
         Method::ReloadPolicy,
     ];
-    const GATEWAY_CALLS: [Method; 7] = [
+    const GATEWAY_CALLS: [Method; 8] = [
         Method::Check,
         Method::LeaseBlock,
         Method::ReturnBlock,
@@ -318,6 +335,7 @@ mod tests {
         Method::ReleaseConcurrency,
         Method::ShouldRateLimit,
         Method::Health,
+        Method::HttpHealth,
     ];
 
     #[test]
@@ -356,7 +374,8 @@ mod tests {
         let node = Identity::Node(2);
         for method in Method::ALL {
             let call = Call::for_region(method, "eu");
-            assert_eq!(allowed(&node, call), RAFT.contains(&method), "{method}");
+            let expected = RAFT.contains(&method) || method == Method::HttpHealth;
+            assert_eq!(allowed(&node, call), expected, "{method}");
         }
         for method in RAFT {
             for identity in [region("eu"), Identity::Prober, gateway("eu")] {
@@ -383,8 +402,9 @@ mod tests {
             );
         }
         assert!(allowed(&Identity::Prober, Call::new(Method::HealthReport)));
+        assert!(allowed(&Identity::Prober, Call::new(Method::HttpHealth)));
         for method in Method::ALL {
-            if method != Method::HealthReport {
+            if method != Method::HealthReport && method != Method::HttpHealth {
                 assert!(!allowed(&Identity::Prober, Call::new(method)), "{method}");
             }
         }
@@ -426,7 +446,12 @@ mod tests {
         for method in Method::ALL {
             let reads = matches!(
                 method,
-                Method::Inspect | Method::Status | Method::Health | Method::NodeStatus
+                Method::Inspect
+                    | Method::Status
+                    | Method::Health
+                    | Method::NodeStatus
+                    | Method::HttpHealth
+                    | Method::HttpMetrics
             );
             assert_eq!(
                 allowed(&Identity::Sre, Call::for_region(method, "eu")),
@@ -453,6 +478,43 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn metrics_are_read_by_sre_and_admin_only() {
+        for identity in [
+            Identity::Sre,
+            Identity::Admin,
+            region("eu"),
+            Identity::Node(1),
+            Identity::Prober,
+            gateway("eu"),
+        ] {
+            let expected = matches!(identity, Identity::Sre | Identity::Admin);
+            assert_eq!(
+                allowed(&identity, Call::for_region(Method::HttpMetrics, "eu")),
+                expected,
+                "{identity}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_health_page_is_read_by_the_prober_nodes_operators_and_own_gateways() {
+        for identity in [
+            Identity::Node(3),
+            Identity::Prober,
+            Identity::Sre,
+            Identity::Admin,
+            gateway("eu"),
+        ] {
+            assert!(
+                allowed(&identity, Call::for_region(Method::HttpHealth, "eu")),
+                "{identity}"
+            );
+        }
+        assert!(!allowed(&gateway("us"), Call::for_region(Method::HttpHealth, "eu")));
+        assert!(!allowed(&region("eu"), Call::for_region(Method::HttpHealth, "eu")));
     }
 
     #[test]

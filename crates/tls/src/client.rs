@@ -305,6 +305,33 @@ pub async fn channel(
         .map_err(|error| invalid(transport_reason(&error)))
 }
 
+/// A lazily connected tonic channel to `endpoint_addr` (as in [`channel`])
+/// over mTLS, the server verified against `expected`: nothing is dialled
+/// until the first call, and every reconnect handshakes again (with the
+/// certificate files then in force). `connect_timeout` bounds the TCP
+/// connect; the handshake has its own timeout.
+pub fn lazy_channel(
+    endpoint_addr: &str,
+    connector: TlsConnector,
+    expected: ExpectedPeer,
+    connect_timeout: Duration,
+) -> Result<Channel, TlsError> {
+    let authority = endpoint_addr
+        .strip_prefix("https://")
+        .or_else(|| endpoint_addr.strip_prefix("http://"))
+        .unwrap_or(endpoint_addr)
+        .trim_end_matches('/');
+    let endpoint = Endpoint::from_shared(format!("http://{authority}")).map_err(|error| {
+        TlsError::Connect {
+            target: leasehold_logging::quote(endpoint_addr),
+            reason: error.to_string(),
+        }
+    })?;
+    Ok(endpoint
+        .connect_timeout(connect_timeout)
+        .connect_with_connector_lazy(GrpcConnector::new(connector, expected)))
+}
+
 /// A tonic transport error with its sources (tonic's own Display is just
 /// "transport error").
 fn transport_reason(error: &tonic::transport::Error) -> String {

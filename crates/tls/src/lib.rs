@@ -37,7 +37,7 @@ pub mod server;
 pub mod settings;
 mod verify;
 
-pub use client::{channel, ClientOptions, ExpectedPeer, GrpcConnector, TlsConnector};
+pub use client::{channel, lazy_channel, ClientOptions, ExpectedPeer, GrpcConnector, TlsConnector};
 pub use error::TlsError;
 pub use files::TlsFiles;
 pub use identity::{identity_of, parse_spiffe, Identity, IdentityError};
