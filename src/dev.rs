@@ -39,9 +39,9 @@ use leasehold_proto::allocator::v1 as allocator_pb;
 use leasehold_region_agent::config::AgentConfig;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
 use leasehold_tls::{Identity, TlsSettings};
-use tonic::transport::Channel;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
+use tonic::transport::Channel;
 
 /// The pools the leader creates (the file `leasehold allocator` reads too).
 const POOLS_TOML: &str = include_str!("../deploy/regions/allocator-pools.toml");
@@ -771,7 +771,11 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
                 "https",
             )
         }
-        None => ("curl -s".to_string(), "grpcurl -plaintext".to_string(), "http"),
+        None => (
+            "curl -s".to_string(),
+            "grpcurl -plaintext".to_string(),
+            "http",
+        ),
     };
     let _ = write!(
         out,

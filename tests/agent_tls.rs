@@ -280,7 +280,10 @@ async fn the_http_listener_answers_only_the_identities_the_table_names() {
     for (stem, identity) in [("gateway-us", "/gateway/us"), ("region-eu", "/region/eu")] {
         let (status, body) = https_get(&s, stem, "/health").await.expect(stem);
         assert_eq!(status, 403, "{stem}: {body}");
-        assert!(body.contains(identity) && body.contains("GET /health"), "{body}");
+        assert!(
+            body.contains(identity) && body.contains("GET /health"),
+            "{body}"
+        );
     }
     for stem in ["sre", "admin"] {
         let (status, body) = https_get(&s, stem, "/metrics").await.expect(stem);
@@ -294,7 +297,10 @@ async fn the_http_listener_answers_only_the_identities_the_table_names() {
     ] {
         let (status, body) = https_get(&s, stem, "/metrics").await.expect(stem);
         assert_eq!(status, 403, "{stem}: {body}");
-        assert!(body.contains(identity) && body.contains("GET /metrics"), "{body}");
+        assert!(
+            body.contains(identity) && body.contains("GET /metrics"),
+            "{body}"
+        );
     }
     // Plain HTTP to the HTTPS port gets no answer (the handshake fails).
     let plain = ProbeTarget {
@@ -303,7 +309,8 @@ async fn the_http_listener_answers_only_the_identities_the_table_names() {
         path: "/health".into(),
         https: false,
     };
-    let outcome = prober::probe_with(&TcpConnector, &plain, std::time::Duration::from_secs(10)).await;
+    let outcome =
+        prober::probe_with(&TcpConnector, &plain, std::time::Duration::from_secs(10)).await;
     assert!(matches!(outcome, ProbeOutcome::Failed(_)), "{outcome:?}");
     s.agent.stop().await;
 }

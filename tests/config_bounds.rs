@@ -932,7 +932,7 @@ fn a_malformed_redis_url_names_the_file_line_and_setting_without_echoing_it() {
     let (success, stderr) = run_config(Agent, &path);
     assert!(!success);
     let expected = format!(
-        "{}:6: field redis_url: not a usable Redis URL",
+        "{}:7: field redis_url: not a usable Redis URL",
         path.display()
     );
     assert!(stderr.contains(&expected), "{expected}\n{stderr}");

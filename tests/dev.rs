@@ -328,11 +328,27 @@ fn pooled_check(route_group: &str, id: &str) -> pb::CheckRequest {
     }
 }
 
-/// One Check on the `pooled` domain: (rule reported, allowed).
-async fn check(port: u16, route_group: &str, id: &str) -> Result<(String, bool), String> {
-    let mut client = AgentClient::connect(format!("http://127.0.0.1:{port}"))
+/// One Check on the `pooled` domain as `region`'s gateway (mTLS, the
+/// agent verified as `/region/<region>`): (rule reported, allowed).
+async fn check(
+    region: &str,
+    port: u16,
+    route_group: &str,
+    id: &str,
+) -> Result<(String, bool), String> {
+    let tls = leasehold_tls::TlsSettings::in_dir(
+        std::path::Path::new(certs_dir()),
+        &format!("gateway-{region}"),
+        "leasehold.local",
+    );
+    let connector = leasehold_tls::TlsConnector::new(tls.files(), &tls.trust_domain)
+        .map_err(|e| e.to_string())?;
+    let expected =
+        leasehold_tls::ExpectedPeer::Identity(leasehold_tls::Identity::Region(region.to_string()));
+    let channel = leasehold_tls::channel(&format!("127.0.0.1:{port}"), connector, expected)
         .await
         .map_err(|e| e.to_string())?;
+    let mut client = AgentClient::new(channel);
     let decision = client
         .check(pooled_check(route_group, id))
         .await
@@ -356,7 +372,8 @@ fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm()
     assert!(sum <= limit, "{shares:?}");
     // mTLS by default: the same read without certificates gets no answer.
     assert!(
-        dev.stdout().contains("mTLS on: certificates in"),
+        dev.stdout()
+            .contains("mTLS on every listener: certificates in"),
         "{}",
         dev.stdout()
     );
@@ -381,7 +398,7 @@ fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm()
                 |_| {
                     attempt += 1;
                     let id = format!("dev-test-{region}-{route_group}-{attempt}");
-                    match runtime.block_on(check(grpc + offset, route_group, &id)) {
+                    match runtime.block_on(check(region, grpc + offset, route_group, &id)) {
                         Ok((policy_id, allowed)) => {
                             assert_eq!(policy_id, rule, "{region} {route_group}");
                             allowed.then_some(())
@@ -392,6 +409,20 @@ fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm()
             );
         }
     }
+
+    // The agents' gRPC listeners are mTLS too: a plaintext Check gets no
+    // decision.
+    let (_, eu_grpc, _) = AGENTS[0];
+    let plaintext = runtime.block_on(async {
+        let mut client = AgentClient::connect(format!("http://127.0.0.1:{}", eu_grpc + offset))
+            .await
+            .map_err(|e| e.to_string())?;
+        client
+            .check(pooled_check("rate", "dev-test-plaintext"))
+            .await
+            .map_err(|status| status.to_string())
+    });
+    assert!(plaintext.is_err(), "a plaintext Check was answered");
 
     let data_dir = dev.data_dir().expect("the banner names the data directory");
     assert!(data_dir.exists(), "{}", data_dir.display());

@@ -38,8 +38,14 @@ config_value() { # config_value FILE KEY: the quoted value of a top-level KEY = 
   sed -n "s/^$2[[:space:]]*=[[:space:]]*\"\([^\"]*\)\".*/\1/p" "$1" | head -n 1
 }
 
-health_url() { # the agent's http_listen, read from its config
-  echo "http://$(config_value "$here/agent-$1.toml" http_listen)/health"
+health_url() { # the agent's http_listen, read from its config (HTTPS: mTLS on)
+  echo "https://$(config_value "$here/agent-$1.toml" http_listen)/health"
+}
+
+# curl as the sre identity (the agents' HTTP listeners want a client
+# certificate the CA signed).
+curl_sre() {
+  curl --cacert "$certs/ca.pem" --cert "$certs/sre.pem" --key "$certs/sre.key" "$@"
 }
 
 # Refuses to start NAME when something else already listens on ADDR
@@ -87,9 +93,9 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 healthy() {
   if command -v curl >/dev/null; then
-    curl -fsS --max-time 1 "$1" >/dev/null 2>&1
+    curl_sre -fsS --max-time 1 "$1" >/dev/null 2>&1
   else
-    local hostport="${1#http://}"; hostport="${hostport%%/*}"
+    local hostport="${1#https://}"; hostport="${hostport%%/*}"
     port_open "${hostport##*:}"
   fi
 }
@@ -230,7 +236,7 @@ up() {
 run-local: up. Try:
   $bin pool show api-rate --tls-dir $certs   # shares appear within a few rebalance intervals (5 s each)
   $bin region list --tls-dir $certs          # or: export LEASEHOLD_TLS_DIR=$certs
-  curl -s $(health_url eu)
+  curl -s --cacert $certs/ca.pem --cert $certs/sre.pem --key $certs/sre.key $(health_url eu)
   $0 down
 EOF
 }
@@ -278,7 +284,7 @@ status() {
   done
   for region in "${regions[@]}"; do
     if healthy "$(health_url "$region")"; then
-      printf '%-12s %s\n' "health $region" "$(curl -fsS --max-time 1 "$(health_url "$region")" 2>/dev/null || echo answers)"
+      printf '%-12s %s\n' "health $region" "$(curl_sre -fsS --max-time 1 "$(health_url "$region")" 2>/dev/null || echo answers)"
     fi
   done
 }

@@ -803,12 +803,13 @@ fn parse_prober(
                 ),
             )
         })?;
-        let (host_port, path, https) = parse_health_url(target.health.get_ref()).map_err(|message| {
-            here.at(
-                target.health.span(),
-                format!("prober.region.health: {message}"),
-            )
-        })?;
+        let (host_port, path, https) =
+            parse_health_url(target.health.get_ref()).map_err(|message| {
+                here.at(
+                    target.health.span(),
+                    format!("prober.region.health: {message}"),
+                )
+            })?;
         if prober
             .targets
             .iter()

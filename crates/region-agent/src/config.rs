@@ -555,7 +555,9 @@ policy_file = "policy.toml"
             let e = error(&without);
             assert_eq!(
                 e,
-                format!("eu.toml:7: field {field}: needs [tls] (the agent's certificate and the CA)")
+                format!(
+                    "eu.toml:7: field {field}: needs [tls] (the agent's certificate and the CA)"
+                )
             );
         }
     }

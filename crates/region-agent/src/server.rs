@@ -535,9 +535,9 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             Some(
                 leasehold_tls::TlsAcceptor::with_options(tls.files(), &tls.trust_domain, options)
                     .map_err(|e| StartError::Listener {
-                        setting: "http_mtls",
-                        message: e.to_string(),
-                    })?,
+                    setting: "http_mtls",
+                    message: e.to_string(),
+                })?,
             )
         }
         None => {
@@ -645,7 +645,13 @@ async fn serve_http(
                 match connection {
                     Some(Ok(connection)) => {
                         let peer = connection.peer().clone();
-                        serve_connection(&builder, &router, &stop, IdleTimeout::new(connection, idle), Some(peer));
+                        serve_connection(
+                            &builder,
+                            &router,
+                            &stop,
+                            IdleTimeout::new(connection, idle),
+                            Some(peer),
+                        );
                     }
                     // `incoming` yields no errors; its end ends the server.
                     Some(Err(_)) => continue,
@@ -668,7 +674,13 @@ async fn serve_http(
                 }
             };
             let _ = stream.set_nodelay(true);
-            serve_connection(&builder, &router, &stop, IdleTimeout::new(stream, idle), None);
+            serve_connection(
+                &builder,
+                &router,
+                &stop,
+                IdleTimeout::new(stream, idle),
+                None,
+            );
         },
     }
 }

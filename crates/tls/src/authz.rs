@@ -513,8 +513,14 @@ mod tests {
                 "{identity}"
             );
         }
-        assert!(!allowed(&gateway("us"), Call::for_region(Method::HttpHealth, "eu")));
-        assert!(!allowed(&region("eu"), Call::for_region(Method::HttpHealth, "eu")));
+        assert!(!allowed(
+            &gateway("us"),
+            Call::for_region(Method::HttpHealth, "eu")
+        ));
+        assert!(!allowed(
+            &region("eu"),
+            Call::for_region(Method::HttpHealth, "eu")
+        ));
     }
 
     #[test]
