@@ -347,6 +347,49 @@ async fn the_prober_probes_over_https_and_verifies_the_agents_region() {
     s.agent.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_library_decides_over_mtls_as_its_regions_gateway_only() {
+    use leasehold_client::{AdmitRequest, FailMode, Limiter, LimiterConfig, LimiterError};
+    let s = secured_agent().await;
+    let endpoint = s.agent.grpc_addr.to_string();
+    let config = || LimiterConfig {
+        fail_mode: FailMode::Closed,
+        // Patient: a slow machine must not turn an answer into a fail mode.
+        deadline_ms: 10_000,
+        ..LimiterConfig::default()
+    };
+    let limiter = Limiter::connect_mtls(&endpoint, &s.settings("gateway-eu"), "eu", config())
+        .expect("eu's gateway certificate");
+    let decision = limiter
+        .admit(AdmitRequest::new(target("atlas", "dora", "search"), 1))
+        .await;
+    assert!(decision.allowed, "{decision:?}");
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.checks, stats.check_failures, stats.fail_mode_decisions),
+        (1, 0, 0)
+    );
+    // A certificate that is not eu's gateway is refused before any call.
+    for stem in ["gateway-us", "region-eu", "admin"] {
+        match Limiter::connect_mtls(&endpoint, &s.settings(stem), "eu", config()) {
+            Err(LimiterError::NotThisRegionsGateway { found, .. }) => {
+                assert!(!found.contains("gateway/eu"), "{stem}: {found}")
+            }
+            other => panic!("{stem}: {other:?}"),
+        }
+    }
+    // us's gateway does not take eu's agent for its own: no decision, the
+    // fail mode (closed) answers.
+    let astray = Limiter::connect_mtls(&endpoint, &s.settings("gateway-us"), "us", config())
+        .expect("us's gateway certificate");
+    let decision = astray
+        .admit(AdmitRequest::new(target("atlas", "dora", "search"), 1))
+        .await;
+    assert!(!decision.allowed, "{decision:?}");
+    assert_eq!(astray.stats().fail_mode_decisions, 1);
+    s.agent.stop().await;
+}
+
 #[test]
 fn plaintext_rls_must_be_on_loopback_and_mtls_needs_a_certificate() {
     const GOOD: &str =

@@ -99,7 +99,23 @@ pub enum LimiterError {
     Config(#[from] ConfigError),
     #[error("a Limiter must be made inside a Tokio runtime")]
     NoRuntime,
+    /// The certificate files cannot serve (the error names the file).
+    #[error("gateway mTLS: {0}")]
+    Tls(#[from] leasehold_tls::TlsError),
+    /// The certificate is not this Region's gateway: the agent would
+    /// refuse every call, so the limiter is refused at once.
+    #[error("gateway mTLS: {cert} names {found}, not /gateway/{region}")]
+    NotThisRegionsGateway {
+        cert: String,
+        found: String,
+        region: String,
+    },
 }
+
+/// Bound on the TCP connect to the agent under mTLS (the handshake has
+/// its own bound); a failed connect is a fail-mode decision, retried on the
+/// next call.
+pub const MTLS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One request to admit.
 #[derive(Debug, Clone, PartialEq)]
@@ -186,6 +202,39 @@ impl Limiter {
             return Err(LimiterError::NoRuntime);
         }
         Self::with_channel(endpoint.connect_lazy(), config)
+    }
+
+    /// A limiter for `region`'s agent at `endpoint` (`host:port`) over mTLS
+    /// (ARCHITECTURE §8): this gateway presents `tls`'s certificate, which
+    /// must name `/gateway/<region>`, and accepts only an agent whose
+    /// certificate names `/region/<region>`. The files are re-read when
+    /// they change (rotation without restart); each reconnect handshakes
+    /// with the files then in force. The connection is made on first use.
+    /// Must be called inside a Tokio runtime.
+    pub fn connect_mtls(
+        endpoint: &str,
+        tls: &leasehold_tls::TlsSettings,
+        region: &str,
+        config: LimiterConfig,
+    ) -> Result<Self, LimiterError> {
+        use leasehold_tls::{ExpectedPeer, Identity};
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LimiterError::NoRuntime);
+        }
+        let files = tls.files();
+        let own = leasehold_tls::files::own_identity(&files, &tls.trust_domain)?;
+        if own != Identity::Gateway(region.to_string()) {
+            return Err(LimiterError::NotThisRegionsGateway {
+                cert: files.cert.display().to_string(),
+                found: own.to_string(),
+                region: region.to_string(),
+            });
+        }
+        let connector = leasehold_tls::TlsConnector::new(files, &tls.trust_domain)?;
+        let expected = ExpectedPeer::Identity(Identity::Region(region.to_string()));
+        let channel =
+            leasehold_tls::lazy_channel(endpoint, connector, expected, MTLS_CONNECT_TIMEOUT)?;
+        Self::with_channel(channel, config)
     }
 
     /// A limiter over a channel the caller built (TLS, custom timeouts).
