@@ -366,7 +366,11 @@ async fn the_gateway_library_decides_over_mtls_as_its_regions_gateway_only() {
     assert!(decision.allowed, "{decision:?}");
     let stats = limiter.stats();
     assert_eq!(
-        (stats.checks, stats.check_failures, stats.fail_mode_decisions),
+        (
+            stats.checks,
+            stats.check_failures,
+            stats.fail_mode_decisions
+        ),
         (1, 0, 0)
     );
     // A certificate that is not eu's gateway is refused before any call.

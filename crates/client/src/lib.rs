@@ -25,6 +25,10 @@
 //! - [`clock`], [`random`]: injected monotonic time and seedable randomness.
 //! - [`lru`]: the bounded LRU map behind the caps.
 //!
+//! Under mTLS (the agent's default with `[tls]`), make the limiter with
+//! [`Limiter::connect_mtls`]: it presents the `/gateway/<region>`
+//! certificate and accepts only the agent of that Region.
+//!
 //! ```no_run
 //! # async fn example() -> Result<(), leasehold_client::LimiterError> {
 //! use leasehold_client::{http, AdmitRequest, Limiter, LimiterConfig};
