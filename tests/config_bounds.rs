@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use leasehold_allocator::node_config::{
-    Bound, NodeConfig, MAX_PEERS, MAX_POOLS_IN_FILE, MAX_PROBED_REGIONS, NODE_BOUNDS, POOL_BOUNDS,
+    Bound, NodeConfig, GRPC_LIMITS_BOUNDS, MAX_PEERS, MAX_POOLS_IN_FILE, MAX_PROBED_REGIONS,
+    NODE_BOUNDS, POOL_BOUNDS,
 };
 use leasehold_region_agent::config::{AgentConfig, AGENT_BOUNDS};
 use leasehold_region_agent::global::settings::{GLOBAL_BOUNDS, MAX_ALLOCATORS, MAX_GLOBAL_POOLS};
@@ -432,6 +433,7 @@ impl Case {
     fn exported(&self) -> Bound {
         let path = self.path();
         let table: &[Bound] = match self.kind {
+            Node | Agent if path.starts_with("limits.") => GRPC_LIMITS_BOUNDS,
             Node => NODE_BOUNDS,
             WindowPool | TwoSignalPool | LeasePool => POOL_BOUNDS,
             Agent if path.starts_with("global.") => GLOBAL_BOUNDS,
@@ -623,6 +625,7 @@ fn the_table_covers_every_bound_the_code_checks() {
     }
     let tables = [
         (NODE_BOUNDS, &[Node][..]),
+        (GRPC_LIMITS_BOUNDS, &[Node, Agent][..]),
         (POOL_BOUNDS, &[WindowPool, TwoSignalPool, LeasePool][..]),
         (AGENT_BOUNDS, &[Agent][..]),
         (GLOBAL_BOUNDS, &[Agent][..]),
@@ -680,9 +683,15 @@ fn documented(section: &str) -> BTreeMap<String, (u64, u64, bool)> {
 #[test]
 fn documented_ranges_are_the_enforced_ones() {
     let sections = [
-        ("Allocator node config", NODE_BOUNDS.to_vec()),
+        (
+            "Allocator node config",
+            [NODE_BOUNDS, GRPC_LIMITS_BOUNDS].concat(),
+        ),
         ("Pools file", POOL_BOUNDS.to_vec()),
-        ("Agent config", [AGENT_BOUNDS, GLOBAL_BOUNDS].concat()),
+        (
+            "Agent config",
+            [AGENT_BOUNDS, GRPC_LIMITS_BOUNDS, GLOBAL_BOUNDS].concat(),
+        ),
     ];
     for (section, bounds) in sections {
         let rows = documented(section);

@@ -3,7 +3,7 @@
 //! Relative paths are resolved against the config file's directory. Every
 //! error names the file and the line it comes from (`file:line: message`);
 //! every number is checked against its documented range before anything
-//! else ([`NODE_BOUNDS`], [`POOL_BOUNDS`], table in `docs/configuration.md`),
+//! else ([`NODE_BOUNDS`], [`GRPC_LIMITS_BOUNDS`], [`POOL_BOUNDS`], table in `docs/configuration.md`),
 //! and a refusal states that range. The helpers that do it ([`Bound`],
 //! [`check_bounds`], over [`leasehold_config_text`]'s spanned tree) serve
 //! the agent's config too.
@@ -229,6 +229,11 @@ pub const NODE_BOUNDS: &[Bound] = &[
     Bound::new("prober.interval_ms", 10, MAX_TIMEOUT_MS),
     Bound::new("prober.timeout_ms", 1, MAX_TIMEOUT_MS),
     Bound::new("prober.failures_to_unhealthy", 1, 1_000),
+];
+
+/// The ranges of a gRPC listener's `[limits]`, the same in the node's and
+/// the agent's config (only the default message size differs).
+pub const GRPC_LIMITS_BOUNDS: &[Bound] = &[
     Bound::new("limits.concurrency_per_connection", 1, MAX_STREAMS),
     Bound::new("limits.max_concurrent_streams", 1, MAX_STREAMS),
     Bound::new("limits.request_timeout_ms", 1, MAX_TIMEOUT_MS),
@@ -306,7 +311,7 @@ impl GrpcLimits {
     /// A tonic server builder with every limit but the message size (set
     /// per service: see [`GrpcLimits::message_bytes`]).
     pub fn server(&self) -> tonic::transport::Server {
-        // The bounds (NODE_BOUNDS, AGENT_BOUNDS) keep every value far below
+        // The bounds (GRPC_LIMITS_BOUNDS) keep every value far below
         // u32::MAX and usize::MAX; saturate rather than trust a hand-built
         // value.
         let clamp_u32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
@@ -579,6 +584,7 @@ impl NodeConfig {
     pub fn parse(file: &str, text: &str, base: &Path) -> Result<Self, NodeConfigError> {
         let here = Located::new(file, text)?;
         here.bounds(&here.tree, NODE_BOUNDS, "")?;
+        here.bounds(&here.tree, GRPC_LIMITS_BOUNDS, "")?;
         let raw: RawConfig = here.parse()?;
         let node_id = raw.node_id;
         let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|e| {

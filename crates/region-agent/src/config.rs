@@ -1,7 +1,7 @@
 //! The agent's config file (TOML). Relative paths are resolved against the
 //! config file's directory. Every refusal names the file and line; every
 //! number is checked against its documented range first ([`AGENT_BOUNDS`],
-//! [`GLOBAL_BOUNDS`], table in `docs/configuration.md`) and a refusal states
+//! [`GRPC_LIMITS_BOUNDS`], [`GLOBAL_BOUNDS`], table in `docs/configuration.md`) and a refusal states
 //! that range. Line numbers come from [`leasehold_config_text`] and the
 //! allocator's config helpers ([`check_bounds`]), shared by every Leasehold
 //! config file.
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_allocator::node_config::{
-    check_bounds, check_path_text, read_config_file, Bound, GrpcLimits, MAX_HEADER_LIST_BYTES,
-    MAX_MESSAGE_BYTES, MAX_STREAMS, MAX_TIMEOUT_MS, MAX_URL_BYTES, MIN_MESSAGE_BYTES,
+    check_bounds, check_path_text, read_config_file, Bound, GrpcLimits, GRPC_LIMITS_BOUNDS,
+    MAX_TIMEOUT_MS, MAX_URL_BYTES,
 };
 use leasehold_config_text::{Lines, Node};
 use leasehold_logging::{quote, quote_with};
@@ -49,17 +49,6 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("store.memory_max_keys", 1, MAX_MEMORY_KEYS),
     Bound::new("fallback.max_keys", 1, MAX_FALLBACK_KEYS),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
-    Bound::new("limits.concurrency_per_connection", 1, MAX_STREAMS),
-    Bound::new("limits.max_concurrent_streams", 1, MAX_STREAMS),
-    Bound::new("limits.request_timeout_ms", 1, MAX_TIMEOUT_MS),
-    Bound::new("limits.keepalive_interval_ms", 1_000, 3_600_000),
-    Bound::new("limits.keepalive_timeout_ms", 1_000, MAX_TIMEOUT_MS),
-    Bound::new(
-        "limits.max_message_bytes",
-        MIN_MESSAGE_BYTES,
-        MAX_MESSAGE_BYTES,
-    ),
-    Bound::new("limits.max_header_list_bytes", 1_024, MAX_HEADER_LIST_BYTES),
     Bound::new("http_limits.max_header_bytes", 1_024, MAX_HTTP_HEADER_BYTES),
     Bound::new("http_limits.max_body_bytes", 0, MAX_HTTP_BODY_BYTES),
     Bound::new("http_limits.header_read_timeout_ms", 1, MAX_TIMEOUT_MS),
@@ -295,7 +284,7 @@ impl AgentConfig {
             message: e.message().to_string(),
         };
         let tree = Node::parse(text).map_err(parse_error)?;
-        for bounds in [AGENT_BOUNDS, GLOBAL_BOUNDS] {
+        for bounds in [AGENT_BOUNDS, GRPC_LIMITS_BOUNDS, GLOBAL_BOUNDS] {
             check_bounds(&lines, &tree, bounds).map_err(|e| ConfigError::Invalid {
                 file: file.to_string(),
                 line: e.line,
