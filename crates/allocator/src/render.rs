@@ -629,4 +629,65 @@ mod tests {
         assert_eq!(value["data"][0]["window"], "current");
         assert!(grant_list(&reply, false).contains("l1"));
     }
+
+    fn pending_reply(lapse_at_ms: Option<u64>, two_signal: bool) -> pb::RemoveRegionReply {
+        pb::RemoveRegionReply {
+            epoch: 3,
+            applied_time_ms: 1_000,
+            pool: "rate".into(),
+            region: "eu".into(),
+            released_millitokens_per_s: 7,
+            members_left: 3,
+            pending: Some(pb::PendingRemoval {
+                incarnation: 1,
+                held_millitokens_per_s: 3_333,
+                ack_share_version: 9,
+                requested_at_ms: 1_000,
+                lapse_at_ms,
+                lapse_needs_unhealthy_verdict: two_signal,
+                admin_frozen: false,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pending_removal_says_what_it_waits_for_under_each_policy() {
+        let lease = removal(&pending_reply(Some(17_000), false), false);
+        assert!(
+            lease.starts_with("removing region eu from pool rate"),
+            "{lease}"
+        );
+        assert!(
+            lease.contains("waiting for eu to ack share 0 (share version 9) or its lease to lapse at allocator time 17000 ms"),
+            "{lease}"
+        );
+        assert!(lease.contains("3333 mt/s it may still enforce"), "{lease}");
+        let two_signal = removal(&pending_reply(Some(16_000), true), false);
+        assert!(two_signal.contains("judged unhealthy"), "{two_signal}");
+        let freeze = removal(&pending_reply(None, false), false);
+        assert!(
+            freeze.contains("an admin reclaim (policy freeze"),
+            "{freeze}"
+        );
+        let json: Value =
+            serde_json::from_str(&removal(&pending_reply(None, false), true)).unwrap();
+        assert_eq!(json["status"], "pending");
+        assert_eq!(json["pending"]["lapse_at_ms"], Value::Null);
+        assert_eq!(json["pending"]["ack_share_version"], 9);
+    }
+
+    #[test]
+    fn a_finished_removal_says_removed() {
+        let reply = pb::RemoveRegionReply {
+            pool: "rate".into(),
+            region: "eu".into(),
+            retired_incarnation: 2,
+            ..Default::default()
+        };
+        assert!(removal(&reply, false).starts_with("removed region eu from pool rate"));
+        let json: Value = serde_json::from_str(&removal(&reply, true)).unwrap();
+        assert_eq!(json["status"], "removed");
+        assert!(json.get("pending").is_none());
+    }
 }
