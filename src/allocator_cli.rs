@@ -174,9 +174,13 @@ pub enum RegionCommand {
         target: Target,
     },
     /// Removes a Region from a pool (e.g. a fake one holding a place under
-    /// the member caps). A rate pool's room of it goes to the live members'
-    /// pools, which take it by their own rebalance steps; a window pool's
-    /// chunks of it expire with their window. Its agent's later calls are
+    /// the member caps). In a rate pool, a Region whose agent may still
+    /// enforce a share is lowered to share 0 first and removed only once it
+    /// acks that or its lease lapses by the pool's reclaim rule: until then
+    /// this prints "pending" and what it waits for, and running it again
+    /// shows where it stands. Its room then goes to the live members'
+    /// pools, taken by their own rebalance steps; a window pool's chunks of
+    /// it count until their window ends. Its agent's later calls are
     /// refused; it may register again, as a fresh member at share 0.
     Remove {
         /// The pool to remove the Region from.

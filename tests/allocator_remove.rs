@@ -4,7 +4,11 @@
 //! takes one out (its room released), a real Region then registers; with
 //! every fake removed the real Regions take the whole of L by their own
 //! rebalance steps, the committed and the enforced sums never above L; a
-//! removed Region's late call is refused before it is proposed. No timed
+//! removed Region's late call is refused before it is proposed. A live
+//! Region still enforcing its share is removed by a named handoff: pending
+//! (shown by the CLI, idempotent, its registration refused) while it keeps
+//! enforcing, the others never rising into its share, until it acks share 0;
+//! the enforced sums, its old share included, never above L. No timed
 //! assertions: each step waits for its answer.
 
 mod common_allocator;
@@ -113,8 +117,9 @@ fn check_sums(rate: &pb::RatePoolState) -> BTreeMap<String, u64> {
 }
 
 /// One Rebalance per agent (replies applied at once, lowers acked at once);
-/// the enforced sum is checked after every applied reply.
-async fn round(client: &AllocatorClient, agents: &mut [Agent]) {
+/// the enforced sum — with `held`, what a removed Region not in `agents`
+/// still enforces — is checked after every applied reply.
+async fn round(client: &AllocatorClient, agents: &mut [Agent], held: u64) {
     for index in 0..agents.len() {
         let reply = client
             .rebalance(agents[index].rebalance(100))
@@ -134,8 +139,11 @@ async fn round(client: &AllocatorClient, agents: &mut [Agent]) {
                 .await
                 .expect("ack");
         }
-        let enforced: u64 = agents.iter().map(|a| a.share).sum();
-        assert!(enforced <= L, "enforced {enforced} > L: {agents:?}");
+        let enforced: u64 = agents.iter().map(|a| a.share).sum::<u64>() + held;
+        assert!(
+            enforced <= L,
+            "enforced {enforced} > L: {agents:?} + {held}"
+        );
     }
 }
 
@@ -174,7 +182,7 @@ async fn removing_fake_regions_frees_their_places_and_room_for_real_ones() {
     for fake in &fakes {
         client.register(POOL, fake).await.expect("register a fake");
     }
-    round(&client, &mut agents).await;
+    round(&client, &mut agents, 0).await;
 
     // The pool is full: a real Region is refused.
     let full = client.register(POOL, "ap").await.expect_err("pool is full");
@@ -238,7 +246,7 @@ async fn removing_fake_regions_frees_their_places_and_room_for_real_ones() {
     }
     assert!(released > 0);
     for _ in 0..20 {
-        round(&client, &mut agents).await;
+        round(&client, &mut agents, 0).await;
         check_sums(&rate_state(&client).await);
     }
     let rate = rate_state(&client).await;
@@ -299,4 +307,117 @@ async fn region_remove_refuses_bad_input_naming_the_field() {
     // Registering again: a fresh member above the retired incarnation.
     let again = client.register("w", "eu").await.expect("register again");
     assert_eq!(again.incarnation, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_live_region_still_enforcing_waits_for_its_ack_and_keeps_the_sum_within_l() {
+    let _one = serial().await;
+    let (cluster, _) = cluster().await;
+    let client = cluster.client();
+    let allocators = cluster.addresses().join(",");
+    client
+        .create_pool(POOL, &PoolConfig::Rate(RatePoolConfig::with_defaults(L)))
+        .await
+        .expect("create pool");
+    let mut agents = Vec::new();
+    for region in ["eu", "us", "ap"] {
+        let reply = client.register(POOL, region).await.expect("register");
+        agents.push(Agent::registered(region, &reply));
+    }
+    for _ in 0..20 {
+        round(&client, &mut agents, 0).await;
+    }
+    let mut ap = agents.pop().expect("ap");
+    assert!(ap.share > 0, "{ap:?}");
+
+    // The CLI says the removal is pending and what it waits for; the pool
+    // shows ap as removing.
+    let (ok, text, err) = cli(
+        &allocators,
+        &["region", "remove", "--pool", POOL, "--region", "ap"],
+    );
+    assert!(ok, "{err}");
+    assert!(text.contains("removing region ap from pool rate"), "{text}");
+    assert!(text.contains("waiting for ap to ack share 0"), "{text}");
+    assert!(
+        text.contains(&format!("{} mt/s it may still enforce", ap.share)),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ap ") && l.contains("removing")),
+        "{text}"
+    );
+    // Again, as JSON: the same pending removal, nothing released.
+    let (ok, text, err) = cli(
+        &allocators,
+        &[
+            "region", "remove", "--pool", POOL, "--region", "ap", "--json",
+        ],
+    );
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(json["status"], "pending", "{json}");
+    assert_eq!(json["released_millitokens_per_s"], 0, "{json}");
+    assert_eq!(
+        json["pending"]["held_millitokens_per_s"], ap.share,
+        "{json}"
+    );
+    // It may not register back while pending.
+    let refused = client.register(POOL, "ap").await.expect_err("pending");
+    assert_eq!(refused.code(), Some(Code::FailedPrecondition), "{refused}");
+    let detail = refused.detail().cloned().expect("typed detail");
+    assert_eq!(
+        detail.code,
+        pb::ErrorCode::RegionBeingRemoved as i32,
+        "{refused}"
+    );
+
+    // ap keeps enforcing its old share, silent; the others rebalance many
+    // times and never rise into it.
+    for _ in 0..10 {
+        round(&client, &mut agents, ap.share).await;
+        check_sums(&rate_state(&client).await);
+    }
+    // ap's agent rebalances: share 0, applied and acked; the removal is
+    // done, a third call is refused naming the pool.
+    let reply = client
+        .rebalance(ap.rebalance(100))
+        .await
+        .expect("rebalance");
+    let share = reply.share.expect("share");
+    assert_eq!(share.share_millitokens_per_s, 0);
+    assert!(ap.apply(&share));
+    client
+        .ack_share(pb::AckShareRequest {
+            pool: POOL.into(),
+            region: "ap".into(),
+            incarnation: ap.incarnation,
+            applied_share_millitokens_per_s: ap.share,
+            applied_share_version: ap.version,
+        })
+        .await
+        .expect("ack");
+    let rate = rate_state(&client).await;
+    assert!(
+        !rate
+            .members
+            .iter()
+            .any(|m| m.member.as_ref().is_some_and(|m| m.region == "ap")),
+        "{rate:?}"
+    );
+    let (ok, _, err) = cli(
+        &allocators,
+        &["region", "remove", "--pool", POOL, "--region", "ap"],
+    );
+    assert!(!ok);
+    assert!(err.contains("not a member of pool rate"), "{err}");
+
+    // Now, and only now, the others take ap's room by their own steps.
+    for _ in 0..20 {
+        round(&client, &mut agents, ap.share).await;
+        check_sums(&rate_state(&client).await);
+    }
+    let enforced: u64 = agents.iter().map(|a| a.share).sum();
+    assert_eq!(enforced, L, "{agents:?}");
 }

@@ -12,7 +12,8 @@ use crate::config::{ConfigError, PoolConfig};
 use crate::grant::GrantAnswer;
 use crate::id::IdError;
 use crate::pool::PoolKind;
-use crate::reclaim::{ReclaimReport, RemovalReport};
+use crate::reclaim::ReclaimReport;
+use crate::removal::RemovalReport;
 use crate::share::ShareReply;
 
 /// One log entry for the state machine.
@@ -84,12 +85,18 @@ pub enum Command {
     },
     /// Reclaims a member's room now, whatever the policy, and fences it.
     AdminReclaim { pool: String, region: String },
-    /// Deletes a member from a pool (an admin's call: e.g. a fake Region
-    /// holding a place under the caps). A rate pool reclaims its room into
-    /// the live members' pools first; a window pool lets its chunks expire.
-    /// A Region then in no pool is forgotten. Its later calls are refused
-    /// `RegionNotInPool`; it may register again as a fresh member at share
-    /// 0, above every incarnation it had.
+    /// Deletes a member from a pool (an admin's call: e.g. a fake or retired
+    /// Region holding a place under the caps). In a rate pool, a member
+    /// whose agent may still enforce a share is lowered to share 0 by a
+    /// named handoff and deleted only once it acks that or its lease lapses
+    /// by the reclaim rule (meanwhile it is answered share 0, its
+    /// registration is refused `RegionBeingRemoved`, and a repeated
+    /// `RemoveRegion` answers the same pending report); any other member,
+    /// and a window pool's (its chunks count until their window ends), is
+    /// deleted at once ([`crate::removal`]). A Region then in no pool is
+    /// forgotten. Its later calls are refused `RegionNotInPool`; it may
+    /// register again as a fresh member at share 0, above every
+    /// incarnation it had.
     RemoveRegion { pool: String, region: String },
 }
 
@@ -120,6 +127,10 @@ pub enum Outcome {
     /// Members reclaimed automatically by this tick, in (pool, region) order.
     Ticked {
         reclaimed: Vec<ReclaimReport>,
+        /// Pending removals this tick finished (their members reclaimed by
+        /// the policy), in (pool, region) order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        removed: Vec<RemovalReport>,
     },
     FreezeSet {
         frozen: bool,
@@ -171,6 +182,10 @@ pub enum CommandError {
     UnknownRegion { region: String },
     #[error("region {region}: not a member of pool {pool}")]
     RegionNotInPool { pool: String, region: String },
+    /// An admin's removal of the Region from the pool waits for its old
+    /// share to be released; it may register again once that finishes.
+    #[error("region {region}: being removed from pool {pool} (waiting for its ack of share 0 or its lapse)")]
+    RegionBeingRemoved { pool: String, region: String },
     #[error("pool {pool}: the cap of {cap} member Regions is reached")]
     TooManyRegionsInPool { pool: String, cap: usize },
     #[error("region: the cap of {cap} known Regions is reached")]

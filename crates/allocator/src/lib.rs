@@ -52,6 +52,8 @@
 //!   grants, the applied-share handshake, the convergence bound.
 //! - [`reclaim`]: §4.4 freeze / two_signal / lease (and the simulation-only,
 //!   unsafe silence_only) and the reclaim split.
+//! - [`removal`]: an admin's `RemoveRegion`, a named handoff to share 0 in a
+//!   rate pool (deleted once acked or lapsed), at once otherwise.
 //! - [`fence`]: §4.1 incarnation fencing.
 //! - [`region`]: pool membership and health records.
 //! - [`apportion`]: the exact integer split every rounding goes through.
@@ -85,6 +87,7 @@ pub mod prober;
 pub mod raft;
 pub mod reclaim;
 pub mod region;
+pub mod removal;
 pub mod render;
 pub mod service;
 pub mod share;

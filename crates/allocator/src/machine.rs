@@ -21,8 +21,9 @@ use crate::config::{PoolConfig, MAX_VALUE};
 use crate::grant::{GrantAnswer, GrantRequest};
 use crate::id::{IdError, LeaseId, PoolId, RegionId};
 use crate::pool::{Pool, PoolKind, MAX_POOLS};
-use crate::reclaim::{fence_window_member, ReclaimReport, RemovalReport};
+use crate::reclaim::{fence_window_member, ReclaimReport};
 use crate::region::{RegionRecord, MAX_REGIONS};
+use crate::removal::{Removal, RemovalReport};
 use crate::share::ShareReport;
 
 /// 2^53: the latest stamped time accepted, in ms (far beyond any real clock,
@@ -192,8 +193,9 @@ impl Machine {
     /// reported share versions, and, at `now = max(last applied time,
     /// stamp)`, a lease id recorded for another Region or incarnation and
     /// the grant record cap. `RemoveRegion` refuses only a non-member
-    /// (unknown pool or Region, `RegionNotInPool` — a second removal
-    /// included): the tombstone cap evicts, it never refuses.
+    /// (unknown pool or Region, `RegionNotInPool` — a second removal of a
+    /// finished one included; of a pending one it is admitted and changes
+    /// nothing): the tombstone cap evicts, it never refuses.
     ///
     /// The leader runs it on its applied state, at the stamp it then
     /// proposes the command with, and proposes only what it admits. The one
@@ -445,7 +447,7 @@ impl Machine {
                 region,
                 frozen,
             } => self.admin_freeze(pool, region, *frozen),
-            Command::AdminReclaim { pool, region } => self.admin_reclaim(pool, region),
+            Command::AdminReclaim { pool, region } => self.admin_reclaim(pool, region, now_ms),
             Command::RemoveRegion { pool, region } => self.remove_region(pool, region, now_ms),
         }
     }
@@ -589,10 +591,17 @@ impl Machine {
             ShareStep::Rebalance => state.rebalance(&pool, &region, report, now_ms)?,
             ShareStep::Ack => state.ack_share(&pool, &region, report, now_ms)?,
         };
+        // The report may have confirmed a pending removal's release.
+        self.finish_removals(&pool, now_ms);
         Ok(Outcome::Share(reply))
     }
 
-    fn admin_reclaim(&mut self, pool: &str, region: &str) -> Result<Outcome, CommandError> {
+    fn admin_reclaim(
+        &mut self,
+        pool: &str,
+        region: &str,
+        now_ms: u64,
+    ) -> Result<Outcome, CommandError> {
         let (pool, region) = self.locate(pool, region)?;
         let state = self
             .pools
@@ -610,6 +619,8 @@ impl Machine {
             }
         };
         let incarnation = state.member(&region).map_or(0, |m| m.incarnation);
+        // A pending removal of the reclaimed member finishes now.
+        self.finish_removals(&pool, now_ms);
         Ok(Outcome::Reclaimed(ReclaimReport {
             pool: pool.to_string(),
             region: region.to_string(),
@@ -618,8 +629,9 @@ impl Machine {
         }))
     }
 
-    /// `RemoveRegion`: [`Pool::remove`], then the Region is forgotten when it
-    /// is a member of no pool (so it no longer counts toward [`MAX_REGIONS`]).
+    /// `RemoveRegion`: [`Pool::remove`] (at once, or pending a named
+    /// handoff), then the Region is forgotten when it is a member of no pool
+    /// (so it no longer counts toward [`MAX_REGIONS`]).
     /// Refuses only what `locate` refuses (state unchanged).
     fn remove_region(
         &mut self,
@@ -635,27 +647,58 @@ impl Machine {
                 pool: pool.to_string(),
             })?;
         let removal = state.remove(&region, now_ms);
-        let members_left = match state {
-            Pool::Window(window) => window.members.len(),
-            Pool::Rate(rate) => rate.members.len(),
+        Ok(Outcome::Removed(
+            self.removal_report(&pool, &region, removal),
+        ))
+    }
+
+    /// A removal as `RemoveRegion` answers it; forgets the Region once it
+    /// is a member of no pool.
+    fn removal_report(
+        &mut self,
+        pool: &PoolId,
+        region: &RegionId,
+        removal: Removal,
+    ) -> RemovalReport {
+        let members_left = match self.pools.get(pool) {
+            Some(Pool::Window(window)) => window.members.len(),
+            Some(Pool::Rate(rate)) => rate.members.len(),
+            None => 0,
         };
-        let still_member = self.pools.values().any(|p| p.member(&region).is_some());
+        let still_member = self.pools.values().any(|p| p.member(region).is_some());
         if !still_member {
-            self.regions.remove(&region);
+            self.regions.remove(region);
         }
-        Ok(Outcome::Removed(RemovalReport {
+        RemovalReport {
             pool: pool.to_string(),
             region: region.to_string(),
             retired_incarnation: removal.retired_incarnation,
             released_millitokens_per_s: removal.released_millitokens_per_s,
             members_left: members_left as u64,
             region_forgotten: !still_member,
-        }))
+            pending: removal.pending,
+        }
     }
 
-    /// Automatic reclaim in every rate pool; window pools drop old records.
+    /// Finishes the pending removals of `pool` that may finish (release
+    /// confirmed or member reclaimed, [`crate::removal`]) and forgets their
+    /// Regions when in no pool.
+    fn finish_removals(&mut self, pool: &PoolId, now_ms: u64) -> Vec<RemovalReport> {
+        let finished = match self.pools.get_mut(pool) {
+            Some(Pool::Rate(rate)) => rate.finish_removals(now_ms),
+            _ => return Vec::new(),
+        };
+        finished
+            .into_iter()
+            .map(|(region, removal)| self.removal_report(pool, &region, removal))
+            .collect()
+    }
+
+    /// Automatic reclaim in every rate pool (finishing the pending removals
+    /// of the members it reclaims); window pools drop old records.
     fn tick(&mut self, now_ms: u64) -> Outcome {
         let mut reclaimed = Vec::new();
+        let mut removed = Vec::new();
         for (pool, state) in self.pools.iter_mut() {
             match state {
                 Pool::Window(window) => window.roll(now_ms),
@@ -673,10 +716,17 @@ impl Machine {
                             freed_millitokens_per_s: freed,
                         });
                     }
+                    if rate.members.values().any(|m| m.removing.is_some()) {
+                        removed.push(pool.clone());
+                    }
                 }
             }
         }
-        Outcome::Ticked { reclaimed }
+        let removed = removed
+            .iter()
+            .flat_map(|pool| self.finish_removals(pool, now_ms))
+            .collect();
+        Outcome::Ticked { reclaimed, removed }
     }
 
     /// A Grant's fields parsed, in range and located (one place for

@@ -8,9 +8,11 @@
 //! `UpdatePool` may change anything but the kind and a window pool's
 //! `window_ms` (refused `WrongPoolKind` / `ImmutableField`).
 //!
-//! `RemoveRegion` deletes a member (see [`Pool::remove`]): in a rate pool its
-//! room is reclaimed first ([`crate::reclaim`]), in a window pool its granted
-//! chunks expire with their window; the pool remembers it in its
+//! `RemoveRegion` deletes a member (see [`Pool::remove`]): in a rate pool
+//! through a named handoff when its agent may still enforce a share (lowered
+//! to 0, deleted once acked or lapsed, [`crate::removal`]), at once
+//! otherwise; in a window pool at once, its granted chunks counting against
+//! the window until they expire with it. The pool remembers it in its
 //! [`Retired`] set so that a later registration is a fresh member above
 //! every incarnation it had.
 
@@ -20,8 +22,8 @@ use crate::command::{CommandError, Outcome};
 use crate::config::PoolConfig;
 use crate::grant::WindowPool;
 use crate::id::{PoolId, RegionId};
-use crate::reclaim::Removal;
 use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
+use crate::removal::Removal;
 use crate::share::RatePool;
 
 /// Cap on pools per machine.
@@ -75,39 +77,45 @@ impl Pool {
         }
     }
 
+    /// True while an admin's removal of `region` waits for its old share
+    /// to be released ([`crate::removal`]; never in a window pool).
+    pub fn is_removing(&self, region: &RegionId) -> bool {
+        match self {
+            Pool::Window(_) => false,
+            Pool::Rate(pool) => pool
+                .members
+                .get(region)
+                .is_some_and(|m| m.removing.is_some()),
+        }
+    }
+
     /// `RemoveRegion` of a member (the caller checked membership: a
-    /// non-member changes nothing and releases 0). A rate pool reclaims its
-    /// room first — share, pending release, pool and granted-not-taken go to
-    /// the live members' pools, which the others then take by their own
-    /// rebalance and named-grant steps — then forgets the member; a window
-    /// pool forgets it at once (its chunks expire with their window). Either
-    /// way the member no longer counts toward [`MAX_REGIONS_PER_POOL`].
+    /// non-member changes nothing and releases 0). A rate pool removes a
+    /// member its agent may still enforce by a named handoff — its share
+    /// lowered to 0, deleted once that is acked or lapses — and any other
+    /// at once ([`crate::removal`]); a window pool deletes it at once (its
+    /// chunks still count against the window until it ends). A deleted
+    /// member no longer counts toward [`MAX_REGIONS_PER_POOL`]; a pending
+    /// one still does.
     /// Keeps: Σ = L in force; incarnations monotonic per (pool, Region).
     pub(crate) fn remove(&mut self, region: &RegionId, now_ms: u64) -> Removal {
-        let (released, member, share_version, retired) = match self {
-            Pool::Rate(rate) => {
-                let released = rate.reclaim(region);
-                let removed = rate.members.remove(region);
-                let version = removed.as_ref().map_or(0, |m| m.account.share_version);
-                (
-                    released,
-                    removed.map(|m| m.member),
-                    version,
-                    &mut rate.retired,
-                )
+        let removal = match self {
+            Pool::Rate(rate) => rate.remove(region, now_ms),
+            Pool::Window(window) => {
+                let incarnation = window.members.remove(region).map_or(0, |m| m.incarnation);
+                if incarnation > 0 {
+                    window.retired.retire(region, incarnation, 0, now_ms);
+                }
+                Removal {
+                    released_millitokens_per_s: 0,
+                    retired_incarnation: incarnation,
+                    pending: None,
+                }
             }
-            Pool::Window(window) => (0, window.members.remove(region), 0, &mut window.retired),
         };
-        let retired_incarnation = member.map_or(0, |m| m.incarnation);
-        if retired_incarnation > 0 {
-            retired.retire(region, retired_incarnation, share_version, now_ms);
-        }
-        debug_assert!(self.member(region).is_none());
+        debug_assert_eq!(self.member(region).is_none(), removal.pending.is_none());
         debug_assert_eq!(self.check(), Ok(()));
-        Removal {
-            released_millitokens_per_s: released,
-            retired_incarnation,
-        }
+        removal
     }
 
     /// Every refusal of [`Pool::update`], without changing anything: the
@@ -152,12 +160,19 @@ impl Pool {
     }
 
     /// Every refusal of [`Pool::register`], without changing anything: a
-    /// new member needs room under [`MAX_REGIONS_PER_POOL`].
+    /// new member needs room under [`MAX_REGIONS_PER_POOL`]; a member being
+    /// removed may not come back until its removal finishes.
     pub(crate) fn admit_register(
         &self,
         pool: &PoolId,
         region: &RegionId,
     ) -> Result<(), CommandError> {
+        if self.is_removing(region) {
+            return Err(CommandError::RegionBeingRemoved {
+                pool: pool.to_string(),
+                region: region.to_string(),
+            });
+        }
         let members = match self {
             Pool::Window(window) => window.members.len(),
             Pool::Rate(rate) => rate.members.len(),
@@ -222,7 +237,8 @@ impl Pool {
             }
             Pool::Rate(pool) => {
                 pool.config.validate().map_err(|error| error.to_string())?;
-                pool.check()
+                pool.check()?;
+                pool.check_removals()
             }
         }
     }

@@ -21,46 +21,22 @@
 //! returns at share 0 by registering again. In a window pool a reclaim only
 //! fences: granted chunks expire with their window.
 //!
-//! An admin's `RemoveRegion` is a reclaim followed by forgetting the member
-//! ([`crate::pool::Pool::remove`], [`RemovalReport`]).
+//! An admin's `RemoveRegion` of a member its agent may still enforce lowers
+//! its share to 0 first and ends in a reclaim once that lowering is acked,
+//! or once this module's rule lets its room go ([`crate::removal`]).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::apportion::apportion;
 use crate::config::ReclaimPolicy;
 use crate::fence;
 use crate::id::RegionId;
 use crate::region::{Member, RegionRecord};
 use crate::share::RatePool;
 
-/// What removing a member did to its pool ([`crate::pool::Pool::remove`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Removal {
-    /// Room reclaimed into the live members' pools, millitokens per second
-    /// (0 in a window pool or when the member was already reclaimed).
-    pub released_millitokens_per_s: u64,
-    /// The member's incarnation when removed (after the reclaim's bump): a
-    /// new registration of that Region joins above it.
-    pub retired_incarnation: u64,
-}
-
-/// One removed member, as `RemoveRegion` answers it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemovalReport {
-    pub pool: String,
-    pub region: String,
-    /// See [`Removal::retired_incarnation`].
-    pub retired_incarnation: u64,
-    /// See [`Removal::released_millitokens_per_s`].
-    pub released_millitokens_per_s: u64,
-    /// Members left in the pool (live or reclaimed).
-    pub members_left: u64,
-    /// True when the Region is now a member of no pool, so the machine
-    /// forgot it (it no longer counts toward the Region cap).
-    pub region_forgotten: bool,
-}
+// Where they were before removal became a handoff.
+pub use crate::removal::{Removal, RemovalReport};
 
 /// One reclaimed member.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,8 +82,9 @@ impl RatePool {
             .collect()
     }
 
-    /// Takes back all of `region`'s room and fences it. Returns the room
-    /// freed (0 if it was not live). Keeps Σ = L in force.
+    /// Takes back all of `region`'s room into the counted live members'
+    /// pools ([`RatePool::spread_to_counted`]) and fences it. Returns the
+    /// room freed (0 if it was not live). Keeps Σ = L in force.
     pub(crate) fn reclaim(&mut self, region: &RegionId) -> u64 {
         let Some(member) = self.members.get_mut(region) else {
             return 0;
@@ -129,22 +106,7 @@ impl RatePool {
         account.lowered_at_version = account.share_version;
         fence::bump(&mut member.member);
 
-        let live: Vec<RegionId> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.member.is_live())
-            .map(|(region, _)| region.clone())
-            .collect();
-        if live.is_empty() {
-            self.unassigned_millitokens_per_s += freed;
-        } else {
-            let parts = apportion(freed, &vec![1; live.len()]);
-            for (region, part) in live.iter().zip(parts) {
-                if let Some(member) = self.members.get_mut(region) {
-                    member.account.pooled_millitokens_per_s += part;
-                }
-            }
-        }
+        self.spread_to_counted(freed);
         self.settle_debt();
         debug_assert_eq!(self.check(), Ok(()));
         freed
@@ -229,7 +191,8 @@ mod tests {
                     applied_share_version: 0,
                 },
             );
-            if let Outcome::Ticked { reclaimed: now } = apply(&mut machine, time_ms, Command::Tick)
+            if let Outcome::Ticked { reclaimed: now, .. } =
+                apply(&mut machine, time_ms, Command::Tick)
             {
                 reclaimed.extend(now.into_iter().map(|r| format!("{}@{time_ms}", r.region)));
             }

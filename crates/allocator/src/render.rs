@@ -103,6 +103,7 @@ fn member_status(member: &pb::Member) -> &'static str {
     match pb::MemberStatus::try_from(member.status) {
         Ok(pb::MemberStatus::Live) => "live",
         Ok(pb::MemberStatus::Reclaimed) => "reclaimed",
+        Ok(pb::MemberStatus::Removing) => "removing",
         _ => "?",
     }
 }
@@ -306,20 +307,37 @@ pub fn pool_list(reply: &pb::InspectReply, as_json: bool) -> String {
 }
 
 /// `leasehold pool show <id>` (the reply is filtered to that pool).
-/// What `RemoveRegion` did, as the CLI confirms it.
+/// What `RemoveRegion` did, as the CLI confirms it: done (the member is
+/// deleted) or pending (its share lowered to 0, waiting for the Region's ack
+/// or lapse; the same command again shows where it stands).
 pub fn removal(reply: &pb::RemoveRegionReply, as_json: bool) -> String {
     if as_json {
-        let body = json!({
+        let mut body = json!({
             "epoch": reply.epoch,
             "applied_time_ms": reply.applied_time_ms,
             "pool": reply.pool,
             "region": reply.region,
+            "status": if reply.pending.is_some() { "pending" } else { "removed" },
             "released_millitokens_per_s": reply.released_millitokens_per_s,
             "retired_incarnation": reply.retired_incarnation,
             "members_left": reply.members_left,
             "region_forgotten": reply.region_forgotten,
         });
+        if let Some(pending) = &reply.pending {
+            body["pending"] = json!({
+                "incarnation": pending.incarnation,
+                "held_millitokens_per_s": pending.held_millitokens_per_s,
+                "ack_share_version": pending.ack_share_version,
+                "requested_at_ms": pending.requested_at_ms,
+                "lapse_at_ms": pending.lapse_at_ms,
+                "lapse_needs_unhealthy_verdict": pending.lapse_needs_unhealthy_verdict,
+                "admin_frozen": pending.admin_frozen,
+            });
+        }
         return format!("{body:#}\n");
+    }
+    if let Some(pending) = &reply.pending {
+        return removal_pending(reply, pending);
     }
     let forgotten = if reply.region_forgotten {
         format!(
@@ -339,6 +357,29 @@ pub fn removal(reply: &pb::RemoveRegionReply, as_json: bool) -> String {
         reply.retired_incarnation,
         reply.members_left,
         forgotten,
+    )
+}
+
+fn removal_pending(reply: &pb::RemoveRegionReply, pending: &pb::PendingRemoval) -> String {
+    let region = &reply.region;
+    let lapse = match (pending.lapse_at_ms, pending.admin_frozen) {
+        (_, true) => "an admin reclaim (it is admin-frozen: no lapse until unfrozen)".to_string(),
+        (None, false) => "an admin reclaim (policy freeze: a share never lapses)".to_string(),
+        (Some(at_ms), false) if pending.lapse_needs_unhealthy_verdict => {
+            format!("its reclaim (silent until allocator time {at_ms} ms and judged unhealthy)")
+        }
+        (Some(at_ms), false) => {
+            format!("its lease to lapse at allocator time {at_ms} ms (if silent)")
+        }
+    };
+    format!(
+        "removing region {region} from pool {} (epoch {}, allocator time {} ms): pending\n  waiting for {region} to ack share 0 (share version {}) or {lapse}\n  {} mt/s it may still enforce stay unassignable until then; released {} mt/s (its pool and named grants) into the live members' pools\n  meanwhile {region} is answered share 0 and its registration is refused; run the same command again to see whether it is done\n",
+        reply.pool,
+        reply.epoch,
+        reply.applied_time_ms,
+        pending.ack_share_version,
+        pending.held_millitokens_per_s,
+        reply.released_millitokens_per_s,
     )
 }
 
@@ -587,5 +628,66 @@ mod tests {
         assert_eq!(value["data"][0]["lease_id"], "l1");
         assert_eq!(value["data"][0]["window"], "current");
         assert!(grant_list(&reply, false).contains("l1"));
+    }
+
+    fn pending_reply(lapse_at_ms: Option<u64>, two_signal: bool) -> pb::RemoveRegionReply {
+        pb::RemoveRegionReply {
+            epoch: 3,
+            applied_time_ms: 1_000,
+            pool: "rate".into(),
+            region: "eu".into(),
+            released_millitokens_per_s: 7,
+            members_left: 3,
+            pending: Some(pb::PendingRemoval {
+                incarnation: 1,
+                held_millitokens_per_s: 3_333,
+                ack_share_version: 9,
+                requested_at_ms: 1_000,
+                lapse_at_ms,
+                lapse_needs_unhealthy_verdict: two_signal,
+                admin_frozen: false,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pending_removal_says_what_it_waits_for_under_each_policy() {
+        let lease = removal(&pending_reply(Some(17_000), false), false);
+        assert!(
+            lease.starts_with("removing region eu from pool rate"),
+            "{lease}"
+        );
+        assert!(
+            lease.contains("waiting for eu to ack share 0 (share version 9) or its lease to lapse at allocator time 17000 ms"),
+            "{lease}"
+        );
+        assert!(lease.contains("3333 mt/s it may still enforce"), "{lease}");
+        let two_signal = removal(&pending_reply(Some(16_000), true), false);
+        assert!(two_signal.contains("judged unhealthy"), "{two_signal}");
+        let freeze = removal(&pending_reply(None, false), false);
+        assert!(
+            freeze.contains("an admin reclaim (policy freeze"),
+            "{freeze}"
+        );
+        let json: Value =
+            serde_json::from_str(&removal(&pending_reply(None, false), true)).unwrap();
+        assert_eq!(json["status"], "pending");
+        assert_eq!(json["pending"]["lapse_at_ms"], Value::Null);
+        assert_eq!(json["pending"]["ack_share_version"], 9);
+    }
+
+    #[test]
+    fn a_finished_removal_says_removed() {
+        let reply = pb::RemoveRegionReply {
+            pool: "rate".into(),
+            region: "eu".into(),
+            retired_incarnation: 2,
+            ..Default::default()
+        };
+        assert!(removal(&reply, false).starts_with("removed region eu from pool rate"));
+        let json: Value = serde_json::from_str(&removal(&reply, true)).unwrap();
+        assert_eq!(json["status"], "removed");
+        assert!(json.get("pending").is_none());
     }
 }

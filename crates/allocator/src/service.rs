@@ -420,13 +420,23 @@ impl pb::allocator_server::Allocator for AllocatorService {
         match &reply.outcome {
             Outcome::Removed(report) => {
                 // An admin's change of membership: worth a line at info.
-                tracing::info!(
-                    pool = report.pool.as_str(),
-                    region = report.region.as_str(),
-                    released_millitokens_per_s = report.released_millitokens_per_s,
-                    retired_incarnation = report.retired_incarnation,
-                    "region removed from pool"
-                );
+                match &report.pending {
+                    Some(pending) => tracing::info!(
+                        pool = report.pool.as_str(),
+                        region = report.region.as_str(),
+                        held_millitokens_per_s = pending.held_millitokens_per_s,
+                        ack_share_version = pending.ack_share_version,
+                        lapse_at_ms = pending.lapse_at_ms,
+                        "region removal pending: waiting for its ack of share 0 or its lapse"
+                    ),
+                    None => tracing::info!(
+                        pool = report.pool.as_str(),
+                        region = report.region.as_str(),
+                        released_millitokens_per_s = report.released_millitokens_per_s,
+                        retired_incarnation = report.retired_incarnation,
+                        "region removed from pool"
+                    ),
+                }
                 Ok(Response::new(wire::removal_to_wire(
                     reply.epoch,
                     reply.applied_time_ms,

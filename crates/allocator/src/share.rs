@@ -72,6 +72,7 @@ use crate::config::RatePoolConfig;
 use crate::fence;
 use crate::id::{PoolId, RegionId};
 use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
+use crate::removal::PendingRemoval;
 
 /// Targets for live Regions with these demands, Σ = `limit` exactly:
 /// `target_i = floor + apportion(limit − n × floor, demands)_i`, i.e.
@@ -151,6 +152,11 @@ impl ShareAccount {
 pub struct RateMember {
     pub member: Member,
     pub account: ShareAccount,
+    /// Set while an admin's `RemoveRegion` waits for this member's old
+    /// share to be released ([`crate::removal`]); absent in snapshots
+    /// written before removals were handoffs (none was pending then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removing: Option<PendingRemoval>,
 }
 
 /// A rate pool's state.
@@ -205,12 +211,13 @@ impl RatePool {
         }
     }
 
-    /// The live Regions' targets now, from their latest committed demands.
+    /// The live Regions' targets now, from their latest committed demands
+    /// (a member being removed has none: it is held at share 0).
     pub fn targets_now(&self) -> BTreeMap<RegionId, u64> {
         let live: Vec<(&RegionId, u64)> = self
             .members
             .iter()
-            .filter(|(_, member)| member.member.is_live())
+            .filter(|(_, member)| member.is_counted())
             .map(|(region, member)| (region, member.account.demand_requests))
             .collect();
         let demands: Vec<u64> = live.iter().map(|&(_, demand)| demand).collect();
@@ -374,6 +381,7 @@ impl RatePool {
                         lowered_at_version: floor,
                         ..ShareAccount::default()
                     },
+                    removing: None,
                 };
                 self.members.insert(region.clone(), member);
                 self.retired.revive(region);
@@ -459,7 +467,7 @@ impl RatePool {
     }
 
     /// Steps 4 and 5.
-    fn move_share_toward(&mut self, region: &RegionId, target: u64) {
+    pub(crate) fn move_share_toward(&mut self, region: &RegionId, target: u64) {
         let max_raise = self.config.max_raise_millitokens_per_s();
         let Some(account) = self.account_mut(region) else {
             return;

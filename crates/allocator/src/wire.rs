@@ -16,8 +16,9 @@ use crate::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig}
 use crate::grant::{GrantAnswer, GrantRecord, WindowPool};
 use crate::machine::Machine;
 use crate::pool::Pool;
-use crate::reclaim::{ReclaimReport, RemovalReport};
+use crate::reclaim::ReclaimReport;
 use crate::region::{Member, MemberStatus, Retired};
+use crate::removal::RemovalReport;
 use crate::share::{RatePool, ShareReply};
 use leasehold_proto::allocator::v1 as pb;
 
@@ -181,6 +182,15 @@ pub fn removal_to_wire(
         retired_incarnation: report.retired_incarnation,
         members_left: report.members_left,
         region_forgotten: report.region_forgotten,
+        pending: report.pending.as_ref().map(|pending| pb::PendingRemoval {
+            incarnation: pending.incarnation,
+            held_millitokens_per_s: pending.held_millitokens_per_s,
+            ack_share_version: pending.ack_share_version,
+            requested_at_ms: pending.requested_at_ms,
+            lapse_at_ms: pending.lapse_at_ms,
+            lapse_needs_unhealthy_verdict: pending.lapse_needs_unhealthy_verdict,
+            admin_frozen: pending.admin_frozen,
+        }),
     }
 }
 
@@ -316,8 +326,12 @@ fn rate_to_wire(rate: &RatePool) -> pb::RatePoolState {
             .iter()
             .map(|(region, member)| {
                 let account = &member.account;
+                let mut shown = member_to_wire(region.as_str(), &member.member);
+                if member.removing.is_some() {
+                    shown.status = pb::MemberStatus::Removing as i32;
+                }
                 pb::RateMember {
-                    member: Some(member_to_wire(region.as_str(), &member.member)),
+                    member: Some(shown),
                     account: Some(pb::ShareAccount {
                         share_millitokens_per_s: account.share_millitokens_per_s,
                         pending_release_millitokens_per_s: account
@@ -518,6 +532,11 @@ fn classify(error: &CommandError) -> (Code, pb::ErrorCode, String) {
         CommandError::RegionNotInPool { .. } => {
             (Code::InvalidArgument, E::RegionNotInPool, named("region"))
         }
+        CommandError::RegionBeingRemoved { .. } => (
+            Code::FailedPrecondition,
+            E::RegionBeingRemoved,
+            named("region"),
+        ),
         CommandError::TooManyRegionsInPool { .. } => (
             Code::ResourceExhausted,
             E::TooManyRegionsInPool,

@@ -9,9 +9,11 @@
 //! again), get partitioned (their requests and acks are lost), and old
 //! requests are applied again late (retries). The health
 //! prober is right (a crashed Region is unhealthy, a live one healthy), an
-//! admin reclaims or removes only crashed Regions (a removed one registers
-//! again, as a fresh member, when it restarts; its delayed replies of
-//! before must not reach its new bucket), and under `lease` an agent enforces
+//! admin reclaims only crashed Regions and removes any member, live and
+//! still enforcing its share included (a removed one registers again, as a
+//! fresh member, when it restarts or learns it was removed, refused while
+//! its removal is pending; its delayed replies of before must not reach its
+//! new bucket), and under `lease` an agent enforces
 //! its fallback allowance once `share_ttl` (stretched by its clock drift,
 //! ≤ max_drift) has passed since it sent the last request answered.
 
@@ -123,7 +125,18 @@ impl World {
 
     fn register(&mut self, index: usize) {
         let id = self.agents[index].model.id.clone();
-        let outcome = self.harness.ok(self.now_ms, register(POOL, &id));
+        let outcome = match self.harness.apply(self.now_ms, register(POOL, &id)) {
+            Ok(reply) => reply.outcome,
+            Err(rejection) => {
+                // Its removal waits for the old share's release: it keeps
+                // trying, enforcing nothing meanwhile.
+                assert!(
+                    matches!(rejection.error, CommandError::RegionBeingRemoved { .. }),
+                    "{rejection}"
+                );
+                return;
+            }
+        };
         self.agents[index].model = RegionModel::registered(&id, &outcome);
         self.agents[index].must_register = false;
         self.renew(index, self.now_ms);
@@ -261,17 +274,25 @@ impl World {
                 }
             }
             Op::AdminRemove { region } => {
+                // Live and enforcing, crashed, or already being removed.
                 let id = self.agents[region].model.id.clone();
-                if !self.agents[region].alive && self.is_member(&id) {
-                    self.harness.ok(
+                if self.is_member(&id) {
+                    let outcome = self.harness.ok(
                         self.now_ms,
                         Command::RemoveRegion {
                             pool: POOL.into(),
                             region: id,
                         },
                     );
-                    // Gone from the pool: it registers again on restart.
-                    self.agents[region].must_register = true;
+                    let Outcome::Removed(report) = outcome else {
+                        panic!("not a removal: {outcome:?}");
+                    };
+                    // Gone from the pool: it registers again (on restart, or
+                    // after its next call is refused). Pending: its agent
+                    // goes on, still enforcing, until it learns share 0.
+                    if report.pending.is_none() {
+                        self.agents[region].must_register = true;
+                    }
                 }
             }
         }

@@ -49,7 +49,7 @@ fn a_silent_until(harness: &mut Harness, models: &[RegionModel], until_ms: u64) 
     while time_ms < until_ms {
         time_ms = (time_ms + 1_000).min(until_ms);
         harness.ok(time_ms, rebalance(POOL, &models[1], 1));
-        if let Outcome::Ticked { reclaimed: now } = harness.ok(time_ms, Command::Tick) {
+        if let Outcome::Ticked { reclaimed: now, .. } = harness.ok(time_ms, Command::Tick) {
             reclaimed.extend(now.into_iter().map(|r| format!("{}@{time_ms}", r.region)));
         }
     }

@@ -131,6 +131,7 @@ fn kind(error: &CommandError) -> &'static str {
         CommandError::ImmutableField { .. } => "immutable_field",
         CommandError::UnknownRegion { .. } => "unknown_region",
         CommandError::RegionNotInPool { .. } => "region_not_in_pool",
+        CommandError::RegionBeingRemoved { .. } => "region_being_removed",
         CommandError::TooManyRegionsInPool { .. } => "too_many_regions_in_pool",
         CommandError::TooManyRegions { .. } => "too_many_regions",
         CommandError::Fenced { .. } => "fenced",
