@@ -148,6 +148,27 @@ impl KeyBuilder {
         ))
     }
 
+    /// An envoyproxy/ratelimit counter (`crate::rls`):
+    /// `lh:v1:{rls-<h>}:<unit>`, where `<h>` is 16 hex of
+    /// HMAC-SHA256(pepper, domain and every entry, length-prefixed). Each
+    /// counter is its own hash tag (Redis Cluster spreads them), and no
+    /// descriptor value (an IP, a user id) is written in clear.
+    pub fn rls_counter(&self, domain: &str, entries: &[(&str, &str)], unit: &str) -> String {
+        let mut mac = self.mac.clone();
+        let mut field = |text: &str| {
+            mac.update(&(text.len() as u64).to_be_bytes());
+            mac.update(text.as_bytes());
+        };
+        field("rls");
+        field(domain);
+        for (key, value) in entries {
+            field(key);
+            field(value);
+        }
+        let digest = mac.finalize().into_bytes();
+        format!("lh:v1:{{rls-{}}}:{unit}", hex::encode(&digest[..8]))
+    }
+
     /// The record of one block lease granted from `bucket_key` (§3.5, §8),
     /// under the bucket's hash tag: `lh:v1:{tag}:_lease:<bucket>:<lease_id>`,
     /// where `<bucket>` is 16 hex of SHA-256(bucket key). Naming the bucket

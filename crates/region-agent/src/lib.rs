@@ -22,6 +22,7 @@
 //! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
 //! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
 //! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells.
+//! - [`rls`]: envoyproxy/ratelimit YAML configs and their semantics (pure).
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 
@@ -42,6 +43,7 @@ pub mod policy;
 pub mod redis_auth;
 pub mod redis_store;
 pub mod request;
+pub mod rls;
 pub mod script;
 pub mod server;
 pub mod service;

@@ -25,10 +25,11 @@ pub enum ScriptKind {
     Gcra,
     ChunkCredit,
     ChunkSpend,
+    RlsWindow,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 11] = [
+    pub const ALL: [ScriptKind; 12] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -40,6 +41,7 @@ impl ScriptKind {
         ScriptKind::Gcra,
         ScriptKind::ChunkCredit,
         ScriptKind::ChunkSpend,
+        ScriptKind::RlsWindow,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -56,6 +58,7 @@ impl ScriptKind {
             ScriptKind::Gcra => "gcra",
             ScriptKind::ChunkCredit => "chunk_credit",
             ScriptKind::ChunkSpend => "chunk_spend",
+            ScriptKind::RlsWindow => "rls_window",
         }
     }
 
@@ -72,6 +75,7 @@ impl ScriptKind {
             ScriptKind::Gcra => include_str!("../../../lua/gcra.lua"),
             ScriptKind::ChunkCredit => include_str!("../../../lua/chunk_credit.lua"),
             ScriptKind::ChunkSpend => include_str!("../../../lua/chunk_spend.lua"),
+            ScriptKind::RlsWindow => include_str!("../../../lua/rls_window.lua"),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod gcra;
 pub mod give_back;
 pub mod lease_block;
 pub mod multi_rule;
+pub mod rls_window;
 pub mod sliding_counter;
 pub mod sliding_log;
 pub mod token_bucket;
@@ -33,6 +34,7 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::Gcra => gcra::eval(space, keys, argv, now_ms),
         ScriptKind::ChunkCredit => chunk_counter::eval_credit(space, keys, argv, now_ms),
         ScriptKind::ChunkSpend => chunk_counter::eval_spend(space, keys, argv, now_ms),
+        ScriptKind::RlsWindow => rls_window::eval(space, keys, argv, now_ms),
     }
 }
 

@@ -294,6 +294,36 @@ pub fn chunk_credit(reply: &ScriptReply) -> Result<ChunkCreditReply, ScriptError
     })
 }
 
+/// `{n, window_end_ms, now_ms}` of `rls_window`: the count after the
+/// call and the end of the window it is in (after now, at most one 2^40 ms
+/// window later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RlsWindowReply {
+    pub count: u64,
+    pub window_end_ms: i64,
+    pub now_ms: i64,
+}
+
+pub fn rls_window(reply: &ScriptReply) -> Result<RlsWindowReply, ScriptError> {
+    let kind = ScriptKind::RlsWindow;
+    let (values, now_ms) = shaped(kind, reply, 3)?;
+    let count = in_range(kind, "n", values[0], 0, MAX_ARG as i64)?;
+    let window_end_ms = in_range(
+        kind,
+        "window_end_ms",
+        values[1],
+        now_ms.saturating_add(1),
+        now_ms
+            .saturating_add(MAX_ARG as i64)
+            .saturating_add(MAX_ARG as i64),
+    )?;
+    Ok(RlsWindowReply {
+        count: count as u64,
+        window_end_ms,
+        now_ms,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +367,29 @@ mod tests {
                 .retry_after_ms,
             500
         );
+    }
+
+    #[test]
+    fn rls_window_replies_are_checked_for_shape_and_ranges() {
+        assert_eq!(
+            rls_window(&r(&[3, NOW + 500, NOW])),
+            Ok(RlsWindowReply {
+                count: 3,
+                window_end_ms: NOW + 500,
+                now_ms: NOW
+            })
+        );
+        for bad in [
+            &[][..],
+            &[3, NOW],
+            &[-1, NOW + 1, NOW],
+            &[(1 << 40) + 1, NOW + 1, NOW],
+            &[3, NOW, NOW],
+            &[3, NOW + 1, -1],
+            &[3, NOW + 1, NOW, NOW],
+        ] {
+            is_malformed(rls_window(&r(bad)), &format!("{bad:?}"));
+        }
     }
 
     #[test]

@@ -1,0 +1,111 @@
+//! Twin of `lua/rls_window.lua`: an envoyproxy/ratelimit counter, hits in
+//! the epoch-aligned window counted even past the limit (upstream's INCRBY;
+//! the caller compares with the limit, [`crate::rls`]).
+//!
+//! KEYS[1] = hash {w, n}; ARGV = window_ms ([1, 2^40]), hits ([0, 2^40];
+//! 0 looks without counting, and writes nothing), slack_ms ([0, 2^40]).
+//! Reply `{n, window_end_ms, now_ms}`: the count after the call and the end
+//! of the window it is in. Clock back: a stored window starting after the
+//! current one is kept, so a window already counted never reopens.
+
+use super::fixed_window::{current, load, WindowParams, WindowState};
+use crate::args;
+use crate::keyspace::Keyspace;
+use crate::script::ScriptError;
+
+/// The count after adding `hits` at `now_ms` (saturating at 2^40, as the
+/// Lua's `math.min`), and the state to store (None when `hits` is 0).
+pub fn count(
+    stored: Option<WindowState>,
+    window_ms: u64,
+    hits: u64,
+    now_ms: i64,
+) -> (WindowState, Option<WindowState>) {
+    // `current` reads only the window length: the limit is the caller's.
+    let params = WindowParams {
+        limit: 1,
+        window_ms,
+    };
+    let state = current(stored, &params, now_ms);
+    if hits == 0 {
+        return (state, None);
+    }
+    let after = WindowState {
+        n: state.n.saturating_add(hits).min(args::MAX_ARG),
+        ..state
+    };
+    (after, Some(after))
+}
+
+pub fn eval(
+    space: &mut Keyspace,
+    keys: &[String],
+    argv: &[String],
+    now_ms: i64,
+) -> Result<Vec<i64>, ScriptError> {
+    let window_ms = args::positive("window_ms", argv.first())?;
+    let hits = args::non_negative("hits", argv.get(1))?;
+    let slack = args::non_negative("slack_ms", argv.get(2))?;
+    let key = keys
+        .first()
+        .ok_or_else(|| ScriptError::InvalidArgument("key".into()))?;
+    let stored = load(space, key, now_ms)?;
+    let (state, write) = count(stored, window_ms, hits, now_ms);
+    let end = state.w_ms.saturating_add(window_ms as i64);
+    if let Some(state) = write {
+        space
+            .hset(
+                key,
+                &[("w", state.w_ms.to_string()), ("n", state.n.to_string())],
+                now_ms,
+            )
+            .map_err(super::bucket::wrong_type)?;
+        space.pexpire(
+            key,
+            end.saturating_sub(now_ms).saturating_add(slack as i64),
+            now_ms,
+        );
+    }
+    Ok(vec![state.n as i64, end, now_ms])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_count_past_any_limit_and_zero_looks_only() {
+        let (after, write) = count(None, 60_000, 3, 61_000);
+        assert_eq!(after, WindowState { w_ms: 60_000, n: 3 });
+        assert_eq!(write, Some(after));
+        let (seen, write) = count(Some(after), 60_000, 0, 62_000);
+        assert_eq!((seen, write), (after, None));
+        let (next, _) = count(Some(after), 60_000, 2, 119_999);
+        assert_eq!(next.n, 5);
+        // A new window starts from zero.
+        let (fresh, _) = count(Some(next), 60_000, 1, 120_000);
+        assert_eq!(
+            fresh,
+            WindowState {
+                w_ms: 120_000,
+                n: 1
+            }
+        );
+    }
+
+    #[test]
+    fn clock_back_keeps_the_later_window() {
+        let later = WindowState {
+            w_ms: 120_000,
+            n: 7,
+        };
+        let (kept, _) = count(Some(later), 60_000, 1, 100_000);
+        assert_eq!(
+            kept,
+            WindowState {
+                w_ms: 120_000,
+                n: 8
+            }
+        );
+    }
+}

@@ -1,0 +1,656 @@
+//! envoyproxy/ratelimit YAML configs, read unchanged: one domain per file,
+//! nested `descriptors` of `key` / `value` / `rate_limit`, as upstream's
+//! `config_impl.go` loads them (notes on each rule at the code reading it).
+//!
+//! Every refusal names the file and line and says what is wrong; a
+//! directory with any bad file is refused as a whole (the caller keeps the
+//! config it had, as upstream does).
+//!
+//! Bounds (each refused past it, naming the file): [`MAX_FILE_BYTES`] per
+//! file, [`MAX_FILES`] files, [`MAX_DOMAINS`] domains, [`MAX_TREE_DEPTH`]
+//! descriptor levels, [`MAX_DESCRIPTORS`] descriptors in all, keys and
+//! values of at most [`MAX_TEXT_BYTES`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use super::unit::Unit;
+use super::yaml::{self, Kind, Node};
+
+/// Cap on one config file.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+/// Cap on files in a config directory.
+pub const MAX_FILES: usize = 1_000;
+/// Cap on domains.
+pub const MAX_DOMAINS: usize = 1_000;
+/// Cap on nested descriptor levels.
+pub const MAX_TREE_DEPTH: usize = 16;
+/// Cap on descriptors (every level, every domain).
+pub const MAX_DESCRIPTORS: usize = 100_000;
+/// Cap on a domain, key, value or name.
+pub const MAX_TEXT_BYTES: usize = 1_024;
+
+/// Every key upstream accepts, at any level (`validKeys`): a known key in
+/// another place than its own is ignored there, as upstream does.
+const VALID_KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// A refused config: where, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct RlsConfigError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// The loaded configs, by domain.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RlsConfig {
+    pub domains: BTreeMap<String, Domain>,
+}
+
+/// One domain's descriptor tree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Domain {
+    pub name: String,
+    /// The file it came from (errors and `/rlconfig`-style dumps).
+    pub file: String,
+    pub root: Level,
+}
+
+/// The descriptors of one level: by composite key (`key` or
+/// `key_value`), and the wildcard ones in config order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Level {
+    pub nodes: HashMap<String, Descriptor>,
+    /// Composite keys holding a `*`, with the pattern split on it.
+    pub wildcards: Vec<(String, Vec<String>)>,
+}
+
+/// One configured descriptor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Descriptor {
+    /// None: a "whitelist" entry (matches, limits nothing).
+    pub limit: Option<Limit>,
+    pub children: Level,
+}
+
+/// A `rate_limit` and the flags of its descriptor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limit {
+    pub requests_per_unit: u32,
+    /// None only when `unlimited`.
+    pub unit: Option<Unit>,
+    pub unlimited: bool,
+    /// `rate_limit.name` ("" when absent): what `replaces` refers to.
+    pub name: String,
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    /// `domain.key_value.subkey`: the metric key (upstream's stats key).
+    pub stats_key: String,
+    /// Where it was configured (for logs).
+    pub file: String,
+    pub line: usize,
+}
+
+/// Reads every regular file of `dir` (sorted by name, so the order of
+/// wildcards across files is the same on every load), one domain each.
+/// Dotfiles are skipped; files are read whatever their extension, like
+/// upstream's runtime loader; subdirectories are not walked.
+pub fn load_dir(dir: &Path) -> Result<RlsConfig, RlsConfigError> {
+    let label = dir.display().to_string();
+    let error = |message: String| RlsConfigError {
+        file: label.clone(),
+        line: 0,
+        message,
+    };
+    let mut files = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| error(e.to_string()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| error(e.to_string()))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false)
+            || std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
+        if name.starts_with('.') || !is_file {
+            continue;
+        }
+        files.push(entry.path());
+        if files.len() > MAX_FILES {
+            return Err(error(format!("more than {MAX_FILES} files")));
+        }
+    }
+    files.sort();
+    let mut texts = Vec::with_capacity(files.len());
+    for path in files {
+        let file = path.display().to_string();
+        let read_error = |message: String| RlsConfigError {
+            file: file.clone(),
+            line: 0,
+            message,
+        };
+        let size = std::fs::metadata(&path)
+            .map_err(|e| read_error(e.to_string()))?
+            .len();
+        if size > MAX_FILE_BYTES {
+            return Err(read_error(format!(
+                "{size} bytes, above the cap of {MAX_FILE_BYTES}"
+            )));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| read_error(e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|e| read_error(format!("not UTF-8: {e}")))?;
+        texts.push((file, text));
+    }
+    parse_files(texts.iter().map(|(f, t)| (f.as_str(), t.as_str())))
+}
+
+/// Parses `(file name, text)` pairs into one config; a domain in two files
+/// is refused (upstream without `MERGE_DOMAIN_CONFIG`).
+pub fn parse_files<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<RlsConfig, RlsConfigError> {
+    let mut config = RlsConfig::default();
+    let mut budget = MAX_DESCRIPTORS;
+    for (file, text) in files {
+        let domain = parse_file(file, text, &mut budget)?;
+        if config.domains.contains_key(&domain.name) {
+            return Err(RlsConfigError {
+                file: file.to_string(),
+                line: 1,
+                message: format!("duplicate domain '{}' in config file", domain.name),
+            });
+        }
+        if config.domains.len() >= MAX_DOMAINS {
+            return Err(RlsConfigError {
+                file: file.to_string(),
+                line: 1,
+                message: format!("more than {MAX_DOMAINS} domains"),
+            });
+        }
+        config.domains.insert(domain.name.clone(), domain);
+    }
+    Ok(config)
+}
+
+/// Parses one file; `budget` is the descriptors still allowed.
+pub fn parse_file(file: &str, text: &str, budget: &mut usize) -> Result<Domain, RlsConfigError> {
+    let reader = Reader { file };
+    let root = yaml::parse(text).map_err(|e| reader.error(e.line, e.message))?;
+    let Some(root) = root else {
+        return Err(reader.error(1, "config file cannot have empty domain"));
+    };
+    let entries = reader.map(&root)?;
+    let mut name = String::new();
+    let mut descriptors = None;
+    for (key, value) in entries {
+        match reader.key(key)? {
+            "domain" => name = reader.text(value, "domain")?.to_string(),
+            "descriptors" => descriptors = Some(value),
+            _ => {}
+        }
+    }
+    if name.is_empty() {
+        return Err(reader.error(root.line, "config file cannot have empty domain"));
+    }
+    let mut domain = Domain {
+        name: name.clone(),
+        file: file.to_string(),
+        root: Level::default(),
+    };
+    if let Some(list) = descriptors {
+        reader.level(list, &format!("{name}."), 1, budget, &mut domain.root)?;
+    }
+    Ok(domain)
+}
+
+struct Reader<'a> {
+    file: &'a str,
+}
+
+impl Reader<'_> {
+    fn error(&self, line: usize, message: impl Into<String>) -> RlsConfigError {
+        RlsConfigError {
+            file: self.file.to_string(),
+            line,
+            message: message.into(),
+        }
+    }
+
+    fn map<'n>(&self, node: &'n Node) -> Result<&'n [(Node, Node)], RlsConfigError> {
+        match &node.kind {
+            Kind::Map(entries) => Ok(entries),
+            _ => Err(self.error(node.line, "expected a map")),
+        }
+    }
+
+    /// A map key: a string among [`VALID_KEYS`].
+    fn key<'n>(&self, key: &'n Node) -> Result<&'n str, RlsConfigError> {
+        let Some(text) = key.scalar() else {
+            return Err(self.error(key.line, "config error, key is not of type string"));
+        };
+        if !VALID_KEYS.contains(&text) {
+            return Err(self.error(
+                key.line,
+                format!("config error, unknown key '{}'", capped(text)),
+            ));
+        }
+        Ok(text)
+    }
+
+    /// A scalar as text (strings, and numbers and booleans as written);
+    /// null reads as "".
+    fn text<'n>(&self, node: &'n Node, what: &str) -> Result<&'n str, RlsConfigError> {
+        if node.is_null() {
+            return Ok("");
+        }
+        let Some(text) = node.scalar() else {
+            return Err(self.error(node.line, format!("{what}: expected a scalar")));
+        };
+        if text.len() > MAX_TEXT_BYTES {
+            return Err(self.error(
+                node.line,
+                format!(
+                    "{what}: {} bytes, above the cap of {MAX_TEXT_BYTES}",
+                    text.len()
+                ),
+            ));
+        }
+        Ok(text)
+    }
+
+    fn boolean(&self, node: &Node, what: &str) -> Result<bool, RlsConfigError> {
+        if node.is_null() {
+            return Ok(false);
+        }
+        match node.scalar() {
+            Some("true" | "True" | "TRUE") => Ok(true),
+            Some("false" | "False" | "FALSE") => Ok(false),
+            _ => Err(self.error(node.line, format!("{what}: expected true or false"))),
+        }
+    }
+
+    fn level(
+        &self,
+        list: &Node,
+        parent: &str,
+        depth: usize,
+        budget: &mut usize,
+        level: &mut Level,
+    ) -> Result<(), RlsConfigError> {
+        if list.is_null() {
+            return Ok(());
+        }
+        let Kind::Seq(items) = &list.kind else {
+            return Err(self.error(list.line, "descriptors: expected a list"));
+        };
+        if depth > MAX_TREE_DEPTH {
+            return Err(self.error(
+                list.line,
+                format!("descriptors nested deeper than {MAX_TREE_DEPTH} levels"),
+            ));
+        }
+        for item in items {
+            if !matches!(item.kind, Kind::Map(_)) {
+                return Err(self.error(
+                    item.line,
+                    "config error, yaml file contains list of type other than map",
+                ));
+            }
+            *budget = budget.checked_sub(1).ok_or_else(|| {
+                self.error(
+                    item.line,
+                    format!("more than {MAX_DESCRIPTORS} descriptors"),
+                )
+            })?;
+            self.descriptor(item, parent, depth, budget, level)?;
+        }
+        Ok(())
+    }
+
+    fn descriptor(
+        &self,
+        item: &Node,
+        parent: &str,
+        depth: usize,
+        budget: &mut usize,
+        level: &mut Level,
+    ) -> Result<(), RlsConfigError> {
+        let (mut key, mut value) = ("", "");
+        let (mut rate_limit, mut children) = (None, None);
+        let (mut shadow_mode, mut detailed_metric) = (false, false);
+        for (k, v) in self.map(item)? {
+            match self.key(k)? {
+                "key" => key = self.text(v, "key")?,
+                "value" => value = self.text(v, "value")?,
+                "rate_limit" => rate_limit = Some(v),
+                "descriptors" => children = Some(v),
+                "shadow_mode" => shadow_mode = self.boolean(v, "shadow_mode")?,
+                "detailed_metric" => detailed_metric = self.boolean(v, "detailed_metric")?,
+                // Newer upstream features whose semantics are not served
+                // here: refused rather than silently changed.
+                "quota_mode" | "share_threshold"
+                    if self.boolean(v, k.scalar().unwrap_or("flag"))? =>
+                {
+                    return Err(self.error(
+                        k.line,
+                        format!(
+                            "{} is not supported by Leasehold (remove it or set it false)",
+                            k.scalar().unwrap_or_default()
+                        ),
+                    ));
+                }
+                // Metric-name and dynamic-metadata options: accepted, no
+                // effect on decisions.
+                _ => {}
+            }
+        }
+        if key.is_empty() {
+            return Err(self.error(item.line, "descriptor has empty key"));
+        }
+        let composite = if value.is_empty() {
+            key.to_string()
+        } else {
+            format!("{key}_{value}")
+        };
+        let path = format!("{parent}{composite}");
+        if level.nodes.contains_key(&composite) {
+            return Err(self.error(
+                item.line,
+                format!("duplicate descriptor composite key '{}'", capped(&path)),
+            ));
+        }
+        let limit = match rate_limit {
+            Some(node) if !node.is_null() => {
+                Some(self.limit(node, &path, shadow_mode, detailed_metric)?)
+            }
+            _ => None,
+        };
+        let mut descriptor = Descriptor {
+            limit,
+            children: Level::default(),
+        };
+        if let Some(list) = children {
+            self.level(
+                list,
+                &format!("{path}."),
+                depth + 1,
+                budget,
+                &mut descriptor.children,
+            )?;
+        }
+        if composite.contains('*') {
+            let parts = composite.split('*').map(str::to_string).collect();
+            level.wildcards.push((composite.clone(), parts));
+        }
+        level.nodes.insert(composite, descriptor);
+        Ok(())
+    }
+
+    fn limit(
+        &self,
+        node: &Node,
+        stats_key: &str,
+        shadow_mode: bool,
+        detailed_metric: bool,
+    ) -> Result<Limit, RlsConfigError> {
+        let (mut unit_text, mut unit_line) = ("", node.line);
+        let mut requests_per_unit = 0u32;
+        let (mut unlimited, mut name, mut replaces) = (false, String::new(), Vec::new());
+        for (k, v) in self.map(node)? {
+            match self.key(k)? {
+                "unit" => {
+                    unit_text = self.text(v, "unit")?;
+                    unit_line = v.line;
+                }
+                "requests_per_unit" => {
+                    let text = self.text(v, "requests_per_unit")?;
+                    requests_per_unit = text.parse().map_err(|_| {
+                        self.error(
+                            v.line,
+                            format!(
+                                "requests_per_unit: {} is not an integer in [0, {}]",
+                                capped(text),
+                                u32::MAX
+                            ),
+                        )
+                    })?;
+                }
+                "unlimited" => unlimited = self.boolean(v, "unlimited")?,
+                "name" => name = self.text(v, "name")?.to_string(),
+                "replaces" => replaces = self.replaces(v)?,
+                _ => {}
+            }
+        }
+        let unit = Unit::parse(unit_text);
+        if unlimited && unit.is_some() {
+            return Err(self.error(
+                unit_line,
+                "should not specify rate limit unit when unlimited",
+            ));
+        }
+        if !unlimited && unit.is_none() {
+            return Err(self.error(
+                unit_line,
+                format!("invalid rate limit unit '{}'", capped(unit_text)),
+            ));
+        }
+        if replaces.iter().any(|r: &String| r.is_empty()) {
+            return Err(self.error(node.line, "should not have an empty replaces entry"));
+        }
+        if !name.is_empty() && replaces.contains(&name) {
+            return Err(self.error(
+                node.line,
+                "replaces should not contain name of same descriptor",
+            ));
+        }
+        Ok(Limit {
+            requests_per_unit,
+            unit,
+            unlimited,
+            name,
+            replaces,
+            shadow_mode,
+            detailed_metric,
+            stats_key: stats_key.to_string(),
+            file: self.file.to_string(),
+            line: node.line,
+        })
+    }
+
+    /// `replaces: [{name: …}, …]`.
+    fn replaces(&self, node: &Node) -> Result<Vec<String>, RlsConfigError> {
+        if node.is_null() {
+            return Ok(Vec::new());
+        }
+        let Kind::Seq(items) = &node.kind else {
+            return Err(self.error(node.line, "replaces: expected a list"));
+        };
+        let mut names = Vec::with_capacity(items.len());
+        for item in items {
+            let mut name = String::new();
+            for (k, v) in self.map(item)? {
+                if self.key(k)? == "name" {
+                    name = self.text(v, "replaces.name")?.to_string();
+                }
+            }
+            names.push(name);
+        }
+        Ok(names)
+    }
+}
+
+/// At most 64 bytes of a text for an error message (the rest elided).
+fn capped(text: &str) -> String {
+    leasehold_logging::cap_message(text, 64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Domain, RlsConfigError> {
+        parse_file("basic.yaml", text, &mut MAX_DESCRIPTORS.clone())
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    const BASIC: &str = r#"
+domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit:
+          unit: second
+          requests_per_unit: 5
+      - key: subkey1
+        value: subvalue1
+        rate_limit:
+          unit: SECOND
+          requests_per_unit: 10
+  - key: key2
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+  - key: key2
+    value: value3
+  - key: key6
+    rate_limit:
+      unlimited: true
+  - key: wild
+    value: foo*
+    shadow_mode: true
+    rate_limit:
+      name: wild
+      replaces:
+        - name: other
+      unit: hour
+      requests_per_unit: 3
+"#;
+
+    #[test]
+    fn the_basic_tree_is_read_with_stats_keys_and_flags() {
+        let domain = parse(BASIC).unwrap();
+        assert_eq!(domain.name, "test-domain");
+        let key1 = &domain.root.nodes["key1_value1"];
+        assert!(key1.limit.is_none());
+        let sub = key1.children.nodes["subkey1"].limit.as_ref().unwrap();
+        assert_eq!((sub.requests_per_unit, sub.unit), (5, Some(Unit::Second)));
+        assert_eq!(sub.stats_key, "test-domain.key1_value1.subkey1");
+        let subvalue = key1.children.nodes["subkey1_subvalue1"]
+            .limit
+            .as_ref()
+            .unwrap();
+        assert_eq!(subvalue.requests_per_unit, 10);
+        assert!(domain.root.nodes["key2_value3"].limit.is_none());
+        let unlimited = domain.root.nodes["key6"].limit.as_ref().unwrap();
+        assert!(unlimited.unlimited && unlimited.unit.is_none());
+        let wild = domain.root.nodes["wild_foo*"].limit.as_ref().unwrap();
+        assert!(wild.shadow_mode);
+        assert_eq!(wild.replaces, vec!["other".to_string()]);
+        assert_eq!(domain.root.wildcards.len(), 1);
+        assert_eq!(domain.root.wildcards[0].1, vec!["wild_foo", ""]);
+    }
+
+    #[test]
+    fn upstream_load_errors_name_file_line_and_reason() {
+        let cases = [
+            ("domain: d\ndescriptors:\n  - ratelimit: 1\n", "basic.yaml:3: config error, unknown key 'ratelimit'"),
+            ("", "basic.yaml:1: config file cannot have empty domain"),
+            ("descriptors: []\n", "basic.yaml:1: config file cannot have empty domain"),
+            ("domain: d\ndescriptors:\n  - value: v\n", "basic.yaml:3: descriptor has empty key"),
+            (
+                "domain: d\ndescriptors:\n  - key: k1\n    value: v1\n  - key: k1\n    value: v1\n",
+                "basic.yaml:5: duplicate descriptor composite key 'd.k1_v1'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: foo\n      requests_per_unit: 1\n",
+                "basic.yaml:5: invalid rate limit unit 'foo'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: day\n",
+                "basic.yaml:6: should not specify rate limit unit when unlimited",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: 1\n      replaces:\n        - name: \"\"\n",
+                "basic.yaml:5: should not have an empty replaces entry",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      name: n\n      unit: day\n      requests_per_unit: 1\n      replaces:\n        - name: n\n",
+                "basic.yaml:5: replaces should not contain name of same descriptor",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - a\n",
+                "basic.yaml:3: config error, yaml file contains list of type other than map",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: day\n      requests_per_unit: -1\n",
+                "basic.yaml:6: requests_per_unit: -1 is not an integer in [0, 4294967295]",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n",
+                "basic.yaml:4: quota_mode is not supported by Leasehold (remove it or set it false)",
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error(text), expected, "{text}");
+        }
+        let syntax = error("domain: d\ndescriptors:\n  - key: [a\n");
+        assert!(syntax.starts_with("basic.yaml:"), "{syntax}");
+    }
+
+    #[test]
+    fn known_keys_out_of_place_are_ignored_as_upstream_does() {
+        let text = "domain: d\ndescriptors:\n  - key: k\n    unit: day\n    rate_limit:\n      unit: day\n      requests_per_unit: 1\n      shadow_mode: true\n";
+        let domain = parse(text).unwrap();
+        let limit = domain.root.nodes["k"].limit.as_ref().unwrap();
+        // shadow_mode belongs to the descriptor, not to rate_limit.
+        assert!(!limit.shadow_mode);
+    }
+
+    #[test]
+    fn a_domain_in_two_files_is_refused_and_files_merge_otherwise() {
+        let a = "domain: a\ndescriptors:\n  - key: k\n";
+        let b = "domain: b\n";
+        let config = parse_files([("a.yaml", a), ("b.yaml", b)]).unwrap();
+        assert_eq!(config.domains.len(), 2);
+        let error = parse_files([("a.yaml", a), ("again.yaml", a)]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "again.yaml:1: duplicate domain 'a' in config file"
+        );
+    }
+
+    #[test]
+    fn deep_trees_and_long_texts_are_refused() {
+        let mut text = String::from("domain: d\ndescriptors:\n");
+        let mut indent = String::from("  ");
+        for _ in 0..=MAX_TREE_DEPTH {
+            text.push_str(&format!("{indent}- key: k\n{indent}  descriptors:\n"));
+            indent.push_str("    ");
+        }
+        assert!(error(&text).contains("nested deeper than 16 levels"));
+        let long = format!("domain: d\ndescriptors:\n  - key: {}\n", "k".repeat(2_000));
+        assert!(error(&long).contains("above the cap of 1024"));
+    }
+}

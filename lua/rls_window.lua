@@ -1,0 +1,30 @@
+-- rls_window.lua: an envoyproxy/ratelimit counter: hits in the epoch-aligned
+-- window, counted even past the limit (as upstream's INCRBY); the caller
+-- compares the count with the limit.
+-- KEYS[1]  hash {w, n}: window start ms, hits counted in that window
+-- ARGV     window_ms, hits (0 = look only), slack_ms
+-- returns  {n, window_end_ms, now_ms}: the count after this call
+-- Clock back: a stored window starting after the current one is kept, so
+-- going back never reopens a window already counted.
+local window = lh_int(ARGV[1], 1, LH_MAX)
+if not window then return lh_invalid('window_ms') end
+local hits = lh_int(ARGV[2], 0, LH_MAX)
+if not hits then return lh_invalid('hits') end
+local slack = lh_int(ARGV[3], 0, LH_MAX)
+if not slack then return lh_invalid('slack_ms') end
+
+local now = lh_now_ms()
+local w = now - math.fmod(now, window)
+local state = redis.call('HMGET', KEYS[1], 'w', 'n')
+local sw, n = tonumber(state[1]), tonumber(state[2])
+if sw == nil or n == nil or sw < w then
+  n = 0
+elseif sw > w then
+  w = sw
+end
+if hits > 0 then
+  n = math.min(n + hits, LH_MAX)
+  redis.call('HSET', KEYS[1], 'w', lh_str(w), 'n', lh_str(n))
+  redis.call('PEXPIRE', KEYS[1], lh_str(w + window - now + slack))
+end
+return {n, w + window, now}
