@@ -1,52 +1,182 @@
-//! Envoy's rate-limit service (`envoy.service.ratelimit.v3`), so stock
-//! Envoy/Istio gateways work unchanged.
+//! Envoy's rate-limit service (`envoy.service.ratelimit.v3`, the upstream
+//! protos of the `envoy-types` crate), so stock Envoy/Istio gateways work
+//! unchanged.
 //!
-//! Mapping: the request's `domain` is the policy domain; each descriptor is
-//! one target. Entry `tenant` (required) names the tenant; the first of
-//! `user`, `api_key`, `remote_address`, `principal` is the principal (its
-//! key is the principal type; the value is hashed at once); `route_group`
-//! and `method` fill those fields; every other entry is a descriptor.
-//! Each descriptor is one atomic Check (as in Envoy's own service, the
-//! descriptors of one request are not atomic together). The overall code is
-//! OVER_LIMIT when any descriptor is refused. When a rule fails closed the
-//! answer is gRPC UNAVAILABLE, so Envoy's own `failure_mode_deny` applies.
+//! Which semantics answer a request is chosen by its domain:
+//! - a domain of the envoyproxy/ratelimit YAML config ([`crate::rls_engine`]):
+//!   upstream's semantics exactly (descriptor trees, fixed windows, full
+//!   statuses, `response_headers_to_add`);
+//! - a domain of the TOML policy bundle: each descriptor is one native
+//!   Check. Entry `tenant` names the tenant; the first of `user`,
+//!   `api_key`, `remote_address`, `principal` is the principal (hashed at
+//!   once); `route_group` and `method` fill those fields; every other entry
+//!   is a descriptor. A descriptor without `tenant` matches no rule (OK).
+//!   When a rule fails closed the answer is gRPC UNAVAILABLE, so Envoy's own
+//!   `failure_mode_deny` applies;
+//! - any other domain: `{code: OK}` for every descriptor, as upstream.
+//!
+//! Requests are bounded ([`MAX_RLS_DESCRIPTORS`] descriptors of at most
+//! [`MAX_RLS_ENTRIES`] entries, keys and values of at most
+//! [`MAX_RLS_TEXT_BYTES`]); past a bound the answer is INVALID_ARGUMENT
+//! naming the field, and nothing is counted.
 
 use std::sync::Arc;
 
-use leasehold_proto::agent::v1 as pb;
-use leasehold_proto::envoy::service::ratelimit::v3 as rls;
-use leasehold_proto::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit, Code, DescriptorStatus, RateLimit,
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as ProtoUnit, Code, DescriptorStatus, RateLimit,
 };
+use envoy_types::pb::google::protobuf::Duration;
+use leasehold_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::decide::Decider;
-use crate::request::{InvalidField, MAX_DESCRIPTORS};
+use crate::request::InvalidField;
+use crate::rls::answer;
+use crate::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
 
 const PRINCIPAL_KEYS: [&str; 4] = ["user", "api_key", "remote_address", "principal"];
+
+/// Most descriptors in one request.
+pub const MAX_RLS_DESCRIPTORS: usize = 64;
+/// Most entries in one descriptor.
+pub const MAX_RLS_ENTRIES: usize = 64;
+/// Longest domain, key or value.
+pub const MAX_RLS_TEXT_BYTES: usize = 1_024;
+
+pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
 pub struct EnvoyRateLimitService {
     decider: Arc<Decider>,
     gate: leasehold_tls::gate::Gate,
+    engine: Arc<RlsEngine>,
 }
 
 impl EnvoyRateLimitService {
-    /// Open: every caller may ask (a plaintext listener).
+    /// Open: every caller may ask (a plaintext listener); no YAML config.
     pub fn new(decider: Arc<Decider>) -> Self {
         Self::with_gate(decider, leasehold_tls::gate::Gate::Open)
     }
 
     /// Callers checked by `gate`: `/gateway/<this Region>` on mTLS.
     pub fn with_gate(decider: Arc<Decider>, gate: leasehold_tls::gate::Gate) -> Self {
-        EnvoyRateLimitService { decider, gate }
+        Self::with_engine(decider, gate, Arc::new(RlsEngine::default()))
+    }
+
+    /// With the envoyproxy/ratelimit YAML domains of `engine`.
+    pub fn with_engine(
+        decider: Arc<Decider>,
+        gate: leasehold_tls::gate::Gate,
+        engine: Arc<RlsEngine>,
+    ) -> Self {
+        EnvoyRateLimitService {
+            decider,
+            gate,
+            engine,
+        }
     }
 }
 
-fn target_of(
-    domain: &str,
-    index: usize,
-    descriptor: &leasehold_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
-) -> Result<pb::Target, InvalidField> {
+/// Checks the request's bounds; the error names the field at fault.
+pub fn validate(request: &rls::RateLimitRequest) -> Result<(), InvalidField> {
+    if request.domain.is_empty() || request.domain.len() > MAX_RLS_TEXT_BYTES {
+        return Err(InvalidField::new(
+            "domain",
+            format!("must hold 1 to {MAX_RLS_TEXT_BYTES} bytes"),
+        ));
+    }
+    if request.descriptors.is_empty() || request.descriptors.len() > MAX_RLS_DESCRIPTORS {
+        return Err(InvalidField::new(
+            "descriptors",
+            format!("need 1 to {MAX_RLS_DESCRIPTORS}"),
+        ));
+    }
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.len() > MAX_RLS_ENTRIES {
+            return Err(InvalidField::new(
+                format!("descriptors[{i}].entries"),
+                format!("at most {MAX_RLS_ENTRIES}"),
+            ));
+        }
+        for (j, entry) in descriptor.entries.iter().enumerate() {
+            for (name, text) in [("key", &entry.key), ("value", &entry.value)] {
+                if text.len() > MAX_RLS_TEXT_BYTES {
+                    return Err(InvalidField::new(
+                        format!("descriptors[{i}].entries[{j}].{name}"),
+                        format!("at most {MAX_RLS_TEXT_BYTES} bytes"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The engine's view of a request.
+pub fn rls_request(request: &rls::RateLimitRequest) -> RlsRequest {
+    RlsRequest {
+        domain: request.domain.clone(),
+        hits_addend: request.hits_addend,
+        descriptors: request
+            .descriptors
+            .iter()
+            .map(|d| RlsDescriptor {
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .collect(),
+                limit_override: d.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)),
+                hits_addend: d.hits_addend.as_ref().map(|h| h.value),
+            })
+            .collect(),
+    }
+}
+
+/// An engine answer as the proto.
+pub fn response_of(answer: &crate::rls_engine::RlsAnswer) -> rls::RateLimitResponse {
+    let code = |c: answer::Code| match c {
+        answer::Code::Ok => Code::Ok as i32,
+        answer::Code::OverLimit => Code::OverLimit as i32,
+    };
+    rls::RateLimitResponse {
+        overall_code: code(answer.overall),
+        statuses: answer
+            .statuses
+            .iter()
+            .map(|s| DescriptorStatus {
+                code: code(s.code),
+                current_limit: s.current_limit.as_ref().map(|l| RateLimit {
+                    name: l.name.clone(),
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit.proto(),
+                }),
+                limit_remaining: s.limit_remaining,
+                duration_until_reset: s.duration_until_reset_s.map(|seconds| Duration {
+                    seconds: i64::try_from(seconds).unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        response_headers_to_add: answer
+            .headers
+            .iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.clone(),
+                value: value.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A descriptor of a TOML domain as a native Check's target; None when it
+/// names no tenant (no rule can match it).
+fn target_of(domain: &str, descriptor: &RateLimitDescriptor) -> Option<pb::Target> {
     let mut target = pb::Target {
         domain: domain.to_string(),
         ..Default::default()
@@ -68,52 +198,43 @@ fn target_of(
             }),
         }
     }
-    if target.tenant.is_empty() {
-        return Err(InvalidField::new(
-            format!("descriptors[{index}].tenant"),
-            "required",
-        ));
-    }
-    Ok(target)
+    (!target.tenant.is_empty()).then_some(target)
 }
 
-fn unit_of(window_ms: i64) -> (Unit, u64) {
+fn unit_of(window_ms: i64) -> ProtoUnit {
     match window_ms {
-        1_000 => (Unit::Second, 1),
-        60_000 => (Unit::Minute, 1),
-        3_600_000 => (Unit::Hour, 1),
-        86_400_000 => (Unit::Day, 1),
-        _ => (Unit::Unknown, 1),
+        1_000 => ProtoUnit::Second,
+        60_000 => ProtoUnit::Minute,
+        3_600_000 => ProtoUnit::Hour,
+        86_400_000 => ProtoUnit::Day,
+        _ => ProtoUnit::Unknown,
     }
 }
 
-#[tonic::async_trait]
-impl rls::rate_limit_service_server::RateLimitService for EnvoyRateLimitService {
-    async fn should_rate_limit(
+impl EnvoyRateLimitService {
+    /// A TOML-policy domain: one native Check per descriptor.
+    async fn answer_policy(
         &self,
-        request: Request<rls::RateLimitRequest>,
-    ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        self.gate.check(
-            &request,
-            leasehold_tls::authz::Call::for_region(
-                leasehold_tls::authz::Method::ShouldRateLimit,
-                &self.decider.region,
-            ),
-        )?;
-        let req = request.into_inner();
-        if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(
-                InvalidField::new("descriptors", format!("need 1 to {MAX_DESCRIPTORS}")).into(),
-            );
-        }
+        req: &rls::RateLimitRequest,
+    ) -> Result<rls::RateLimitResponse, Status> {
         let hits = u64::from(req.hits_addend.max(1));
         let mut response = rls::RateLimitResponse {
             overall_code: Code::Ok as i32,
             ..Default::default()
         };
-        for (i, descriptor) in req.descriptors.iter().enumerate() {
-            let target = target_of(&req.domain, i, descriptor)?;
-            let cost = descriptor.hits_addend.map(|h| h.max(1)).unwrap_or(hits);
+        for descriptor in &req.descriptors {
+            let Some(target) = target_of(&req.domain, descriptor) else {
+                response.statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                });
+                continue;
+            };
+            let cost = descriptor
+                .hits_addend
+                .as_ref()
+                .map(|h| h.value.max(1))
+                .unwrap_or(hits);
             let check = pb::CheckRequest {
                 request_id: new_decision_id(),
                 target: Some(target),
@@ -134,23 +255,67 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyRateLimitService 
             if code == Code::OverLimit {
                 response.overall_code = Code::OverLimit as i32;
             }
-            let (unit, _) = unit_of(decision.window_ms);
             let reset_ms = decision.retry_after_ms.max(0);
             response.statuses.push(DescriptorStatus {
                 code: code as i32,
                 current_limit: (!decision.policy_id.is_empty()).then(|| RateLimit {
                     name: decision.policy_id.clone(),
                     requests_per_unit: u32::try_from(decision.limit).unwrap_or(u32::MAX),
-                    unit: unit as i32,
+                    unit: unit_of(decision.window_ms) as i32,
                 }),
                 limit_remaining: u32::try_from(decision.remaining.max(0)).unwrap_or(u32::MAX),
-                duration_until_reset: Some(prost_types::Duration {
+                duration_until_reset: Some(Duration {
                     seconds: reset_ms / 1_000,
                     nanos: ((reset_ms % 1_000) * 1_000_000) as i32,
                 }),
+                ..Default::default()
             });
         }
-        Ok(Response::new(response))
+        Ok(response)
+    }
+
+    /// Answers a validated request by its domain (see the module doc).
+    pub async fn answer(
+        &self,
+        req: &rls::RateLimitRequest,
+    ) -> Result<rls::RateLimitResponse, Status> {
+        validate(req)?;
+        if self.engine.serves(&req.domain)
+            || !self
+                .decider
+                .policy
+                .current()
+                .domains
+                .contains_key(&req.domain)
+        {
+            return match self.engine.answer(&self.decider, &rls_request(req)).await {
+                Ok(answer) => Ok(response_of(&answer)),
+                Err(RlsError::Invalid(invalid)) => Err(invalid.into()),
+                Err(RlsError::Store(reason)) => {
+                    tracing::warn!(domain = %leasehold_logging::quote(&req.domain), %reason, "RLS counters unavailable");
+                    Err(Status::unavailable("rate-limit store unavailable"))
+                }
+            };
+        }
+        self.answer_policy(req).await
+    }
+}
+
+#[tonic::async_trait]
+impl rls::rate_limit_service_server::RateLimitService for EnvoyRateLimitService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::for_region(
+                leasehold_tls::authz::Method::ShouldRateLimit,
+                &self.decider.region,
+            ),
+        )?;
+        let req = request.into_inner();
+        self.answer(&req).await.map(Response::new)
     }
 }
 

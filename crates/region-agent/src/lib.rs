@@ -23,6 +23,7 @@
 //! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
 //! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells.
 //! - [`rls`]: envoyproxy/ratelimit YAML configs and their semantics (pure).
+//! - [`rls_engine`]: those domains' ShouldRateLimit on the store (one batch).
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 
@@ -44,6 +45,7 @@ pub mod redis_auth;
 pub mod redis_store;
 pub mod request;
 pub mod rls;
+pub mod rls_engine;
 pub mod script;
 pub mod server;
 pub mod service;

@@ -6,6 +6,13 @@
 //! cap, pools by `global.pool`'s cap, the rest by the enums named below.
 //! The policy version, which grows with every reload, is a gauge
 //! (`leasehold_policy_version`), not a label.
+//!
+//! The one exception is `leasehold_rls_hits_total` (envoyproxy/ratelimit's
+//! per-limit statistics): its `key` is the limit's config path, and with
+//! `detailed_metric` (an explicit choice of the YAML's author, as upstream)
+//! or a request's `limit` override the request's values. At most
+//! [`MAX_RLS_METRIC_KEYS`] distinct (domain, key) pairs are kept; later ones
+//! count under `key="_other"`.
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -16,6 +23,9 @@ use prometheus::{
 const LATENCY_BUCKETS_S: [f64; 12] = [
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+
+/// Cap on (domain, key) label pairs of `leasehold_rls_hits_total`.
+pub const MAX_RLS_METRIC_KEYS: usize = 1_000;
 
 #[derive(Clone)]
 pub struct AgentMetrics {
@@ -40,6 +50,10 @@ pub struct AgentMetrics {
     pub global_room: IntGaugeVec,
     pub global_mode: IntGaugeVec,
     pub allocator_reachable: IntGauge,
+    /// envoyproxy/ratelimit statistics per limit: kind is total_hits |
+    /// within_limit | near_limit | over_limit | shadow_mode.
+    pub rls_hits: IntCounterVec,
+    rls_keys: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
 }
 
 impl AgentMetrics {
@@ -105,6 +119,14 @@ impl AgentMetrics {
             "allocator_reachable",
             "1 when the latest allocator call was answered",
         )?;
+        let rls_hits = IntCounterVec::new(
+            Opts::new(
+                "rls_hits_total",
+                "envoyproxy/ratelimit statistics per domain and limit",
+            ),
+            &["domain", "key", "kind"],
+        )?;
+        registry.register(Box::new(rls_hits.clone()))?;
         registry.register(Box::new(global_room.clone()))?;
         registry.register(Box::new(global_mode.clone()))?;
         registry.register(Box::new(allocator_reachable.clone()))?;
@@ -131,7 +153,43 @@ impl AgentMetrics {
             global_room,
             global_mode,
             allocator_reachable,
+            rls_hits,
+            rls_keys: Default::default(),
         })
+    }
+
+    /// Counts one limit's statistics of a request (`stats_key` is
+    /// `domain.path`; the label `key` is the path).
+    pub fn record_rls(&self, domain: &str, stats_key: &str, stats: &crate::rls::answer::HitStats) {
+        let path = stats_key
+            .strip_prefix(domain)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .unwrap_or(stats_key);
+        let admitted = match self.rls_keys.lock() {
+            Ok(mut keys) => {
+                let pair = (domain.to_string(), path.to_string());
+                keys.contains(&pair) || { keys.len() < MAX_RLS_METRIC_KEYS && keys.insert(pair) }
+            }
+            Err(_) => false,
+        };
+        let (domain_label, key) = if admitted {
+            (domain, path)
+        } else {
+            ("_other", "_other")
+        };
+        for (kind, n) in [
+            ("total_hits", stats.total_hits),
+            ("within_limit", stats.within_limit),
+            ("near_limit", stats.near_limit),
+            ("over_limit", stats.over_limit),
+            ("shadow_mode", stats.shadow_mode),
+        ] {
+            if n > 0 {
+                self.rls_hits
+                    .with_label_values(&[domain_label, key, kind])
+                    .inc_by(n);
+            }
+        }
     }
 
     /// Sets the policy-version gauge (saturating: versions are u64).

@@ -20,14 +20,13 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use leasehold_allocator::transport::{self, Connector};
 use leasehold_proto::agent::v1::agent_server::AgentServer;
-use leasehold_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{AgentConfig, HttpLimits, ListenerLimits};
 use crate::decide::{Counters, Decider};
-use crate::envoy::EnvoyRateLimitService;
+use crate::envoy::{EnvoyRateLimitService, RateLimitServiceServer};
 use crate::fallback::LocalFallback;
 use crate::global::room::{GlobalRoom, PoolView};
 use crate::global::settings::GlobalSettings;

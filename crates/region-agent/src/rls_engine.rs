@@ -1,0 +1,267 @@
+//! Answers ShouldRateLimit for the domains of an envoyproxy/ratelimit YAML
+//! config exactly as upstream does ([`crate::rls`] holds the semantics;
+//! this shell runs the counters on the store).
+//!
+//! One request: every descriptor is matched (a `limit` override in the
+//! request skips the tree, as upstream), `replaces` drops named limits,
+//! then every counted limit is one `rls_window` call — each counter its own
+//! hash tag, all of them in one batch (one round trip). The store's clock
+//! decides the windows. A store that cannot answer fails the request with
+//! UNAVAILABLE, so Envoy's `failure_mode_deny` decides, as upstream's Redis
+//! errors do.
+
+use std::sync::Arc;
+
+use crate::decide::Decider;
+use crate::request::InvalidField;
+use crate::rls::answer::{self, CurrentLimit, Headers, Outcome, Status};
+use crate::rls::config::Limit;
+use crate::rls::tree;
+use crate::rls::unit::Unit;
+use crate::rls::watch::RlsHolder;
+use crate::script::{reply, ScriptCall, ScriptKind};
+
+/// Slack past a window's end before its counter expires (upstream adds up
+/// to 300 s of jitter; a fixed minute keeps the store's memory bounded and
+/// the expiry deterministic).
+pub const COUNTER_SLACK_MS: u64 = 60_000;
+
+/// How answers are shaped (`[ratelimit]` in the agent config).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RlsOptions {
+    pub headers: Headers,
+    /// Upstream's `SHADOW_MODE`: the overall code is always OK.
+    pub global_shadow_mode: bool,
+    /// Upstream's `NEAR_LIMIT_RATIO` (0.8).
+    pub near_limit_ratio: f32,
+}
+
+impl Default for RlsOptions {
+    fn default() -> Self {
+        RlsOptions {
+            headers: Headers::Off,
+            global_shadow_mode: false,
+            near_limit_ratio: 0.8,
+        }
+    }
+}
+
+/// The YAML config in force and the options.
+#[derive(Debug, Default)]
+pub struct RlsEngine {
+    pub holder: Arc<RlsHolder>,
+    pub options: RlsOptions,
+}
+
+/// One request as the engine reads it (validated by the caller).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsRequest {
+    pub domain: String,
+    pub descriptors: Vec<RlsDescriptor>,
+    /// The request's `hits_addend` (0 counts as 1).
+    pub hits_addend: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsDescriptor {
+    pub entries: Vec<(String, String)>,
+    /// `limit` override: requests per unit and the proto's unit number.
+    pub limit_override: Option<(u32, i32)>,
+    /// The descriptor's own `hits_addend` (0 looks without counting).
+    pub hits_addend: Option<u64>,
+}
+
+/// The engine's answer, mapped to the proto by the service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RlsAnswer {
+    pub overall: answer::Code,
+    pub statuses: Vec<Status>,
+    pub headers: Vec<(String, String)>,
+}
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RlsError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+    /// The store could not count (unavailable, timed out, malformed).
+    #[error("store: {0}")]
+    Store(String),
+}
+
+/// A limit the request counts against, with what the status reports.
+struct Counting {
+    index: usize,
+    current: CurrentLimit,
+    hits: u64,
+    shadow_mode: bool,
+    stats_key: String,
+}
+
+impl RlsEngine {
+    pub fn new(holder: Arc<RlsHolder>, options: RlsOptions) -> Self {
+        RlsEngine { holder, options }
+    }
+
+    /// Whether `domain` is one of the YAML config's.
+    pub fn serves(&self, domain: &str) -> bool {
+        self.holder.current().domains.contains_key(domain)
+    }
+
+    /// Answers `request` for a YAML domain (an unknown one answers OK for
+    /// every descriptor, as upstream does).
+    pub async fn answer(
+        &self,
+        decider: &Decider,
+        request: &RlsRequest,
+    ) -> Result<RlsAnswer, RlsError> {
+        let config = self.holder.current();
+        let Some(domain) = config.domains.get(&request.domain) else {
+            let statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
+            return Ok(self.finish(statuses));
+        };
+        // Match every descriptor first: `replaces` looks at all of them.
+        let mut matched: Vec<Option<(Limit, String)>> = Vec::new();
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            let entries: Vec<(&str, &str)> = descriptor
+                .entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            matched.push(match descriptor.limit_override {
+                Some((requests_per_unit, unit)) => {
+                    let unit = Unit::from_proto(unit).ok_or_else(|| {
+                        InvalidField::new(
+                            format!("descriptors[{i}].limit.unit"),
+                            "must be SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+                        )
+                    })?;
+                    Some((
+                        override_limit(&domain.name, &entries, requests_per_unit, unit),
+                        String::new(),
+                    ))
+                }
+                None => tree::find(domain, &entries).map(|m| (m.limit.clone(), m.stats_key)),
+            });
+        }
+        let named: Vec<Option<(&str, &[String])>> = matched
+            .iter()
+            .map(|m| {
+                m.as_ref()
+                    .map(|(limit, _)| (limit.name.as_str(), &limit.replaces[..]))
+            })
+            .collect();
+        let dropped = answer::replaced(&named);
+        let mut statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
+        let mut counting = Vec::new();
+        let mut calls = Vec::new();
+        for (i, (found, dropped)) in matched.into_iter().zip(dropped).enumerate() {
+            let Some((limit, stats_key)) = found else {
+                continue;
+            };
+            if dropped {
+                continue;
+            }
+            let Some(unit) = limit.unit.filter(|_| !limit.unlimited) else {
+                statuses[i] = answer::status(&Outcome::Unlimited);
+                continue;
+            };
+            let descriptor = &request.descriptors[i];
+            let hits = answer::hits(descriptor.hits_addend, request.hits_addend);
+            let entries: Vec<(&str, &str)> = descriptor
+                .entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let key = decider
+                .keys
+                .rls_counter(&domain.name, &entries, unit.name());
+            calls.push(
+                ScriptCall::new(ScriptKind::RlsWindow)
+                    .key(key)
+                    .arg(unit.millis())
+                    .arg(hits)
+                    .arg(COUNTER_SLACK_MS),
+            );
+            counting.push(Counting {
+                index: i,
+                current: CurrentLimit {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit,
+                    name: limit.name.clone(),
+                },
+                hits,
+                shadow_mode: limit.shadow_mode,
+                stats_key: if stats_key.is_empty() {
+                    limit.stats_key.clone()
+                } else {
+                    stats_key
+                },
+            });
+        }
+        let replies = decider.run(&calls).await;
+        for (count, result) in counting.into_iter().zip(replies) {
+            let read = result
+                .map_err(|e| RlsError::Store(e.to_string()))
+                .and_then(|r| reply::rls_window(&r).map_err(|e| RlsError::Store(e.to_string())))?;
+            let now_ms = u64::try_from(read.now_ms).unwrap_or(0);
+            let stats = answer::hit_stats(
+                count.current.requests_per_unit,
+                count.hits,
+                read.count,
+                self.options.near_limit_ratio,
+                count.shadow_mode,
+            );
+            decider
+                .metrics
+                .record_rls(&request.domain, &count.stats_key, &stats);
+            statuses[count.index] = answer::status(&Outcome::Counted {
+                limit: count.current,
+                hits: count.hits,
+                count_after: read.count,
+                now_ms,
+                shadow_mode: count.shadow_mode,
+            });
+        }
+        Ok(self.finish(statuses))
+    }
+
+    fn finish(&self, statuses: Vec<Status>) -> RlsAnswer {
+        RlsAnswer {
+            overall: answer::overall(&statuses, self.options.global_shadow_mode),
+            headers: answer::headers(&statuses, &self.options.headers),
+            statuses,
+        }
+    }
+}
+
+/// A request's `limit` override: no tree, no name, no shadow; the stats key
+/// is upstream's `descriptorKey` (`domain.key_value.key2_value2`).
+fn override_limit(
+    domain: &str,
+    entries: &[(&str, &str)],
+    requests_per_unit: u32,
+    unit: Unit,
+) -> Limit {
+    let mut stats_key = domain.to_string();
+    for (key, value) in entries {
+        stats_key.push('.');
+        stats_key.push_str(key);
+        if !value.is_empty() {
+            stats_key.push('_');
+            stats_key.push_str(value);
+        }
+    }
+    Limit {
+        requests_per_unit,
+        unit: Some(unit),
+        unlimited: false,
+        name: String::new(),
+        replaces: Vec::new(),
+        shadow_mode: false,
+        detailed_metric: false,
+        stats_key,
+        file: String::new(),
+        line: 0,
+    }
+}
