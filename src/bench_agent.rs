@@ -181,6 +181,8 @@ async fn raw_evalsha(url: &str, concurrency: usize, duration: Duration) -> anyho
                 .arg(0)
                 // No record (decision_ttl_ms 0): the digest is only checked for shape.
                 .arg("00000000000000000000000000000000")
+                // No shadow rule.
+                .arg(0)
                 .arg(1_000_000_000_000u64)
                 .arg(1_000_000_000_000u64)
                 .arg(1)
