@@ -37,6 +37,10 @@ pub struct AgentBench {
     /// certificate) and print the ratio mTLS / plaintext of the same run.
     #[arg(long)]
     tls: bool,
+    /// Give the user rule a decision record and add a shadow rule (they
+    /// share one multi_rule call); the raw baseline stays one plain rule.
+    #[arg(long)]
+    shadow: bool,
 }
 
 #[derive(Args)]
@@ -65,7 +69,7 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
     match target {
         BenchTarget::Store(args) => store(args).await,
         BenchTarget::Agent(args) => {
-            crate::bench_agent::run(args.concurrency, args.seconds, args.tls).await
+            crate::bench_agent::run(args.concurrency, args.seconds, args.tls, args.shadow).await
         }
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
     }

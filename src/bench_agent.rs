@@ -32,6 +32,27 @@ period_ms = 1
 fail_mode = "open"
 "#;
 
+/// POLICY with decision records and a shadow rule (`--shadow`): the shadow
+/// tenant bucket rides in the same multi_rule call as the user rule.
+fn shadow_policy() -> String {
+    let user = "period_ms = 1\nfail_mode = \"open\"\n";
+    assert!(POLICY.contains(user));
+    POLICY.replacen(
+        user,
+        "period_ms = 1\nidempotent_ttl_ms = 60000\nfail_mode = \"open\"\n",
+        1,
+    ) + r#"[[domain.rule]]
+id = "b-shadow"
+scope = "tenant"
+algorithm = "token_bucket"
+capacity = 1000000000
+refill = 1000000000
+period_ms = 1
+shadow = true
+fail_mode = "open"
+"#
+}
+
 /// Most latency samples kept per measurement (bounded memory).
 const MAX_SAMPLES: usize = 2_000_000;
 
@@ -42,8 +63,14 @@ struct Run {
     errors: u64,
 }
 
-/// The bench agent on `store`: Region `bench`, one user rule, plaintext.
-fn bench_spec(store: Arc<RedisStore>) -> anyhow::Result<AgentSpec> {
+/// The bench agent on `store`: Region `bench`, one user rule (with
+/// `shadow`: recorded, plus a shadow rule), plaintext.
+fn bench_spec(store: Arc<RedisStore>, shadow: bool) -> anyhow::Result<AgentSpec> {
+    let text = if shadow {
+        shadow_policy()
+    } else {
+        POLICY.to_string()
+    };
     let any = "127.0.0.1:0".parse()?;
     Ok(AgentSpec {
         region: "bench".into(),
@@ -51,7 +78,7 @@ fn bench_spec(store: Arc<RedisStore>) -> anyhow::Result<AgentSpec> {
         http_listen: any,
         store,
         pepper: b"bench-pepper-0123456789abcdef".to_vec(),
-        policy: policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?,
+        policy: policy::parse("bench-policy", &text, None).map_err(|e| anyhow::anyhow!("{e}"))?,
         policy_file: None,
         policy_poll: Duration::from_secs(60),
         fallback_max_keys: 1_000,
@@ -107,7 +134,7 @@ async fn checks_over_mtls(
             )),
             ..Default::default()
         },
-        ..bench_spec(store)?
+        ..bench_spec(store, false)?
     })
     .await?;
     let gateway = TlsSettings::in_dir(dir.path(), "gateway-bench", TRUST_DOMAIN);
@@ -122,20 +149,27 @@ async fn checks_over_mtls(
     Ok(run)
 }
 
-pub async fn run(concurrency: usize, seconds: u64, tls: bool) -> anyhow::Result<()> {
+pub async fn run(concurrency: usize, seconds: u64, tls: bool, shadow: bool) -> anyhow::Result<()> {
     let redis = RedisServer::start().context("starting a private redis-server")?;
     let store = Arc::new(RedisStore::new(RedisStoreConfig {
         call_deadline: Duration::from_secs(1),
         ..RedisStoreConfig::new(redis.url())
     })?);
-    let agent = server::start(bench_spec(store.clone())?).await?;
+    let agent = server::start(bench_spec(store.clone(), shadow)?).await?;
     let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;
     let duration = Duration::from_secs(seconds);
 
     let baseline = raw_evalsha(&redis.url(), concurrency, duration).await?;
     let through_agent = checks(client, concurrency, duration).await;
     agent.stop().await;
-    println!("leasehold bench agent (one user rule, allow path, {concurrency} callers, same redis-server)");
+    let rules = if shadow {
+        "one recorded user rule + one shadow rule"
+    } else {
+        "one user rule"
+    };
+    println!(
+        "leasehold bench agent ({rules}, allow path, {concurrency} callers, same redis-server)"
+    );
     print_run("baseline raw multi_rule EVALSHA via redis-rs", &baseline);
     print_run("agent Check over loopback gRPC            ", &through_agent);
     println!(
@@ -181,6 +215,8 @@ async fn raw_evalsha(url: &str, concurrency: usize, duration: Duration) -> anyho
                 .arg(0)
                 // No record (decision_ttl_ms 0): the digest is only checked for shape.
                 .arg("00000000000000000000000000000000")
+                // No shadow rule.
+                .arg(0)
                 .arg(1_000_000_000_000u64)
                 .arg(1_000_000_000_000u64)
                 .arg(1)

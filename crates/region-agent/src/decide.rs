@@ -1,10 +1,29 @@
 //! The decision path of `Check` (ARCHITECTURE §3.3–§3.7).
 //!
-//! resolve rules → keys under one hash tag → one `multi_rule` call (shadow
-//! rules ride in the same pipelined batch as separate calls) → decision.
+//! resolve rules → keys under one hash tag → one `multi_rule` call → decision.
 //! An ambiguous store outcome is retried once only when the decision is
 //! idempotent (same decision id, so the record answers a replay); otherwise
 //! the rules degrade per fail mode. Never a compensating refund.
+//!
+//! **Shadow rules and retries.** Shadow rules ride in the enforcing
+//! `multi_rule` call (after the enforcing buckets, each charged on its own),
+//! so the script that finds the decision record also skips them:
+//! - a request id reused with other content is refused (INVALID_ARGUMENT)
+//!   and charges nothing, shadow buckets included, counting no shadow denial;
+//! - a replay (same request id, same content) charges nothing, shadow
+//!   buckets included, and reports its shadow rules as **not evaluated**:
+//!   `replayed` is set and `shadow_denied` is empty, and no shadow denial is
+//!   counted (the original run counted it), so retries do not inflate
+//!   shadow metrics.
+//!
+//! This costs no extra round trip: a validated bundle puts every shadow
+//! rule that shares a request with enforcing rules under their hash tag, as
+//! a token bucket (§3.6), so it can join the call under Redis Cluster too.
+//! A shadow rule that cannot ride (only in a hand-built bundle) gets a call
+//! of its own, sent after the enforcing reply when that call keeps a record
+//! (and only after a fresh decision), else in the same batch.
+//! A request with shadow rules only keeps no record: a retry of it charges
+//! them again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -14,6 +33,7 @@ use leasehold_logging::{default_limiter, error_limited, warn_limited, SharedLimi
 use leasehold_proto::agent::v1 as pb;
 
 use crate::algorithm::bucket::BucketParams;
+use crate::algorithm::multi_rule::MAX_RULES;
 use crate::fallback::{LocalCharge, LocalFallback};
 use crate::global::room::{GlobalRoom, Room};
 use crate::key::{KeyBuilder, Tenant};
@@ -87,12 +107,35 @@ impl From<InvalidField> for PlanError<'_> {
     }
 }
 
+/// What one Check decides about, as the helpers of `check_inner` need it.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    bundle: &'a Bundle,
+    target: &'a RequestTarget,
+    decision_id: &'a str,
+    cost: u64,
+}
+
+/// What the enforcing rules came to.
+enum Enforced {
+    /// The decision and the shadow outcomes (rule id, held its cost).
+    Decided(pb::Decision, Vec<(String, bool)>),
+    /// A pool rule's Region holds no room: denied without a store call, no
+    /// shadow rule evaluated.
+    NoRoom(pb::Decision),
+}
+
 /// How rules turned into a store call (the call itself is returned beside it,
 /// so the batch is built without copying keys and arguments).
 struct Planned<'b> {
     /// The script the call runs: which reply parser reads its answer.
     kind: ScriptKind,
     rules: Vec<&'b Rule>,
+    /// Shadow rules riding in this `multi_rule` call, after `rules`.
+    shadow: Vec<&'b Rule>,
+    /// Shadow rules asked to ride that are pool rules without room: left
+    /// out of the call, they would refuse.
+    shadow_no_room: Vec<&'b Rule>,
     idempotent: bool,
     /// A window-pool spend: its cost, reported to the sync loop when allowed.
     chunk_cost_millitokens: Option<u64>,
@@ -147,92 +190,26 @@ impl Decider {
             resolved.checked.iter().copied().partition(|r| !r.shadow);
 
         self.count_pool_demand(&enforcing, 1);
-        let mut plans = Vec::new();
-        let mut calls = Vec::new();
-        if !enforcing.is_empty() {
-            match self.plan(&enforcing, &target, &decision_id, cost, true) {
-                Ok((plan, call)) => {
-                    plans.push(plan);
-                    calls.push(call);
-                }
-                Err(PlanError::Invalid(e)) => return Err(e),
-                Err(PlanError::NoRoom(rule)) => {
-                    let mut decision = self.decision(
-                        &bundle,
-                        rule,
-                        &decision_id,
-                        false,
-                        0,
-                        NO_ROOM_RETRY_MS,
-                        false,
-                    );
+        let request = Request {
+            bundle: &bundle,
+            target: &target,
+            decision_id: &decision_id,
+            cost,
+        };
+        let (mut decision, shadow_outcomes) = if enforcing.is_empty() {
+            let outcomes = self.run_shadow_alone(&shadow, &request).await?;
+            (self.unruled(&bundle, &decision_id), outcomes)
+        } else {
+            match self.check_enforcing(&enforcing, &shadow, &request).await? {
+                Enforced::Decided(decision, outcomes) => (decision, outcomes),
+                Enforced::NoRoom(mut decision) => {
                     decision.leased = self.leased_rules(&resolved.leased, &target)?;
-                    self.count_pool_outcome(&enforcing, false, None);
                     self.count(&decision, &bundle);
                     return Ok(decision);
                 }
             }
-        }
-        let mut shadow_no_room = Vec::new();
-        for rule in &shadow {
-            // No record for shadow calls: they never answer a replay.
-            match self.plan(&[*rule], &target, &decision_id, cost, false) {
-                Ok((plan, call)) => {
-                    plans.push(plan);
-                    calls.push(call);
-                }
-                Err(PlanError::Invalid(e)) => return Err(e),
-                Err(PlanError::NoRoom(rule)) => shadow_no_room.push(rule),
-            }
-        }
-        let mut replies = self.run(&calls).await;
-
-        let mut decision = if enforcing.is_empty() {
-            self.unruled(&bundle, &decision_id)
-        } else {
-            let mut main = replies.remove(0);
-            if matches!(main, Err(StoreError::Ambiguous(_))) && plans[0].idempotent {
-                // The record makes a resend safe: a run that did happen answers from it.
-                tracing::debug!(decision_id = %decision_id, "ambiguous store outcome: retrying idempotent decision");
-                main = self.run(std::slice::from_ref(&calls[0])).await.remove(0);
-            }
-            if let Err(StoreError::Script(refusal)) = &main {
-                // The caller's error (a request id reused with other
-                // content): refused, nothing charged or recorded.
-                if let Some(invalid) = refused_field(refusal) {
-                    return Err(invalid);
-                }
-            }
-            self.interpret(&bundle, &plans[0], main, &target, &decision_id, cost)
         };
-        let shadow_plans = if enforcing.is_empty() {
-            &plans[..]
-        } else {
-            &plans[1..]
-        };
-        for (plan, reply) in shadow_plans.iter().zip(replies) {
-            // A shadow rule never refuses: a reply that does not parse is
-            // neither a shadow denial nor anything else.
-            let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
-            if let Ok(read) = read {
-                if !read.allowed {
-                    let rule = plan.rules[0].id.as_str();
-                    self.metrics.shadow_denials.with_label_values(&[rule]).inc();
-                    self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
-                    decision.shadow_denied.push(rule.to_string());
-                }
-            }
-        }
-        for rule in shadow_no_room {
-            let id = rule.id.as_str();
-            self.metrics.shadow_denials.with_label_values(&[id]).inc();
-            self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
-            decision.shadow_denied.push(id.to_string());
-        }
-        if !enforcing.is_empty() && !decision.fallback {
-            let spent = plans[0].chunk_cost_millitokens;
-            self.count_pool_outcome(&enforcing, decision.allowed, spent);
-        }
+        self.report_shadow(&mut decision, &shadow_outcomes);
         decision.leased = self.leased_rules(&resolved.leased, &target)?;
         decision.leased_only = enforcing.is_empty() && !decision.leased.is_empty();
         self.count(&decision, &bundle);
@@ -242,9 +219,183 @@ impl Decider {
             allowed = decision.allowed,
             rule = %decision.policy_id,
             fallback = decision.fallback,
+            replayed = decision.replayed,
             "decision"
         );
         Ok(decision)
+    }
+
+    /// The enforcing rules' decision and the outcomes of the shadow rules
+    /// evaluated with it.
+    ///
+    /// Shadow rules that are token buckets under the enforcing call's hash
+    /// tag (every shadow rule of a validated bundle that shares a request
+    /// with enforcing rules, §3.6) ride in the same `multi_rule` call, so
+    /// the script skips them when it answers from the decision record (a
+    /// replay) or refuses a reused request id: a retry never charges a
+    /// shadow bucket twice, and no extra round trip is needed. Any other
+    /// shadow rule (only a hand-built bundle has them) runs in the same
+    /// batch when the call keeps no record, else after the enforcing reply
+    /// and only when that reply is a fresh decision.
+    async fn check_enforcing<'b>(
+        &self,
+        enforcing: &[&'b Rule],
+        shadow: &[&'b Rule],
+        request: &Request<'_>,
+    ) -> Result<Enforced, InvalidField> {
+        let Request {
+            bundle,
+            target,
+            decision_id,
+            cost,
+        } = *request;
+        let (riders, detached) = self.riders(enforcing, shadow, target)?;
+        let (plan, call) = match self.plan(enforcing, &riders, target, decision_id, cost, true) {
+            Ok(planned) => planned,
+            Err(PlanError::Invalid(e)) => return Err(e),
+            Err(PlanError::NoRoom(rule)) => {
+                let decision =
+                    self.decision(bundle, rule, decision_id, false, 0, NO_ROOM_RETRY_MS, false);
+                self.count_pool_outcome(enforcing, false, None);
+                return Ok(Enforced::NoRoom(decision));
+            }
+        };
+        let mut calls = vec![call];
+        let mut detached_plans = Vec::new();
+        let mut no_room = plan.shadow_no_room.clone();
+        for rule in detached {
+            // No record for shadow calls: they never answer a replay.
+            match self.plan(&[rule], &[], target, decision_id, cost, false) {
+                Ok((plan, call)) => {
+                    detached_plans.push(plan);
+                    calls.push(call);
+                }
+                Err(PlanError::Invalid(e)) => return Err(e),
+                Err(PlanError::NoRoom(rule)) => no_room.push(rule),
+            }
+        }
+        // Without a record there is no replay or reuse to wait for.
+        let together = !plan.idempotent;
+        let mut replies = self.run(if together { &calls } else { &calls[..1] }).await;
+        let mut main = replies.remove(0);
+        if matches!(main, Err(StoreError::Ambiguous(_))) && plan.idempotent {
+            // The record makes a resend safe: a run that did happen answers from it.
+            tracing::debug!(decision_id = %decision_id, "ambiguous store outcome: retrying idempotent decision");
+            main = self.run(&calls[..1]).await.remove(0);
+        }
+        if let Err(StoreError::Script(refusal)) = &main {
+            // The caller's error (a request id reused with other content):
+            // refused, nothing charged or recorded, shadow buckets included.
+            if let Some(invalid) = refused_field(refusal) {
+                return Err(invalid);
+            }
+        }
+        let read = main.and_then(|r| read_reply(&plan, &r).map_err(StoreError::Script));
+        let replayed = matches!(&read, Ok(r) if r.replayed);
+        let fresh = matches!(&read, Ok(r) if !r.replayed);
+        let mut outcomes: Vec<(String, bool)> = Vec::new();
+        if let Ok(r) = &read {
+            for (rule, allowed) in plan.shadow.iter().zip(&r.shadow_allowed) {
+                outcomes.push((rule.id.as_str().to_string(), *allowed));
+            }
+        }
+        if !replayed {
+            // A shadow pool rule without room would refuse, store or not.
+            outcomes.extend(no_room.iter().map(|r| (r.id.as_str().to_string(), false)));
+        }
+        if !together && fresh && calls.len() > 1 {
+            replies = self.run(&calls[1..]).await;
+        }
+        if together || fresh {
+            outcomes.extend(shadow_outcomes(&detached_plans, replies));
+        }
+        let mut decision = self.interpret(&plan, read, request);
+        decision.replayed = replayed;
+        if !decision.fallback && !replayed {
+            // A replay admits nothing new: the original run was counted.
+            self.count_pool_outcome(enforcing, decision.allowed, plan.chunk_cost_millitokens);
+        }
+        Ok(Enforced::Decided(decision, outcomes))
+    }
+
+    /// Splits shadow rules into those that ride in the enforcing call
+    /// (token buckets under its hash tag, when it is a `multi_rule` call)
+    /// and those that need calls of their own.
+    #[allow(clippy::type_complexity)]
+    fn riders<'b>(
+        &self,
+        enforcing: &[&'b Rule],
+        shadow: &[&'b Rule],
+        target: &RequestTarget,
+    ) -> Result<(Vec<&'b Rule>, Vec<&'b Rule>), InvalidField> {
+        let tag = match enforcing {
+            [single] if single.algorithm != Algorithm::TokenBucket => None,
+            [first, ..] => Some(self.tag(first, target)?),
+            [] => None,
+        };
+        let mut riders = Vec::new();
+        let mut detached = Vec::new();
+        for rule in shadow {
+            let rides = match &tag {
+                Some(tag) => {
+                    rule.algorithm == Algorithm::TokenBucket && self.tag(rule, target)? == *tag
+                }
+                None => false,
+            };
+            if rides && enforcing.len() + riders.len() < MAX_RULES {
+                riders.push(*rule);
+            } else {
+                detached.push(*rule);
+            }
+        }
+        Ok((riders, detached))
+    }
+
+    /// Shadow rules of a request without enforcing rules: one call each, in
+    /// one batch, no record (a retry of such a request charges them again:
+    /// nothing enforcing keeps a record to recognise it by).
+    async fn run_shadow_alone(
+        &self,
+        shadow: &[&Rule],
+        request: &Request<'_>,
+    ) -> Result<Vec<(String, bool)>, InvalidField> {
+        let mut plans = Vec::new();
+        let mut calls = Vec::new();
+        let mut outcomes = Vec::new();
+        for rule in shadow {
+            match self.plan(
+                &[*rule],
+                &[],
+                request.target,
+                request.decision_id,
+                request.cost,
+                false,
+            ) {
+                Ok((plan, call)) => {
+                    plans.push(plan);
+                    calls.push(call);
+                }
+                Err(PlanError::Invalid(e)) => return Err(e),
+                Err(PlanError::NoRoom(rule)) => {
+                    outcomes.push((rule.id.as_str().to_string(), false));
+                }
+            }
+        }
+        let replies = self.run(&calls).await;
+        let mut evaluated = shadow_outcomes(&plans, replies);
+        evaluated.extend(outcomes);
+        Ok(evaluated)
+    }
+
+    /// Counts and reports the shadow rules that would have refused.
+    fn report_shadow(&self, decision: &mut pb::Decision, outcomes: &[(String, bool)]) {
+        for (rule, allowed) in outcomes {
+            if !allowed {
+                self.metrics.shadow_denials.with_label_values(&[rule]).inc();
+                self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
+                decision.shadow_denied.push(rule.clone());
+            }
+        }
     }
 
     /// Runs calls on the store, timing the batch.
@@ -261,9 +412,13 @@ impl Decider {
         replies
     }
 
+    /// The call of `rules` (all or none), with `riders` (shadow token
+    /// buckets under the same hash tag, each on its own) when it is a
+    /// `multi_rule` call; a single non-token-bucket rule takes no riders.
     fn plan<'b>(
         &self,
         rules: &[&'b Rule],
+        riders: &[&'b Rule],
         target: &RequestTarget,
         decision_id: &str,
         cost: u64,
@@ -271,7 +426,20 @@ impl Decider {
     ) -> Result<(Planned<'b>, ScriptCall), PlanError<'b>> {
         let first = rules[0];
         if rules.len() == 1 && first.algorithm != Algorithm::TokenBucket {
+            debug_assert!(riders.is_empty(), "only multi_rule calls take riders");
             return self.plan_single(first, target, decision_id, cost);
+        }
+        let mut shadow = Vec::with_capacity(riders.len());
+        let mut shadow_params = Vec::with_capacity(riders.len());
+        let mut shadow_no_room = Vec::new();
+        for rider in riders {
+            match self.bucket_params(rider) {
+                Some(params) => {
+                    shadow.push(*rider);
+                    shadow_params.push(params);
+                }
+                None => shadow_no_room.push(*rider),
+            }
         }
         let tag = self.tag(first, target)?;
         let ttl = if record {
@@ -283,7 +451,12 @@ impl Decider {
         } else {
             0
         };
-        let slack = rules.iter().map(|r| r.slack_ms).max().unwrap_or(0);
+        let slack = rules
+            .iter()
+            .chain(&shadow)
+            .map(|r| r.slack_ms)
+            .max()
+            .unwrap_or(0);
         let mut call = ScriptCall::new(ScriptKind::MultiRule).key(
             self.keys
                 .decision(&tag, decision_id)
@@ -295,16 +468,26 @@ impl Decider {
             costs.push(rule_cost_millitokens(rule, cost)?);
         }
         // The record is bound to what this request charges (§8): its bucket
-        // keys (tag, rules, principal) and costs.
+        // keys (tag, rules, principal) and costs. Shadow rules stay out: one
+        // never refuses, so a reload adding one must not make a retry a
+        // refused reuse.
         let digest = crate::algorithm::multi_rule::request_digest(
             call.keys[1..]
                 .iter()
                 .map(String::as_str)
                 .zip(costs.iter().copied()),
         );
-        call = call.arg(slack).arg(ttl).arg(digest);
-        for (rule, cost_millitokens) in rules.iter().zip(costs) {
-            let params = self.bucket_params(rule).ok_or(PlanError::NoRoom(rule))?;
+        let mut params = Vec::with_capacity(rules.len() + shadow.len());
+        for rule in rules {
+            params.push(self.bucket_params(rule).ok_or(PlanError::NoRoom(rule))?);
+        }
+        for rider in &shadow {
+            call = call.key(self.bucket_key(rider, target)?);
+            costs.push(rule_cost_millitokens(rider, cost)?);
+        }
+        params.extend(shadow_params);
+        call = call.arg(slack).arg(ttl).arg(digest).arg(shadow.len());
+        for (params, cost_millitokens) in params.iter().zip(costs) {
             call = call
                 .arg(params.capacity_millitokens)
                 .arg(params.refill_millitokens)
@@ -314,6 +497,8 @@ impl Decider {
         let plan = Planned {
             kind: ScriptKind::MultiRule,
             rules: rules.to_vec(),
+            shadow,
+            shadow_no_room,
             idempotent: ttl > 0,
             chunk_cost_millitokens: None,
         };
@@ -385,6 +570,8 @@ impl Decider {
         let plan = Planned {
             kind: call.kind,
             rules: vec![rule],
+            shadow: Vec::new(),
+            shadow_no_room: Vec::new(),
             idempotent: rule.algorithm == Algorithm::SlidingLog,
             chunk_cost_millitokens: None,
         };
@@ -411,6 +598,8 @@ impl Decider {
         let plan = Planned {
             kind: ScriptKind::ChunkSpend,
             rules: vec![rule],
+            shadow: Vec::new(),
+            shadow_no_room: Vec::new(),
             idempotent: false,
             chunk_cost_millitokens: Some(cost_millitokens),
         };
@@ -521,17 +710,20 @@ impl Decider {
         }
     }
 
+    /// The decision from a read reply. A reply of unexpected shape was read
+    /// as `MalformedReply`: a store fault, never an allow (§8).
     fn interpret(
         &self,
-        bundle: &Bundle,
         plan: &Planned<'_>,
-        reply: CallResult,
-        target: &RequestTarget,
-        decision_id: &str,
-        cost: u64,
+        read: Result<ReadReply, StoreError>,
+        request: &Request<'_>,
     ) -> pb::Decision {
-        // A reply of unexpected shape is a store fault, never an allow (§8).
-        let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
+        let Request {
+            bundle,
+            target,
+            decision_id,
+            cost,
+        } = *request;
         match read {
             Ok(read) => self.decision_from_reply(bundle, plan, &read, decision_id),
             Err(StoreError::Script(e @ ScriptError::MalformedReply { .. })) => {
@@ -775,6 +967,11 @@ impl Decider {
 /// What a decision reads from a checked script reply.
 struct ReadReply {
     allowed: bool,
+    /// Answered from a decision record: nothing charged, shadow riders not
+    /// evaluated.
+    replayed: bool,
+    /// Per shadow rider of the plan: held its cost (empty when replayed).
+    shadow_allowed: Vec<bool>,
     /// Index into the plan's rules of the rule the decision reports.
     reported: usize,
     /// In the rule's unit (millitokens for buckets and chunks).
@@ -787,11 +984,13 @@ struct ReadReply {
 fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, ScriptError> {
     match plan.kind {
         ScriptKind::MultiRule => {
-            let r = reply::multi_rule(reply, plan.rules.len())?;
+            let r = reply::multi_rule(reply, plan.rules.len(), plan.shadow.len())?;
             // The parser bounds denied_by to [1, rules] on a denial.
             let reported = r.denied_by.saturating_sub(1);
             Ok(ReadReply {
                 allowed: r.allowed,
+                replayed: r.replayed,
+                shadow_allowed: r.shadow_allowed,
                 reported,
                 remaining: r.remaining_millitokens[reported],
                 retry_after_ms: r.retry_after_ms,
@@ -802,6 +1001,8 @@ fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, Scri
             // A refused spend waits for the next chunk, not for a refill.
             Ok(ReadReply {
                 allowed: r.spent,
+                replayed: false,
+                shadow_allowed: Vec::new(),
                 reported: 0,
                 remaining: r.left_millitokens,
                 retry_after_ms: NO_ROOM_RETRY_MS,
@@ -811,12 +1012,28 @@ fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, Scri
             let r = reply::admission(kind, reply)?;
             Ok(ReadReply {
                 allowed: r.allowed,
+                replayed: false,
+                shadow_allowed: Vec::new(),
                 reported: 0,
                 remaining: r.remaining,
                 retry_after_ms: r.retry_after_ms,
             })
         }
     }
+}
+
+/// The outcomes of shadow calls of their own (rule id, held its cost). A
+/// shadow rule never refuses: a reply that does not parse is neither a
+/// shadow denial nor anything else.
+fn shadow_outcomes(plans: &[Planned<'_>], replies: Vec<CallResult>) -> Vec<(String, bool)> {
+    plans
+        .iter()
+        .zip(replies)
+        .filter_map(|(plan, reply)| {
+            let read = reply.ok().and_then(|r| read_reply(plan, &r).ok())?;
+            Some((plan.rules[0].id.as_str().to_string(), read.allowed))
+        })
+        .collect()
 }
 
 /// A script's refusal of well-formed input as the caller's INVALID_ARGUMENT

@@ -25,7 +25,20 @@ const DECISION_KEY: &str = "lh:v1:{atlas}:decision:r1";
 /// The agent's call: the digest is the one it computes over the bucket
 /// keys and costs, so another rule set or cost under one id is another digest.
 fn call(keys: &[&str], slack: u64, decision_ttl: u64, rules: &[(Rate, u64)]) -> ScriptCall {
-    let charges = keys[1..]
+    call_with_shadow(keys, slack, decision_ttl, rules, 0)
+}
+
+/// As [`call`], the last `shadows` keys and rules being shadow rules (left
+/// out of the digest, as the agent does).
+fn call_with_shadow(
+    keys: &[&str],
+    slack: u64,
+    decision_ttl: u64,
+    rules: &[(Rate, u64)],
+    shadows: usize,
+) -> ScriptCall {
+    let enforcing = rules.len() - shadows;
+    let charges = keys[1..=enforcing]
         .iter()
         .copied()
         .zip(rules.iter().map(|(_, cost)| *cost));
@@ -33,7 +46,11 @@ fn call(keys: &[&str], slack: u64, decision_ttl: u64, rules: &[(Rate, u64)]) -> 
     for k in keys {
         c = c.key(*k);
     }
-    c = c.arg(slack).arg(decision_ttl).arg(request_digest(charges));
+    c = c
+        .arg(slack)
+        .arg(decision_ttl)
+        .arg(request_digest(charges))
+        .arg(shadows);
     for ((capacity, refill, period), cost) in rules {
         c = c.arg(capacity).arg(refill).arg(period).arg(cost);
     }
@@ -129,18 +146,19 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
     let reply = h
         .redis(&call(&keys, 5_000, 0, &[(USER, 1_000), (TENANT, 1_000)]))
         .unwrap();
-    assert_eq!(reply.len(), 6);
+    assert_eq!(reply.len(), 7);
+    assert_eq!(reply[5], 0, "not a replay");
     assert_eq!(
         reply[..5],
-        expected(1_000, 639_000, 1_000, reply[5] - ts)[..]
+        expected(1_000, 639_000, 1_000, reply[6] - ts)[..]
     );
     assert!(
         !h.exists(DECISION_KEY),
         "decision_ttl_ms 0 writes no record"
     );
-    let (ttl, slip) = h.ttl_set_at(USER_KEY, reply[5]);
+    let (ttl, slip) = h.ttl_set_at(USER_KEY, reply[6]);
     assert!(ttl > 10_000 && ttl <= 15_000 + slip, "user TTL {ttl}");
-    let (ttl, slip) = h.ttl_set_at(TENANT_KEY, reply[5]);
+    let (ttl, slip) = h.ttl_set_at(TENANT_KEY, reply[6]);
     assert!(ttl > 60_000 && ttl <= 65_000 + slip, "tenant TTL {ttl}");
 
     // The user bucket is empty: {0, 1, 500, 0, 639000, now}, tenant untouched.
@@ -157,7 +175,7 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
         .unwrap();
     assert_eq!(
         reply[..5],
-        expected(0, 639_000, 1_000, (reply[5] - ts).max(0))[..]
+        expected(0, 639_000, 1_000, (reply[6] - ts).max(0))[..]
     );
     assert_eq!(reply[..3], [0, 1, 500]);
     assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
@@ -174,7 +192,7 @@ fn walk_through_user_and_tenant_rules_charge_all_or_none() {
         .unwrap();
     assert_eq!(
         reply[..5],
-        expected(20_000, 3_000, 10_000, (reply[5] - ts).max(0))[..]
+        expected(20_000, 3_000, 10_000, (reply[6] - ts).max(0))[..]
     );
     assert_eq!(reply[..3], [0, 2, 420]);
     assert_eq!((h.hgetall(USER_KEY), h.hgetall(TENANT_KEY)), before);
@@ -189,10 +207,12 @@ fn replayed_decision_id_returns_the_same_reply_and_debits_once() {
     let c = call(&keys, 0, 600_000, &[(FROZEN, 1_000), (FROZEN, 3_000)]);
     let first = differential(&mut h, &twin, &c, &mut last).unwrap();
     assert_eq!(first[..5], [1, 0, 0, 19_000, 17_000]);
+    assert_eq!(first[5], 0, "not a replay");
     for _ in 0..3 {
         let again = differential(&mut h, &twin, &c, &mut last).unwrap();
         assert_eq!(again[..5], first[..5]);
-        assert!(again[5] >= first[5], "replay carries the current now_ms");
+        assert_eq!(again[5], 1, "replayed");
+        assert!(again[6] >= first[6], "replay carries the current now_ms");
     }
     assert_eq!(tokens(&mut h, USER_KEY).as_deref(), Some("19000"));
     assert_eq!(tokens(&mut h, TENANT_KEY).as_deref(), Some("17000"));
@@ -200,7 +220,7 @@ fn replayed_decision_id_returns_the_same_reply_and_debits_once() {
         get(&mut h, DECISION_KEY),
         Some(format!("{}:1,0,0,19000,17000", c.args[2]))
     );
-    let (ttl, slip) = h.ttl_set_at(DECISION_KEY, first[5]);
+    let (ttl, slip) = h.ttl_set_at(DECISION_KEY, first[6]);
     assert!(ttl >= 600_000 && ttl <= 600_000 + slip, "record TTL {ttl}");
 
     // A new decision id debits again.
@@ -335,10 +355,11 @@ fn malformed_record_is_refused_by_both() {
     .iter()
     .map(|body| format!("{digest}:{body}"))
     .chain(
-        // No digest (the record format before digests), a short or
-        // upper-case one.
+        // A malformed record in the format before digests, an empty,
+        // short or upper-case digest.
         [
-            "1,0,0,5",
+            "1,0,0,x",
+            "1,0,0",
             ":1,0,0,5",
             "0123:1,0,0,5",
             &format!("{}:1,0,0,5", digest.to_uppercase()),
@@ -362,6 +383,126 @@ fn malformed_record_is_refused_by_both() {
     assert_eq!(h.hgetall(USER_KEY), before);
 }
 
+/// Writes the same record text into Redis and the twin, living a minute.
+fn put_record(h: &mut Harness, twin: &MemoryStore, key: &str, text: &str, now_ms: i64) {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(text)
+        .arg("PX")
+        .arg(60_000)
+        .exec(&mut h.conn)
+        .unwrap();
+    twin.with_keyspace(|s| s.set(key, text.to_string(), Some(60_000), now_ms));
+}
+
+#[test]
+fn record_without_digest_is_replayed_as_written_by_both() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = redis_time_ms(&mut h);
+    let c = call(
+        &[DECISION_KEY, USER_KEY, TENANT_KEY],
+        0,
+        600_000,
+        &[(FROZEN, 1_000), (FROZEN, 1_000)],
+    );
+    // What the version before digests wrote: the decision's integers only.
+    for (record, want) in [
+        ("1,0,0,19000,639000", [1, 0, 0, 19_000, 639_000]),
+        ("0,1,5000,0,639000", [0, 1, 5_000, 0, 639_000]),
+    ] {
+        put_record(&mut h, &twin, DECISION_KEY, record, last);
+        let reply = differential(&mut h, &twin, &c, &mut last).unwrap();
+        assert_eq!(reply[..5], want, "{record}");
+        assert_eq!(reply[5], 1, "replayed");
+        assert!(
+            !h.exists(USER_KEY) && !h.exists(TENANT_KEY),
+            "nothing charged"
+        );
+        assert_eq!(get(&mut h, DECISION_KEY).as_deref(), Some(record));
+    }
+    // Another rule count cannot be this request: refused as reused.
+    put_record(&mut h, &twin, DECISION_KEY, "1,0,0,19000", last);
+    assert_eq!(
+        differential(&mut h, &twin, &c, &mut last),
+        Err(ScriptError::Refused {
+            field: "request_id".into(),
+            reason: "reused".into()
+        })
+    );
+    assert!(!h.exists(USER_KEY) && !h.exists(TENANT_KEY));
+}
+
+#[test]
+fn shadow_buckets_charge_alone_and_never_on_a_replay_or_a_reuse() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let shadow_key = "lh:v1:{atlas}:shadow-read:u17";
+    let tight_key = "lh:v1:{atlas}:shadow-tight:atlas";
+    let keys = [DECISION_KEY, USER_KEY, shadow_key, tight_key];
+    // The enforcing rule holds one request; the wide shadow rule many, the
+    // tight one a single request.
+    let rules = [
+        ((1_000, 1, 1_000_000), 1_000),
+        (FROZEN, 1_000),
+        ((1_000, 1, 1_000_000), 1_000),
+    ];
+    let first = call_with_shadow(&keys, 0, 600_000, &rules, 2);
+    let reply = differential(&mut h, &twin, &first, &mut last).unwrap();
+    assert_eq!(reply[..7], [1, 0, 0, 0, 1, 1, 0]);
+    let charged = |h: &mut Harness| {
+        (
+            tokens(h, USER_KEY),
+            tokens(h, shadow_key),
+            tokens(h, tight_key),
+        )
+    };
+    let after_first = charged(&mut h);
+    assert_eq!(
+        after_first,
+        (Some("0".into()), Some("19000".into()), Some("0".into()))
+    );
+    // The replay: shadows not evaluated (-1), nothing charged.
+    let replay = differential(&mut h, &twin, &first, &mut last).unwrap();
+    assert_eq!(replay[..7], [1, 0, 0, 0, -1, -1, 1]);
+    assert_eq!(charged(&mut h), after_first);
+    // A reuse with another enforcing cost: refused, nothing charged.
+    let reused = call_with_shadow(
+        &keys,
+        0,
+        600_000,
+        &[((1_000, 1, 1_000_000), 500), rules[1], rules[2]],
+        2,
+    );
+    assert_eq!(
+        differential(&mut h, &twin, &reused, &mut last),
+        Err(ScriptError::Refused {
+            field: "request_id".into(),
+            reason: "reused".into()
+        })
+    );
+    assert_eq!(charged(&mut h), after_first);
+    // Shadow rules are not in the digest (a reload adding one must not
+    // refuse a retry): only the shadow cost differs, so it replays.
+    let other_shadow =
+        call_with_shadow(&keys, 0, 600_000, &[rules[0], (FROZEN, 2_000), rules[2]], 2);
+    assert_eq!(other_shadow.args[2], first.args[2]);
+    let replay = differential(&mut h, &twin, &other_shadow, &mut last).unwrap();
+    assert_eq!(replay[..7], [1, 0, 0, 0, -1, -1, 1]);
+    assert_eq!(charged(&mut h), after_first);
+    // A new id: the enforcing rule denies, each shadow still decides alone.
+    let mut next = first.clone();
+    next.keys[0] = "lh:v1:{atlas}:decision:r2".into();
+    let denied = differential(&mut h, &twin, &next, &mut last).unwrap();
+    assert_eq!(denied[..2], [0, 1]);
+    assert_eq!(denied[4..7], [1, 0, 0]);
+    assert_eq!(
+        charged(&mut h),
+        (Some("0".into()), Some("18000".into()), Some("0".into()))
+    );
+}
+
 const BAD_ANY: [&str; 7] = ["x", "nan", "inf", "-1", "1099511627777", "1.5", ""];
 
 fn bads(min_one: bool) -> Vec<&'static str> {
@@ -381,6 +522,7 @@ fn invalid_arguments_are_named_and_change_nothing() {
         "5000",
         "600000",
         "0123456789abcdef0123456789abcdef",
+        "0",
         "20000",
         "2000",
         "1000",
@@ -394,6 +536,8 @@ fn invalid_arguments_are_named_and_change_nothing() {
         "slack_ms",
         "decision_ttl_ms",
         "request_digest",
+        // The shadow count is part of the rule count.
+        "rules",
         "capacity",
         "refill",
         "period_ms",
@@ -440,10 +584,11 @@ fn invalid_arguments_are_named_and_change_nothing() {
         "0123456789abcdef 123456789abcdef",
     ];
     for (i, name) in names.iter().enumerate() {
-        let bad_values = if i == 2 {
-            BAD_DIGESTS.to_vec()
-        } else {
-            bads(i >= 3)
+        let bad_values = match i {
+            2 => BAD_DIGESTS.to_vec(),
+            // Two rules: no enforcing rule left, or more shadows than allowed.
+            3 => [bads(false), vec!["2", "8"]].concat(),
+            _ => bads(i >= 4),
         };
         for bad in bad_values {
             let mut args = base;
@@ -454,21 +599,21 @@ fn invalid_arguments_are_named_and_change_nothing() {
     }
     // capacity × period > 2^52, in either rule (2^40 × 2^40 must not overflow).
     let mut args = base;
-    (args[3], args[5]) = ("1099511627776", "8192");
+    (args[4], args[6]) = ("1099511627776", "8192");
     check(&mut h, &build(&keys, &args), "capacity");
     let mut args = base;
-    (args[7], args[9]) = ("1099511627776", "1099511627776");
+    (args[8], args[10]) = ("1099511627776", "1099511627776");
     check(&mut h, &build(&keys, &args), "capacity");
     // Rule count: none, nine, ARGV one short or one long.
-    check(&mut h, &build(&[DECISION_KEY], &base[..3]), "rules");
+    check(&mut h, &build(&[DECISION_KEY], &base[..4]), "rules");
     let nine: Vec<String> = (0..10).map(|i| format!("lh:v1:{{atlas}}:k{i}")).collect();
     let nine: Vec<&str> = nine.iter().map(String::as_str).collect();
-    let mut nine_args = vec!["0", "0", base[2]];
+    let mut nine_args = vec!["0", "0", base[2], "0"];
     for _ in 0..9 {
         nine_args.extend(["10", "1", "1", "1"]);
     }
     check(&mut h, &build(&nine, &nine_args), "rules");
-    check(&mut h, &build(&keys, &base[..10]), "rules");
+    check(&mut h, &build(&keys, &base[..11]), "rules");
     let mut long = base.to_vec();
     long.push("1");
     check(&mut h, &build(&keys, &long), "rules");
@@ -489,7 +634,7 @@ fn invalid_arguments_are_named_and_change_nothing() {
     // the denial is recorded under its own decision id.
     let never_key = "lh:v1:{atlas}:decision:never";
     let mut args = base;
-    args[10] = "1000001";
+    args[11] = "1000001";
     let never = h
         .redis(&build(&[never_key, USER_KEY, TENANT_KEY], &args))
         .unwrap();
@@ -512,6 +657,9 @@ struct Rule {
 enum Step {
     Call {
         rules: Vec<Rule>,
+        /// How many of the last rules are shadow rules (at least one
+        /// enforcing rule stays).
+        shadows: usize,
         slack: u64,
         /// None: decision_ttl_ms 0.
         decision: Option<u8>,
@@ -548,14 +696,17 @@ fn rules() -> impl Strategy<Value = Vec<Rule>> {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (rules(), 0u64..2_000, prop::option::of(0u8..4))
-            .prop_map(|(rules, slack, decision)| Step::Call { rules, slack, decision }),
+        4 => (rules(), 0usize..4, 0u64..2_000, prop::option::of(0u8..4))
+            .prop_map(|(rules, shadows, slack, decision)| {
+                let shadows = shadows.min(rules.len() - 1);
+                Step::Call { rules, shadows, slack, decision }
+            }),
         1 => Just(Step::Repeat),
         1 => (0u64..15).prop_map(|ms| Step::Idle { ms }),
     ]
 }
 
-fn to_call(rules: &[Rule], slack: u64, decision: Option<u8>) -> ScriptCall {
+fn to_call(rules: &[Rule], shadows: usize, slack: u64, decision: Option<u8>) -> ScriptCall {
     let record = match decision {
         // A few ids shared by calls of any rule set: a reuse with other
         // rules or costs is refused, the same content replayed.
@@ -571,7 +722,7 @@ fn to_call(rules: &[Rule], slack: u64, decision: Option<u8>) -> ScriptCall {
     // Records live 10 minutes: no replay straddles an expiry.
     let ttl = if decision.is_some() { 600_000 } else { 0 };
     let specs: Vec<(Rate, u64)> = rules.iter().map(|r| (r.rate, r.cost)).collect();
-    call(&keys, slack, ttl, &specs)
+    call_with_shadow(&keys, slack, ttl, &specs, shadows)
 }
 
 proptest! {
@@ -597,7 +748,9 @@ proptest! {
                         Some(c) => c.clone(),
                         None => continue,
                     },
-                    Step::Call { rules, slack, decision } => to_call(rules, *slack, *decision),
+                    Step::Call { rules, shadows, slack, decision } => {
+                        to_call(rules, *shadows, *slack, *decision)
+                    }
                 };
                 let buckets: Vec<_> = c.keys[1..].iter().map(|k| h.hash_with_expiry(k)).collect();
                 let reply = differential(h, &twin, &c, &mut last_now);
@@ -608,14 +761,23 @@ proptest! {
                     }
                 }
                 if let Ok(values) = &reply {
-                    assert_eq!(values.len(), c.keys.len() + 3);
-                    if values[0] == 0 {
-                        // All or none: a denial (or a replay) writes no
-                        // bucket. Compared through each bucket's expiry: a
-                        // short TTL may lapse between the two reads.
-                        for (key, before) in c.keys[1..].iter().zip(&buckets) {
-                            before.assert_untouched(&h.hash_with_expiry(key), key);
-                        }
+                    assert_eq!(values.len(), c.keys.len() + 4);
+                    let shadows: usize = c.args[3].parse().unwrap();
+                    let enforcing = c.keys.len() - 1 - shadows;
+                    let replayed = values[values.len() - 2] == 1;
+                    // A replay writes no bucket, shadow ones included; a
+                    // denial no enforcing bucket (all or none). Compared
+                    // through each bucket's expiry: a short TTL may lapse
+                    // between the two reads.
+                    let untouched = if replayed {
+                        c.keys.len() - 1
+                    } else if values[0] == 0 {
+                        enforcing
+                    } else {
+                        0
+                    };
+                    for (key, before) in c.keys[1..].iter().zip(&buckets).take(untouched) {
+                        before.assert_untouched(&h.hash_with_expiry(key), key);
                     }
                 }
                 previous = Some(c);

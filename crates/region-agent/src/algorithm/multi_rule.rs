@@ -1,19 +1,34 @@
 //! Twin of `lua/multi_rule.lua`: up to [`MAX_RULES`] token buckets sharing
-//! one hash tag, charged all or none, with an optional idempotency record
-//! bound to a digest of the request.
+//! one hash tag, the enforcing ones charged all or none and the shadow ones
+//! each on its own, with an optional idempotency record bound to a digest of
+//! the enforcing charges.
 //!
-//! KEYS = decision record, then the n bucket hashes {tokens, ts}. ARGV =
-//! slack_ms, decision_ttl_ms (0 = no record), request_digest (32 lowercase
-//! hex, [`request_digest`]), then capacity, refill, period_ms, cost per
-//! bucket. Reply `{allowed, denied_by, retry_after_ms, remaining_1 ..
-//! remaining_n, now_ms}`; denied_by is the first denying rule (1-based, 0 =
-//! none), retry -1 = some rule can never succeed.
+//! KEYS = decision record, then the n enforcing and the m shadow bucket
+//! hashes {tokens, ts}. ARGV = slack_ms, decision_ttl_ms (0 = no record),
+//! request_digest (32 lowercase hex, [`request_digest`]), shadow_count m,
+//! then capacity, refill, period_ms, cost per bucket. Reply `{allowed,
+//! denied_by, retry_after_ms, remaining_1 .. remaining_n, shadow_1 ..
+//! shadow_m, replayed, now_ms}`; denied_by is the first denying enforcing
+//! rule (1-based, 0 = none), retry -1 = some rule can never succeed;
+//! shadow_i is 1 (charged), 0 (would have refused) or -1 (not evaluated:
+//! a replay); replayed is 1 when the record answered.
 //!
-//! The record is `digest:` then the decision without `now_ms`, as
+//! The record is `digest:` then the enforcing decision without `now_ms`, as
 //! comma-separated decimal integers. A replay under the same digest returns
-//! it with the current `now_ms` and touches nothing; under another digest
-//! (the id reused with other principals, rules or costs) it is refused with
-//! `Refused { request_id, reused }` and touches nothing either.
+//! it with the current `now_ms` and touches nothing: no enforcing bucket and
+//! no shadow bucket, so a retried request never counts twice. Under another
+//! digest (the id reused with other principals, rules or costs) it is
+//! refused with `Refused { request_id, reused }` and touches nothing either.
+//!
+//! **Records without a digest** (`allowed,denied_by,…`: written by the
+//! version before digests) predate the binding: for their TTL (at most the
+//! rules' `idempotent_ttl_ms`) they are trusted and replayed as that version
+//! would have, unless their length shows another rule count, which proves
+//! another request (refused as reused). See [`parse_record`].
+//!
+//! Shadow rules are not in the digest on purpose: a shadow rule never
+//! refuses, so adding or removing one (a reload between a request and its
+//! retry) must not turn the retry into a refused reuse.
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
@@ -60,7 +75,10 @@ pub struct MultiArgs {
     pub decision_ttl_ms: u64,
     /// What a record is bound to (see [`request_digest`]).
     pub request_digest: String,
+    /// Enforcing rules, charged all or none (at least one).
     pub rules: Vec<Rule>,
+    /// Shadow rules, each charged on its own when it holds its cost.
+    pub shadow: Vec<Rule>,
 }
 
 /// A digest as the script accepts it: exactly 32 lowercase hex characters.
@@ -68,13 +86,17 @@ fn is_digest(text: &str) -> bool {
     text.len() == DIGEST_HEX_LEN && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// Validates keys and arguments exactly in the script's order: rule count
-/// (`rules`), distinct keys (`keys`), slack_ms, decision_ttl_ms,
-/// request_digest, then each rule's capacity, refill, period_ms, cost.
-/// Reads no state.
+/// Most shadow rules one call carries: every rule but one enforcing rule.
+pub const MAX_SHADOW_RULES: usize = MAX_RULES - 1;
+
+/// Validates keys and arguments exactly in the script's order: shadow
+/// count and rule count (`rules`), distinct keys (`keys`), slack_ms,
+/// decision_ttl_ms, request_digest, then each rule's capacity, refill,
+/// period_ms, cost. Reads no state.
 pub fn parse(keys: &[String], argv: &[String]) -> Result<MultiArgs, ScriptError> {
-    let n = keys.len().saturating_sub(1);
-    if !(1..=MAX_RULES).contains(&n) || argv.len() != 3 + 4 * n {
+    let total = keys.len().saturating_sub(1);
+    let shadow_count = args::int("rules", argv.get(3), 0, MAX_SHADOW_RULES as u64)? as usize;
+    if total <= shadow_count || total > MAX_RULES || argv.len() != 4 + 4 * total {
         return Err(ScriptError::InvalidArgument("rules".into()));
     }
     for (i, key) in keys.iter().enumerate() {
@@ -88,9 +110,9 @@ pub fn parse(keys: &[String], argv: &[String]) -> Result<MultiArgs, ScriptError>
     if !is_digest(&request_digest) {
         return Err(ScriptError::InvalidArgument("request_digest".into()));
     }
-    let rules = (0..n)
+    let mut rules = (0..total)
         .map(|i| {
-            let at = 3 + 4 * i;
+            let at = 4 + 4 * i;
             let params = BucketParams::parse(argv, at)?;
             let cost_millitokens = args::positive("cost", argv.get(at + 3))?;
             Ok(Rule {
@@ -99,11 +121,13 @@ pub fn parse(keys: &[String], argv: &[String]) -> Result<MultiArgs, ScriptError>
             })
         })
         .collect::<Result<Vec<_>, ScriptError>>()?;
+    let shadow = rules.split_off(total - shadow_count);
     Ok(MultiArgs {
         slack_ms,
         decision_ttl_ms,
         request_digest,
         rules,
+        shadow,
     })
 }
 
@@ -204,25 +228,37 @@ pub fn record_text(digest: &str, values: &[i64]) -> String {
     format!("{digest}:{values}")
 }
 
-/// Parses a stored record for a request of `n` rules under `digest` as the
-/// script does: a 32-hex digest and ':' (else
-/// `InvalidArgument("decision_record")`); another digest is
-/// `Refused { request_id, reused }`; then exactly 3 + n comma-separated
-/// integers (optional '-', digits, at most 17 characters, magnitude ≤ 2^52),
-/// anything else `InvalidArgument("decision_record")`.
+/// Parses a stored record for a request of `n` enforcing rules under
+/// `digest` as the script does, into the decision it replays (without
+/// `now_ms`):
+/// - `digest:values`: the digest must be 32 lowercase hex (else
+///   `InvalidArgument("decision_record")`) and equal `digest` (else
+///   `Refused { request_id, reused }`);
+/// - `values` alone (no ':'): a record from before digests, trusted for its
+///   TTL; a well-formed one of another length (at least one rule) is
+///   another request, `Refused { request_id, reused }`;
+/// - values: exactly 3 + n comma-separated integers (optional '-', digits,
+///   at most 17 characters, magnitude ≤ 2^52); anything else
+///   `InvalidArgument("decision_record")`.
 pub fn parse_record(text: &str, digest: &str, n: usize) -> Result<Vec<i64>, ScriptError> {
     let malformed = || ScriptError::InvalidArgument("decision_record".into());
+    let reused = || ScriptError::Refused {
+        field: "request_id".into(),
+        reason: "reused".into(),
+    };
     // Lua's '^([0-9a-f]+):(.*)$' takes the longest hex run before the first ':'.
-    let (stored, body) = text.split_once(':').ok_or_else(malformed)?;
-    if !is_digest(stored) {
-        return Err(malformed());
-    }
-    if stored != digest {
-        return Err(ScriptError::Refused {
-            field: "request_id".into(),
-            reason: "reused".into(),
-        });
-    }
+    let (bound, body) = match text.split_once(':') {
+        Some((stored, body)) => {
+            if !is_digest(stored) {
+                return Err(malformed());
+            }
+            if stored != digest {
+                return Err(reused());
+            }
+            (true, body)
+        }
+        None => (false, text),
+    };
     let values = body
         .split(',')
         .map(|piece| {
@@ -239,10 +275,37 @@ pub fn parse_record(text: &str, digest: &str, n: usize) -> Result<Vec<i64>, Scri
         })
         .collect::<Result<Vec<_>, ScriptError>>()?;
     if values.len() != 3 + n {
-        return Err(malformed());
+        return Err(if !bound && values.len() >= 4 {
+            reused()
+        } else {
+            malformed()
+        });
     }
     Ok(values)
 }
+
+/// A shadow bucket decided alone: charged (and its state to store
+/// returned) only when it holds the cost; never refused by another rule.
+pub fn decide_shadow(
+    stored: Option<BucketState>,
+    rule: &Rule,
+    now_ms: i64,
+) -> (bool, Option<BucketState>) {
+    let state = BucketState::refilled(stored, &rule.params, now_ms);
+    let holds = rule.cost_millitokens <= rule.params.capacity_millitokens
+        && state.tokens_millitokens >= rule.cost_millitokens;
+    if !holds {
+        return (false, None);
+    }
+    let after = BucketState {
+        tokens_millitokens: state.tokens_millitokens - rule.cost_millitokens,
+        ..state
+    };
+    (true, Some(after))
+}
+
+/// Shadow outcome in a reply: not evaluated (a replay).
+pub const SHADOW_NOT_EVALUATED: i64 = -1;
 
 /// Runs the script's logic on the keyspace, exactly as the Lua does on Redis.
 pub fn eval(
@@ -253,11 +316,16 @@ pub fn eval(
 ) -> Result<Vec<i64>, ScriptError> {
     let parsed = parse(keys, argv)?;
     let record_key = &keys[0];
-    let bucket_keys = &keys[1..];
+    let (bucket_keys, shadow_keys) = keys[1..].split_at(parsed.rules.len());
     if parsed.decision_ttl_ms > 0 {
         if let Some(prior) = space.get(record_key, now_ms).map_err(bucket::wrong_type)? {
+            // A replay touches nothing, shadow buckets included.
             let mut values = parse_record(&prior, &parsed.request_digest, parsed.rules.len())?;
-            values.push(now_ms);
+            values.extend(std::iter::repeat_n(
+                SHADOW_NOT_EVALUATED,
+                parsed.shadow.len(),
+            ));
+            values.extend([1, now_ms]);
             return Ok(values);
         }
     }
@@ -281,7 +349,15 @@ pub fn eval(
             now_ms,
         );
     }
-    values.push(now_ms);
+    for (key, rule) in shadow_keys.iter().zip(&parsed.shadow) {
+        let (charged, write) = decide_shadow(bucket::load(space, key, now_ms)?, rule, now_ms);
+        if let Some(state) = write {
+            let ttl = rule.params.full_refill_ms() + parsed.slack_ms;
+            bucket::store(space, key, state, ttl, now_ms)?;
+        }
+        values.push(i64::from(charged));
+    }
+    values.extend([0, now_ms]);
     Ok(values)
 }
 
@@ -369,7 +445,8 @@ mod tests {
         assert_eq!(parse_record(&record_text(D, &values), D, 2), Ok(values));
         for bad in [
             "",
-            "1,0,0,5,6",
+            "1,0,0",
+            "1,0,0,x,6",
             ":1,0,0,5,6",
             "0123456789abcdef:1,0,0,5,6",
             "0123456789ABCDEF0123456789ABCDEF:1,0,0,5,6",
@@ -397,6 +474,65 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn record_without_digest_is_trusted_unless_its_length_shows_another_request() {
+        // The format before digests: replayed as that version would have.
+        assert_eq!(parse_record("0,1,500,0,5", D, 2), Ok(vec![0, 1, 500, 0, 5]));
+        for other in ["1,0,0,5", "1,0,0,5,6,7"] {
+            assert_eq!(
+                parse_record(other, D, 2),
+                Err(ScriptError::Refused {
+                    field: "request_id".into(),
+                    reason: "reused".into()
+                }),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shadow_rules_charge_alone_and_never_on_a_replay() {
+        let store = MemoryStore::default();
+        // One enforcing rule that denies (cost above what it holds after the
+        // first call), two shadow rules: one holds its cost, one never can.
+        let mut c = ScriptCall::new(ScriptKind::MultiRule)
+            .key("d")
+            .key("e")
+            .key("s1")
+            .key("s2")
+            .arg(0)
+            .arg(60_000)
+            .arg(D)
+            .arg(2);
+        for (capacity, refill, period, cost) in [
+            (20_000, 1, 1_000_000, 15_000),
+            (20_000, 1, 1_000_000, 1_000),
+            (500, 1, 1_000_000, 1_000),
+        ] {
+            c = c.arg(capacity).arg(refill).arg(period).arg(cost);
+        }
+        assert_eq!(
+            store.eval_at(&c, 0).unwrap().values,
+            vec![1, 0, 0, 5_000, 1, 0, 0, 0]
+        );
+        assert_eq!(ts_of(&store, "s1", 0)[0].as_deref(), Some("19000"));
+        assert!(!store.with_keyspace(|s| s.exists("s2", 0)));
+        // The replay: the record's answer, shadows not evaluated, nothing written.
+        assert_eq!(
+            store.eval_at(&c, 5).unwrap().values,
+            vec![1, 0, 0, 5_000, -1, -1, 1, 5]
+        );
+        assert_eq!(ts_of(&store, "s1", 5)[0].as_deref(), Some("19000"));
+        // A fresh id: the enforcing rule denies, the shadow still decides alone.
+        let mut fresh = c.clone();
+        fresh.keys[0] = "d2".into();
+        assert_eq!(
+            store.eval_at(&fresh, 6).unwrap().values,
+            vec![0, 1, 10_000_000_000, 5_000, 1, 0, 0, 6]
+        );
+        assert_eq!(ts_of(&store, "s1", 6)[0].as_deref(), Some("18000"));
     }
 
     #[test]
@@ -435,11 +571,11 @@ mod tests {
     #[test]
     fn duplicate_keys_and_bad_rule_counts_are_refused() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let argv = s(&["0", "0", D, "10", "1", "1", "1"]);
+        let argv = s(&["0", "0", D, "0", "10", "1", "1", "1"]);
         assert_eq!(
             parse(
                 &s(&["d", "a", "a"]),
-                &s(&["0", "0", D, "10", "1", "1", "1", "10", "1", "1", "1"])
+                &s(&["0", "0", D, "0", "10", "1", "1", "1", "10", "1", "1", "1"])
             ),
             Err(ScriptError::InvalidArgument("keys".into()))
         );
@@ -448,14 +584,24 @@ mod tests {
             Err(ScriptError::InvalidArgument("keys".into()))
         );
         assert_eq!(
-            parse(&s(&["d"]), &s(&["0", "0", D])),
+            parse(&s(&["d"]), &s(&["0", "0", D, "0"])),
             Err(ScriptError::InvalidArgument("rules".into()))
         );
         assert_eq!(
-            parse(&s(&["d", "a"]), &argv[..6]),
+            parse(&s(&["d", "a"]), &argv[..7]),
             Err(ScriptError::InvalidArgument("rules".into()))
         );
         assert!(parse(&s(&["d", "a"]), &argv).is_ok());
+        // Shadow count: at least one enforcing rule stays, at most 7 shadows.
+        for shadows in ["1", "8", "x", "-1"] {
+            let mut bad = argv.clone();
+            bad[3] = shadows.to_string();
+            assert_eq!(
+                parse(&s(&["d", "a"]), &bad),
+                Err(ScriptError::InvalidArgument("rules".into())),
+                "{shadows:?}"
+            );
+        }
         let mut bad = argv.clone();
         for digest in [
             "",
@@ -478,7 +624,7 @@ mod tests {
         for k in keys {
             c = c.key(*k);
         }
-        c = c.arg(slack).arg(dec_ttl).arg(D);
+        c = c.arg(slack).arg(dec_ttl).arg(D).arg(0);
         for (capacity, refill, period, cost) in rules {
             c = c.arg(capacity).arg(refill).arg(period).arg(cost);
         }
@@ -495,10 +641,10 @@ mod tests {
         let c = call(&["d", "a", "b"], 0, 0, &[(20_000, 2_000, 1_000, 5_000); 2]);
         assert_eq!(
             store.eval_at(&c, 10_000).unwrap().values,
-            vec![1, 0, 0, 15_000, 15_000, 10_000]
+            vec![1, 0, 0, 15_000, 15_000, 0, 10_000]
         );
         let back = store.eval_at(&c, 4_000).unwrap().values;
-        assert_eq!(back, vec![1, 0, 0, 10_000, 10_000, 4_000]);
+        assert_eq!(back, vec![1, 0, 0, 10_000, 10_000, 0, 4_000]);
         assert_eq!(
             ts_of(&store, "a", 4_000),
             vec![Some("10000".into()), Some("10000".into())]
@@ -536,12 +682,12 @@ mod tests {
         let c = call(&["d", "a"], 0, 0, &[(20_000, 1, 1_000_000, 1_000)]);
         assert_eq!(
             store.eval_at(&c, 0).unwrap().values,
-            vec![1, 0, 0, 19_000, 0]
+            vec![1, 0, 0, 19_000, 0, 0]
         );
         let lower = call(&["d", "a"], 0, 0, &[(5_000, 1, 1_000_000, 1_000)]);
         assert_eq!(
             store.eval_at(&lower, 1).unwrap().values,
-            vec![1, 0, 0, 4_000, 1]
+            vec![1, 0, 0, 4_000, 0, 1]
         );
     }
 
@@ -551,17 +697,17 @@ mod tests {
         let c = call(&["d", "a"], 0, 60_000, &[(20_000, 1, 1_000_000, 1_000)]);
         assert_eq!(
             store.eval_at(&c, 0).unwrap().values,
-            vec![1, 0, 0, 19_000, 0]
+            vec![1, 0, 0, 19_000, 0, 0]
         );
         assert_eq!(
             store.eval_at(&c, 5).unwrap().values,
-            vec![1, 0, 0, 19_000, 5]
+            vec![1, 0, 0, 19_000, 1, 5]
         );
         assert_eq!(ts_of(&store, "a", 5)[0].as_deref(), Some("19000"));
         // After the record expires the same id decides afresh.
         assert_eq!(
             store.eval_at(&c, 60_001).unwrap().values,
-            vec![1, 0, 0, 18_000, 60_001]
+            vec![1, 0, 0, 18_000, 0, 60_001]
         );
     }
 }

@@ -99,24 +99,37 @@ pub fn admission(kind: ScriptKind, reply: &ScriptReply) -> Result<Admission, Scr
     })
 }
 
-/// `{allowed, denied_by, retry_after_ms, remaining_1 .. remaining_n, now_ms}`.
+/// `{allowed, denied_by, retry_after_ms, remaining_1 .. remaining_n,
+/// shadow_1 .. shadow_m, replayed, now_ms}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MultiRuleReply {
     pub allowed: bool,
-    /// 1-based index of the first denying rule; 0 when allowed.
+    /// 1-based index of the first denying enforcing rule; 0 when allowed.
     pub denied_by: usize,
     pub retry_after_ms: i64,
-    /// Millitokens per bucket, each in [0, 2^40].
+    /// Millitokens per enforcing bucket, each in [0, 2^40].
     pub remaining_millitokens: Vec<u64>,
+    /// Answered from the decision record of an earlier run: nothing was
+    /// charged and the shadow rules were not evaluated.
+    pub replayed: bool,
+    /// Per shadow rule: whether it held its cost (charged) — or, for a
+    /// denial, would have refused. Empty when `replayed`.
+    pub shadow_allowed: Vec<bool>,
     pub now_ms: i64,
 }
 
-/// Parses a multi_rule reply for a call of `rules` rules: 4 + rules values;
-/// allowed ⇒ denied_by 0 and retry 0; denied ⇒ denied_by ∈ [1, rules] and
-/// retry -1 or ≥ 0; every remaining in [0, 2^40].
-pub fn multi_rule(reply: &ScriptReply, rules: usize) -> Result<MultiRuleReply, ScriptError> {
+/// Parses a multi_rule reply for a call of `rules` enforcing and `shadows`
+/// shadow rules: 5 + rules + shadows values; allowed ⇒ denied_by 0 and
+/// retry 0; denied ⇒ denied_by ∈ [1, rules] and retry -1 or ≥ 0; every
+/// remaining in [0, 2^40]; replayed ∈ {0, 1}; each shadow outcome -1 (not
+/// evaluated) when replayed, 0 or 1 otherwise.
+pub fn multi_rule(
+    reply: &ScriptReply,
+    rules: usize,
+    shadows: usize,
+) -> Result<MultiRuleReply, ScriptError> {
     let kind = ScriptKind::MultiRule;
-    let (v, now_ms) = shaped(kind, reply, 4 + rules)?;
+    let (v, now_ms) = shaped(kind, reply, 5 + rules + shadows)?;
     let allowed = flag(kind, "allowed", v[0])?;
     let (denied_by, retry_after_ms) = if allowed {
         (
@@ -129,15 +142,30 @@ pub fn multi_rule(reply: &ScriptReply, rules: usize) -> Result<MultiRuleReply, S
             retry(kind, "retry_after_ms", v[2])?,
         )
     };
-    let remaining_millitokens = v[3..]
+    let remaining_millitokens = v[3..3 + rules]
         .iter()
         .map(|&r| in_range(kind, "remaining", r, 0, MAX_ARG as i64).map(|r| r as u64))
         .collect::<Result<Vec<_>, _>>()?;
+    let replayed = flag(kind, "replayed", v[3 + rules + shadows])?;
+    let outcomes = &v[3 + rules..3 + rules + shadows];
+    let shadow_allowed = if replayed {
+        for &s in outcomes {
+            in_range(kind, "shadow", s, -1, -1)?;
+        }
+        Vec::new()
+    } else {
+        outcomes
+            .iter()
+            .map(|&s| flag(kind, "shadow", s))
+            .collect::<Result<Vec<_>, _>>()?
+    };
     Ok(MultiRuleReply {
         allowed,
         denied_by: denied_by as usize,
         retry_after_ms,
         remaining_millitokens,
+        replayed,
+        shadow_allowed,
         now_ms,
     })
 }
@@ -423,17 +451,33 @@ mod tests {
     #[test]
     fn multi_rule_reads_allowed_and_denied_replies() {
         assert_eq!(
-            multi_rule(&r(&[1, 0, 0, 0, 638_000, NOW]), 2),
+            multi_rule(&r(&[1, 0, 0, 0, 638_000, 0, NOW]), 2, 0),
             Ok(MultiRuleReply {
                 allowed: true,
                 denied_by: 0,
                 retry_after_ms: 0,
                 remaining_millitokens: vec![0, 638_000],
+                replayed: false,
+                shadow_allowed: vec![],
                 now_ms: NOW
             })
         );
-        let denied = multi_rule(&r(&[0, 2, -1, 5, 0, NOW]), 2).unwrap();
+        let denied = multi_rule(&r(&[0, 2, -1, 5, 0, 0, NOW]), 2, 0).unwrap();
         assert_eq!((denied.denied_by, denied.retry_after_ms), (2, -1));
+    }
+
+    #[test]
+    fn multi_rule_reads_shadow_outcomes_and_replays() {
+        let fresh = multi_rule(&r(&[0, 1, 500, 0, 1, 0, 0, NOW]), 1, 2).unwrap();
+        assert_eq!(
+            (fresh.allowed, fresh.replayed, fresh.shadow_allowed),
+            (false, false, vec![true, false])
+        );
+        let replay = multi_rule(&r(&[1, 0, 0, 5, -1, -1, 1, NOW]), 1, 2).unwrap();
+        assert_eq!(
+            (replay.allowed, replay.replayed, replay.shadow_allowed),
+            (true, true, vec![])
+        );
     }
 
     #[test]
@@ -443,19 +487,32 @@ mod tests {
             &[1, NOW][..],
             &[1, 0, 0, NOW],
             &[1, 0, 0, 5, NOW],
-            &[1, 0, 0, 5, 6, 7, NOW],
-            &[3, 0, 0, 5, 6, NOW],
-            &[1, 1, 0, 5, 6, NOW],
-            &[1, 0, 9, 5, 6, NOW],
-            &[0, 0, 100, 5, 6, NOW],
-            &[0, 3, 100, 5, 6, NOW],
-            &[0, -1, 100, 5, 6, NOW],
-            &[0, 1, -5, 5, 6, NOW],
-            &[1, 0, 0, -5, 6, NOW],
-            &[1, 0, 0, 5, (1 << 40) + 1, NOW],
-            &[1, 0, 0, 5, 6, -3],
+            &[1, 0, 0, 5, 6, NOW],
+            &[1, 0, 0, 5, 6, 0, 7, NOW],
+            &[3, 0, 0, 5, 6, 0, NOW],
+            &[1, 1, 0, 5, 6, 0, NOW],
+            &[1, 0, 9, 5, 6, 0, NOW],
+            &[0, 0, 100, 5, 6, 0, NOW],
+            &[0, 3, 100, 5, 6, 0, NOW],
+            &[0, -1, 100, 5, 6, 0, NOW],
+            &[0, 1, -5, 5, 6, 0, NOW],
+            &[1, 0, 0, -5, 6, 0, NOW],
+            &[1, 0, 0, 5, (1 << 40) + 1, 0, NOW],
+            &[1, 0, 0, 5, 6, 2, NOW],
+            &[1, 0, 0, 5, 6, -1, NOW],
+            &[1, 0, 0, 5, 6, 0, -3],
         ] {
-            is_malformed(multi_rule(&r(bad), 2), &format!("{bad:?}"));
+            is_malformed(multi_rule(&r(bad), 2, 0), &format!("{bad:?}"));
+        }
+        for bad in [
+            // A shadow outcome out of range, or "not evaluated" on a fresh
+            // decision, or evaluated on a replay.
+            &[1, 0, 0, 5, 2, 0, NOW][..],
+            &[1, 0, 0, 5, -1, 0, NOW],
+            &[1, 0, 0, 5, 1, 1, NOW],
+            &[1, 0, 0, 5, 0, 1, NOW],
+        ] {
+            is_malformed(multi_rule(&r(bad), 1, 1), &format!("{bad:?}"));
         }
     }
 
