@@ -10,15 +10,15 @@ mod common;
 use std::sync::Arc;
 
 use common::{any_port, check, target};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use leasehold_allocator::node_config::ProbeTarget;
 use leasehold_allocator::prober::{self, ProbeOutcome};
 use leasehold_allocator::transport::{Connector, TcpConnector, TlsNodeConnector};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry, RateLimitDescriptor,
-};
-use leasehold_proto::envoy::service::ratelimit::v3 as rls;
 use leasehold_region_agent::config::AgentConfig;
 use leasehold_region_agent::memory::MemoryStore;
 use leasehold_region_agent::server::{self, AgentSpec, ListenerSecurity, RunningAgent};
@@ -203,8 +203,7 @@ async fn envoy_is_answered_plaintext_on_the_loopback_listener_only() {
                     value: "dora".into(),
                 },
             ],
-            limit: None,
-            hits_addend: None,
+            ..Default::default()
         }],
         hits_addend: 1,
     };

@@ -3,12 +3,12 @@
 
 mod common;
 
-use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use leasehold_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use leasehold_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use leasehold_proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 const POLICY: &str = r#"
 version = 7
@@ -84,24 +84,91 @@ async fn should_rate_limit_answers_ok_then_over_limit_from_the_same_bucket() {
     t.agent.stop().await;
 }
 
+/// Stock Envoy traffic the old agent refused with INVALID_ARGUMENT for the
+/// whole request (which, with Envoy's default `failure_mode_deny: false`,
+/// silently turned rate limiting off) is answered as upstream answers it:
+/// a descriptor matching no rule is `{code: OK}`, and so is an unknown
+/// domain; nothing is counted for them.
 #[tokio::test]
-async fn descriptor_without_tenant_is_invalid_argument_naming_it() {
+async fn unmatched_descriptors_and_unknown_domains_are_ok_as_upstream() {
     let t = common::start(POLICY).await;
     let mut envoy = RateLimitServiceClient::connect(format!("http://{}", t.agent.grpc_addr))
         .await
         .unwrap();
-    let request = RateLimitRequest {
-        domain: "api".into(),
-        descriptors: vec![descriptor(&[("user", "ivy")])],
-        hits_addend: 0,
-    };
-    let status = envoy.should_rate_limit(request).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(
-        status.message().contains("descriptors[0].tenant"),
-        "{}",
-        status.message()
-    );
+    let zurich = descriptor(&[("remote_address", "10.0.0.1"), ("city", "Zürich")]);
+    let long = descriptor(&[
+        ("header_match", &"x".repeat(500)),
+        ("header_match", "again"),
+    ]);
+    for (domain, descriptors) in [
+        ("api", vec![descriptor(&[("user", "ivy")])]),
+        ("api", vec![zurich.clone(), long.clone(), descriptor(&[])]),
+        ("edge_proxy_per_ip", vec![zurich, long]),
+        ("Unknown.Domain", vec![descriptor(&[("generic_key", "")])]),
+    ] {
+        let n = descriptors.len();
+        let answer = envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.into(),
+                descriptors,
+                hits_addend: 0,
+            })
+            .await
+            .unwrap_or_else(|status| panic!("{domain}: {status}"))
+            .into_inner();
+        assert_eq!(answer.overall_code, Code::Ok as i32, "{domain}");
+        assert_eq!(answer.statuses.len(), n, "{domain}");
+        for status in &answer.statuses {
+            assert_eq!(status.code, Code::Ok as i32);
+            assert!(status.current_limit.is_none(), "{domain}: {status:?}");
+        }
+    }
+    assert_eq!(t.dbsize(), 0);
+    t.agent.stop().await;
+}
+
+/// Past the documented bounds the whole request is INVALID_ARGUMENT naming
+/// the field, and nothing is counted.
+#[tokio::test]
+async fn requests_past_the_bounds_name_the_field() {
+    let t = common::start(POLICY).await;
+    let mut envoy = RateLimitServiceClient::connect(format!("http://{}", t.agent.grpc_addr))
+        .await
+        .unwrap();
+    let huge = "v".repeat(1_025);
+    let many_entries: Vec<(String, String)> = (0..65)
+        .map(|i| (format!("k{i}"), "v".to_string()))
+        .collect();
+    let many: Vec<(&str, &str)> = many_entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for (domain, descriptors, field) in [
+        ("", vec![descriptor(&[("k", "v")])], "domain"),
+        ("api", vec![], "descriptors"),
+        ("api", vec![descriptor(&[("k", "v")]); 65], "descriptors"),
+        ("api", vec![descriptor(&many)], "descriptors[0].entries"),
+        (
+            "api",
+            vec![descriptor(&[("k", "v")]), descriptor(&[("k", &huge)])],
+            "descriptors[1].entries[0].value",
+        ),
+    ] {
+        let status = envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.into(),
+                descriptors,
+                hits_addend: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{field}");
+        assert!(
+            status.message().contains(field),
+            "{field}: {}",
+            status.message()
+        );
+    }
     assert_eq!(t.dbsize(), 0);
     t.agent.stop().await;
 }

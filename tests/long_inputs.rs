@@ -12,14 +12,14 @@ mod common;
 mod common_allocator;
 
 use common_allocator::{cluster_with, raw_client, serial};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use leasehold_allocator::local_cluster::ClusterSettings;
 use leasehold_allocator::wire::error_detail;
 use leasehold_proto::allocator::v1 as apb;
-use leasehold_proto::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry, RateLimitDescriptor,
-};
-use leasehold_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use leasehold_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Code;
 
 /// The size of every bad value here.

@@ -5,7 +5,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/leasehold/agent/v1/agent.proto",
         "proto/leasehold/allocator/v1/allocator.proto",
-        "proto/envoy/service/ratelimit/v3/rls.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure().compile_fds(descriptors)?;

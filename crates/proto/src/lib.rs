@@ -7,7 +7,9 @@
 //! - [`agent::v1`]: `leasehold.agent.v1`, the Region agent's native API.
 //! - [`allocator::v1`]: `leasehold.allocator.v1`, the allocator's API and
 //!   the raft RPCs between allocator nodes.
-//! - [`envoy`]: the wire-compatible subset of Envoy's rate-limit service v3.
+//!
+//! Envoy's rate-limit protocol comes from the `envoy-types` crate (the
+//! upstream protos), not from here.
 
 /// `leasehold.agent.v1`: the Region agent's native gRPC API.
 pub mod agent {
@@ -20,32 +22,5 @@ pub mod agent {
 pub mod allocator {
     pub mod v1 {
         tonic::include_proto!("leasehold.allocator.v1");
-    }
-}
-
-/// Envoy's rate-limit protocol (`envoy.service.ratelimit.v3`).
-pub mod envoy {
-    pub mod config {
-        pub mod core {
-            pub mod v3 {
-                tonic::include_proto!("envoy.config.core.v3");
-            }
-        }
-    }
-    pub mod extensions {
-        pub mod common {
-            pub mod ratelimit {
-                pub mod v3 {
-                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
-                }
-            }
-        }
-    }
-    pub mod service {
-        pub mod ratelimit {
-            pub mod v3 {
-                tonic::include_proto!("envoy.service.ratelimit.v3");
-            }
-        }
     }
 }
