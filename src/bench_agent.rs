@@ -87,6 +87,7 @@ fn bench_spec(store: Arc<RedisStore>, shadow: bool) -> anyhow::Result<AgentSpec>
         connector: None,
         listeners: Default::default(),
         limits: Default::default(),
+        ratelimit: None,
     })
 }
 

@@ -77,6 +77,7 @@ async fn start_agent(store: Arc<dyn BucketStore>, limits: ListenerLimits) -> Run
         connector: None,
         listeners: Default::default(),
         limits,
+        ratelimit: None,
     })
     .await
     .expect("agent starts")

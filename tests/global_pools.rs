@@ -219,6 +219,7 @@ impl World {
             connector: None,
             listeners: Default::default(),
             limits: Default::default(),
+            ratelimit: None,
         })
         .await
         .expect("agent starts");

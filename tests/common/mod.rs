@@ -162,6 +162,7 @@ pub fn spec_on(store: Arc<dyn BucketStore>, policy_toml: &str) -> AgentSpec {
         connector: None,
         listeners: Default::default(),
         limits: Default::default(),
+        ratelimit: None,
     }
 }
 

@@ -53,6 +53,8 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("http_limits.max_body_bytes", 0, MAX_HTTP_BODY_BYTES),
     Bound::new("http_limits.header_read_timeout_ms", 1, MAX_TIMEOUT_MS),
     Bound::new("http_limits.idle_timeout_ms", 1, 3_600_000),
+    Bound::new("ratelimit.poll_ms", 100, 3_600_000),
+    Bound::new("ratelimit.near_limit_percent", 1, 100),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -104,6 +106,9 @@ pub struct AgentConfig {
     pub redis: RedisAuthSettings,
     #[serde(default)]
     pub fallback: FallbackSettings,
+    /// envoyproxy/ratelimit YAML configs (`[ratelimit]`): absent, none.
+    #[serde(default)]
+    pub ratelimit: Option<RatelimitSettings>,
     /// Limits of the gRPC listener (`listen`).
     #[serde(default)]
     pub limits: GrpcLimits,
@@ -221,6 +226,108 @@ impl Default for FallbackSettings {
     }
 }
 
+/// `[ratelimit]`: a directory of envoyproxy/ratelimit YAML files served on
+/// the Envoy RLS (one domain per file, hot-reloaded).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatelimitSettings {
+    /// Every regular, non-dot file in it is one domain (relative paths
+    /// against the config file's directory).
+    pub config_dir: PathBuf,
+    #[serde(default = "default_ratelimit_poll_ms")]
+    pub poll_ms: u64,
+    /// `off` (upstream's default), `upstream` (upstream's
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`: `RateLimit-Limit`, `-Remaining`,
+    /// `-Reset`, names below) or `ietf` (`RateLimit-Policy` / `RateLimit`).
+    #[serde(default = "default_response_headers")]
+    pub response_headers: String,
+    #[serde(default = "default_limit_header")]
+    pub limit_header: String,
+    #[serde(default = "default_remaining_header")]
+    pub remaining_header: String,
+    #[serde(default = "default_reset_header")]
+    pub reset_header: String,
+    /// Upstream's `SHADOW_MODE`: every answer's overall code is OK.
+    #[serde(default)]
+    pub global_shadow_mode: bool,
+    /// Upstream's `NEAR_LIMIT_RATIO`, in percent (80).
+    #[serde(default = "default_near_limit_percent")]
+    pub near_limit_percent: u64,
+}
+
+fn default_ratelimit_poll_ms() -> u64 {
+    1_000
+}
+fn default_response_headers() -> String {
+    "off".into()
+}
+fn default_limit_header() -> String {
+    "RateLimit-Limit".into()
+}
+fn default_remaining_header() -> String {
+    "RateLimit-Remaining".into()
+}
+fn default_reset_header() -> String {
+    "RateLimit-Reset".into()
+}
+fn default_near_limit_percent() -> u64 {
+    80
+}
+
+impl RatelimitSettings {
+    /// The answer options these settings choose.
+    pub fn options(&self) -> crate::rls_engine::RlsOptions {
+        use crate::rls::answer::Headers;
+        crate::rls_engine::RlsOptions {
+            headers: match self.response_headers.as_str() {
+                "upstream" => Headers::Upstream {
+                    limit: self.limit_header.clone(),
+                    remaining: self.remaining_header.clone(),
+                    reset: self.reset_header.clone(),
+                },
+                "ietf" => Headers::Ietf,
+                _ => Headers::Off,
+            },
+            global_shadow_mode: self.global_shadow_mode,
+            near_limit_ratio: self.near_limit_percent as f32 / 100.0,
+        }
+    }
+
+    fn check(&self) -> Result<(), (String, String)> {
+        if !matches!(self.response_headers.as_str(), "off" | "upstream" | "ietf") {
+            return Err((
+                "ratelimit.response_headers".into(),
+                format!(
+                    "{} must be off, upstream or ietf",
+                    quote(&self.response_headers)
+                ),
+            ));
+        }
+        for (field, name) in [
+            ("ratelimit.limit_header", &self.limit_header),
+            ("ratelimit.remaining_header", &self.remaining_header),
+            ("ratelimit.reset_header", &self.reset_header),
+        ] {
+            let token = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !token {
+                return Err((
+                    field.into(),
+                    format!(
+                        "{} is not a header name ([A-Za-z0-9_-]{{1,64}})",
+                        quote(name)
+                    ),
+                ));
+            }
+        }
+        check_path_text(&self.config_dir.to_string_lossy())
+            .map_err(|m| ("ratelimit.config_dir".to_string(), m))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: {source}")]
@@ -269,6 +376,9 @@ impl AgentConfig {
         config.pepper_file = base.join(&config.pepper_file);
         config.policy_file = base.join(&config.policy_file);
         config.redis.resolve(base);
+        if let Some(ratelimit) = config.ratelimit.as_mut() {
+            ratelimit.config_dir = base.join(&ratelimit.config_dir);
+        }
         if let Some(tls) = config.tls.as_mut() {
             tls.resolve(base);
         }
@@ -369,6 +479,9 @@ impl AgentConfig {
             ("policy_file", &self.policy_file),
         ] {
             check_path_text(&path.to_string_lossy()).map_err(|m| (field.to_string(), m))?;
+        }
+        if let Some(ratelimit) = &self.ratelimit {
+            ratelimit.check()?;
         }
         match &self.global {
             Some(global) => global.validate(),

@@ -36,6 +36,7 @@ use crate::memory::{Clock, MemoryStore, SystemClock};
 use crate::metrics::{breaker_gauge, AgentMetrics};
 use crate::policy::{self, Bundle, PolicyHolder};
 use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
+use crate::rls_engine::RlsEngine;
 use crate::service::AgentService;
 use crate::store::BucketStore;
 use leasehold_tls::authz::{self, Call, Method};
@@ -81,6 +82,16 @@ pub struct AgentSpec {
     /// Limits of the two listeners [`start`] serves (`[limits]`,
     /// `[http_limits]`).
     pub limits: ListenerLimits,
+    /// envoyproxy/ratelimit YAML domains on the Envoy RLS (`[ratelimit]`).
+    pub ratelimit: Option<RatelimitSpec>,
+}
+
+/// Where the YAML configs are and how answers are shaped.
+#[derive(Clone, Debug)]
+pub struct RatelimitSpec {
+    pub config_dir: PathBuf,
+    pub poll: Duration,
+    pub options: crate::rls_engine::RlsOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +106,9 @@ pub enum StartError {
     },
     #[error("pepper: {0}")]
     Pepper(String),
+    /// The ratelimit YAML directory does not load (names file and line).
+    #[error("ratelimit.config_dir: {0}")]
+    Ratelimit(#[from] crate::rls::config::RlsConfigError),
     #[error("global pools: {0}")]
     Global(#[from] SyncError),
     #[error("metrics: {0}")]
@@ -191,6 +205,11 @@ impl AgentSpec {
                 grpc: config.limits.clone(),
                 http: config.http_limits.clone(),
             },
+            ratelimit: config.ratelimit.as_ref().map(|r| RatelimitSpec {
+                config_dir: r.config_dir.clone(),
+                poll: Duration::from_millis(r.poll_ms.max(1)),
+                options: r.options(),
+            }),
         })
     }
 }
@@ -202,11 +221,17 @@ pub struct RunningAgent {
     /// The plaintext Envoy RLS listener's address (`rls_listen`), if any.
     pub rls_addr: Option<SocketAddr>,
     pub decider: Arc<Decider>,
+    engine: Arc<RlsEngine>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl RunningAgent {
+    /// The envoyproxy/ratelimit YAML domains served, and their reloads.
+    pub fn rls_engine(&self) -> &RlsEngine {
+        &self.engine
+    }
+
     /// Stops serving and waits for the servers to finish.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
@@ -229,6 +254,10 @@ pub struct Built {
     pub policy_poll: Duration,
     /// The spec's listener limits, for whoever serves the routers.
     pub limits: ListenerLimits,
+    /// The YAML domains the Envoy RLS serves (empty without `[ratelimit]`).
+    pub engine: Arc<RlsEngine>,
+    /// Watched for YAML changes when set: the directory and the poll.
+    pub ratelimit_watch: Option<(PathBuf, Duration)>,
 }
 
 impl Built {
@@ -245,6 +274,13 @@ impl Built {
                 path.clone(),
                 self.decider.policy.clone(),
                 self.policy_poll,
+            ));
+        }
+        if let Some((dir, poll)) = &self.ratelimit_watch {
+            tasks.push(crate::rls::watch::spawn_dir_watch(
+                dir.clone(),
+                self.engine.holder.clone(),
+                *poll,
             ));
         }
         tasks
@@ -285,12 +321,30 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         clock: spec.clock,
         global,
     });
+    let (engine, ratelimit_watch) = match spec.ratelimit {
+        Some(ratelimit) => {
+            let config = crate::rls::config::load_dir(&ratelimit.config_dir)?;
+            tracing::info!(
+                dir = %ratelimit.config_dir.display(),
+                domains = config.domains.len(),
+                "ratelimit config loaded"
+            );
+            let holder = Arc::new(crate::rls::watch::RlsHolder::new(config));
+            (
+                RlsEngine::new(holder, ratelimit.options),
+                Some((ratelimit.config_dir, ratelimit.poll)),
+            )
+        }
+        None => (RlsEngine::default(), None),
+    };
     Ok(Built {
         decider,
         sync,
         policy_file: spec.policy_file,
         policy_poll: spec.policy_poll,
         limits: spec.limits,
+        engine: Arc::new(engine),
+        ratelimit_watch,
     })
 }
 
@@ -310,6 +364,7 @@ pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
 /// sizes. What [`start`] serves.
 pub fn limited_grpc_router(
     decider: &Arc<Decider>,
+    engine: &Arc<RlsEngine>,
     limits: &ListenerLimits,
     gate: Gate,
 ) -> tonic::transport::server::Router {
@@ -323,9 +378,13 @@ pub fn limited_grpc_router(
                 .max_encoding_message_size(bytes),
         )
         .add_service(
-            RateLimitServiceServer::new(EnvoyRateLimitService::with_gate(decider.clone(), gate))
-                .max_decoding_message_size(bytes)
-                .max_encoding_message_size(bytes),
+            RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
+                decider.clone(),
+                gate,
+                engine.clone(),
+            ))
+            .max_decoding_message_size(bytes)
+            .max_encoding_message_size(bytes),
         )
 }
 
@@ -333,13 +392,18 @@ pub fn limited_grpc_router(
 /// listener `rls_listen`).
 fn rls_only_router(
     decider: &Arc<Decider>,
+    engine: &Arc<RlsEngine>,
     limits: &ListenerLimits,
 ) -> tonic::transport::server::Router {
     let bytes = limits.grpc_message_bytes();
     limits.grpc.server().add_service(
-        RateLimitServiceServer::new(EnvoyRateLimitService::new(decider.clone()))
-            .max_decoding_message_size(bytes)
-            .max_encoding_message_size(bytes),
+        RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
+            decider.clone(),
+            Gate::Open,
+            engine.clone(),
+        ))
+        .max_decoding_message_size(bytes)
+        .max_encoding_message_size(bytes),
     )
 }
 
@@ -470,7 +534,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     } else {
         Gate::Open
     };
-    let grpc_service = limited_grpc_router(&built.decider, &built.limits, gate);
+    let grpc_service = limited_grpc_router(&built.decider, &built.engine, &built.limits, gate);
     let mut grpc_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
         let stop = async move {
@@ -511,7 +575,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             rls_listen = %rls_listen,
             "Envoy RLS served plaintext on loopback (rls_listen): any local process may ask"
         );
-        let router = rls_only_router(&built.decider, &built.limits);
+        let router = rls_only_router(&built.decider, &built.engine, &built.limits);
         let mut rls_signal = signal.clone();
         tasks.push(tokio::spawn(async move {
             let incoming =
@@ -563,6 +627,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         http_addr,
         rls_addr,
         decider: built.decider,
+        engine: built.engine,
         shutdown,
         tasks,
     })
@@ -1021,6 +1086,7 @@ fail_mode = "closed"
             connector: Some(connector.clone()),
             listeners: Default::default(),
             limits: ListenerLimits::default(),
+            ratelimit: None,
         })
         .expect("agent builds");
         let events = Arc::new(Events::default());

@@ -368,6 +368,7 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         connector: Some(sim_net::connector()),
         listeners: Default::default(),
         limits: Default::default(),
+        ratelimit: None,
     };
     let built = server::build(spec)?;
     let recorder = Arc::new(Recorder {

@@ -1,0 +1,564 @@
+//! envoyproxy/ratelimit YAML configs served unchanged on the agent's Envoy
+//! RLS, asked with the upstream protos (`envoy-types`), answered as
+//! upstream answers (its README, `src/config/config_impl.go`,
+//! `src/service/ratelimit.go`, `src/limiter/base_limiter.go`, and the tests
+//! cited at each case).
+//!
+//! The tables run on the in-memory store under a clock the test moves (so
+//! windows and resets are exact); one test runs the same counters on a
+//! real redis-server; hot reload runs on real files.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::{Entry, RateLimitOverride},
+    RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use leasehold_region_agent::memory::{Clock, MemoryStore};
+use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::rls::answer::Headers;
+use leasehold_region_agent::rls_engine::RlsOptions;
+use leasehold_region_agent::server::{self, AgentSpec, RatelimitSpec, RunningAgent};
+use leasehold_region_agent::store::BucketStore;
+use leasehold_region_agent::testing::RedisServer;
+use tonic::transport::Channel;
+
+/// A TOML bundle beside the YAML (its domain is not one of the YAML's).
+const POLICY: &str = r#"
+version = 1
+[[domain]]
+name = "native"
+[[domain.rule]]
+id = "n-read"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "read" }
+capacity = 3
+refill = 1
+period_ms = 1000
+fail_mode = "open"
+"#;
+
+/// Every construct of upstream's format, one file per domain.
+const BASIC: &str = r#"
+domain: basic
+descriptors:
+  # Nested: a limit under a value, a more specific one under a value of it.
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  # A key without value: one counter per value.
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  # A whitelisted value of a limited key.
+  - key: remote_address
+    value: 10.0.0.1
+  # Wildcard values.
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: unlimited_key
+    rate_limit: {unlimited: true}
+  # Shadow mode: counted, reported, never refusing.
+  - key: shady
+    shadow_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: week
+    rate_limit: {unit: week, requests_per_unit: 1}
+  - key: month
+    rate_limit: {unit: month, requests_per_unit: 1}
+  - key: year
+    rate_limit: {unit: year, requests_per_unit: 1}
+  - key: zero
+    rate_limit: {unit: second, requests_per_unit: 0}
+"#;
+
+/// upstream examples/ratelimit/config/example.yaml's `replaces` case.
+const REPLACES: &str = r#"
+domain: rl
+descriptors:
+  - key: foo
+    descriptors:
+      - key: bar
+        value: banned
+        rate_limit:
+          name: banned_limit
+          unit: minute
+          requests_per_unit: 0
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: override
+        rate_limit:
+          unit: minute
+          requests_per_unit: 2
+          replaces:
+            - name: banned_limit
+"#;
+
+/// A clock the test sets (ms since the epoch).
+struct TestClock(AtomicI64);
+
+impl Clock for TestClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct Rls {
+    _dir: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    agent: RunningAgent,
+    client: RateLimitServiceClient<Channel>,
+}
+
+fn write_configs(dir: &Path, files: &[(&str, &str)]) {
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+}
+
+async fn start_on(store: Arc<dyn BucketStore>, files: &[(&str, &str)], options: RlsOptions) -> Rls {
+    let dir = tempfile::tempdir().unwrap();
+    let config_dir = dir.path().join("config");
+    std::fs::create_dir(&config_dir).unwrap();
+    write_configs(&config_dir, files);
+    let agent = server::start(AgentSpec {
+        ratelimit: Some(RatelimitSpec {
+            config_dir: config_dir.clone(),
+            poll: Duration::from_millis(20),
+            options,
+        }),
+        ..common::spec_on(store, POLICY)
+    })
+    .await
+    .expect("agent starts with the YAML configs");
+    let client = RateLimitServiceClient::connect(format!("http://{}", agent.grpc_addr))
+        .await
+        .unwrap();
+    Rls {
+        _dir: dir,
+        dir: config_dir,
+        agent,
+        client,
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn ask(
+    rls: &mut Rls,
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> RateLimitResponse {
+    rls.client
+        .should_rate_limit(RateLimitRequest {
+            domain: domain.into(),
+            descriptors,
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_or_else(|status| panic!("{domain}: {status}"))
+        .into_inner()
+}
+
+/// (code, requests_per_unit, unit, remaining, reset seconds) of a status;
+/// limit fields 0 when it carries none.
+type Row = (i32, u32, i32, u32, i64);
+
+fn row(status: &DescriptorStatus) -> Row {
+    let limit = status.current_limit.as_ref();
+    (
+        status.code,
+        limit.map_or(0, |l| l.requests_per_unit),
+        limit.map_or(0, |l| l.unit),
+        status.limit_remaining,
+        status
+            .duration_until_reset
+            .as_ref()
+            .map_or(0, |d| d.seconds),
+    )
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+// RateLimitResponse.RateLimit.Unit numbers.
+const SECOND: i32 = 1;
+const MINUTE: i32 = 2;
+const HOUR: i32 = 3;
+const DAY: i32 = 4;
+const MONTH: i32 = 5;
+const YEAR: i32 = 6;
+const WEEK: i32 = 7;
+
+/// 2222 s past the epoch, as upstream's header test: a minute window has
+/// 58 s left.
+const T0_MS: i64 = 2_222_000;
+
+async fn on_memory(files: &[(&str, &str)], options: RlsOptions) -> (Rls, Arc<TestClock>) {
+    let clock = Arc::new(TestClock(AtomicI64::new(T0_MS)));
+    let store = Arc::new(MemoryStore::with_max_keys(clock.clone(), 100_000));
+    (start_on(store, files, options).await, clock)
+}
+
+#[tokio::test]
+async fn each_construct_answers_as_upstream() {
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], RlsOptions::default()).await;
+    // (descriptor entries, expected row) in order; each line is one request.
+    let table: Vec<(Vec<(&str, &str)>, Row)> = vec![
+        // Nested, most specific: 10/s under subvalue1, 5/s for any other.
+        (
+            vec![("key1", "value1"), ("subkey1", "subvalue1")],
+            (OK, 10, SECOND, 9, 1),
+        ),
+        (
+            vec![("key1", "value1"), ("subkey1", "other")],
+            (OK, 5, SECOND, 4, 1),
+        ),
+        // The parent alone limits nothing; nor does a deeper request.
+        (vec![("key1", "value1")], (OK, 0, 0, 0, 0)),
+        (
+            vec![("key1", "value1"), ("subkey1", "x"), ("deeper", "y")],
+            (OK, 0, 0, 0, 0),
+        ),
+        // A value-less key: one counter per value (2/min each).
+        (vec![("remote_address", "10.1.1.1")], (OK, 2, MINUTE, 1, 58)),
+        (vec![("remote_address", "10.1.1.1")], (OK, 2, MINUTE, 0, 58)),
+        (
+            vec![("remote_address", "10.1.1.1")],
+            (OVER, 2, MINUTE, 0, 58),
+        ),
+        (vec![("remote_address", "10.2.2.2")], (OK, 2, MINUTE, 1, 58)),
+        // The whitelisted value: no fallback to the key's limit.
+        (vec![("remote_address", "10.0.0.1")], (OK, 0, 0, 0, 0)),
+        // Wildcard: each matching value counts on its own counter.
+        (
+            vec![("path", "/api/users")],
+            (OK, 3, HOUR, 2, 3_600 - 2_222),
+        ),
+        (
+            vec![("path", "/api/orders")],
+            (OK, 3, HOUR, 2, 3_600 - 2_222),
+        ),
+        (vec![("path", "/web/index")], (OK, 0, 0, 0, 0)),
+        // Unlimited: OK with u32::MAX remaining and no limit.
+        (vec![("unlimited_key", "anything")], (OK, 0, 0, u32::MAX, 0)),
+        // Shadow: the second hit is over, answered OK with the limit.
+        (vec![("shady", "s")], (OK, 1, DAY, 0, 86_400 - 2_222)),
+        (vec![("shady", "s")], (OK, 1, DAY, 0, 86_400 - 2_222)),
+        // Every unit, epoch-aligned (a week starts on a Thursday).
+        (vec![("week", "w")], (OK, 1, WEEK, 0, 604_800 - 2_222)),
+        (vec![("month", "m")], (OK, 1, MONTH, 0, 2_592_000 - 2_222)),
+        (vec![("year", "y")], (OK, 1, YEAR, 0, 31_536_000 - 2_222)),
+        // requests_per_unit 0 refuses every hit (upstream's "black list").
+        (vec![("zero", "z")], (OVER, 0, SECOND, 0, 1)),
+        // No rule at all.
+        (vec![("unknown", "u")], (OK, 0, 0, 0, 0)),
+    ];
+    for (i, (entries, expected)) in table.into_iter().enumerate() {
+        let answer = ask(&mut rls, "basic", vec![descriptor(&entries)]).await;
+        assert_eq!(row(&answer.statuses[0]), expected, "row {i}: {entries:?}");
+        assert_eq!(answer.overall_code, expected.0, "row {i}");
+    }
+    // A descriptor over the limit makes the whole answer OVER_LIMIT; the
+    // others keep their own statuses (not atomic together, as upstream).
+    let both = ask(
+        &mut rls,
+        "basic",
+        vec![
+            descriptor(&[("remote_address", "10.1.1.1")]),
+            descriptor(&[("remote_address", "10.3.3.3")]),
+        ],
+    )
+    .await;
+    assert_eq!(both.overall_code, OVER);
+    assert_eq!(row(&both.statuses[1]), (OK, 2, MINUTE, 1, 58));
+    rls.agent.stop().await;
+}
+
+#[tokio::test]
+async fn hits_addend_and_limit_overrides_are_upstreams() {
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], RlsOptions::default()).await;
+    let with_hits = |entries: &[(&str, &str)], hits: Option<u64>| RateLimitDescriptor {
+        hits_addend: hits.map(|value| UInt64Value { value }),
+        ..descriptor(entries)
+    };
+    // Per-descriptor 0: look without counting.
+    let look = ask(
+        &mut rls,
+        "basic",
+        vec![with_hits(&[("path", "/api/x")], Some(0))],
+    )
+    .await;
+    assert_eq!(row(&look.statuses[0]), (OK, 3, HOUR, 3, 1_378));
+    let three = ask(
+        &mut rls,
+        "basic",
+        vec![with_hits(&[("path", "/api/x")], Some(3))],
+    )
+    .await;
+    assert_eq!(row(&three.statuses[0]).3, 0);
+    // At the limit a look is still OK (over only once above it).
+    let look = ask(
+        &mut rls,
+        "basic",
+        vec![with_hits(&[("path", "/api/x")], Some(0))],
+    )
+    .await;
+    assert_eq!(row(&look.statuses[0]).0, OK);
+    // The request's hits_addend applies where the descriptor sets none.
+    let answer = rls
+        .client
+        .should_rate_limit(RateLimitRequest {
+            domain: "basic".into(),
+            descriptors: vec![descriptor(&[("path", "/api/y")])],
+            hits_addend: 4,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(row(&answer.statuses[0]).0, OVER);
+    // A limit override skips the tree, even where no rule matches.
+    let overridden = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: DAY,
+        }),
+        ..descriptor(&[("nothing", "here")])
+    };
+    let first = ask(&mut rls, "basic", vec![overridden.clone()]).await;
+    assert_eq!(row(&first.statuses[0]), (OK, 1, DAY, 0, 86_400 - 2_222));
+    let second = ask(&mut rls, "basic", vec![overridden.clone()]).await;
+    assert_eq!(row(&second.statuses[0]).0, OVER);
+    // An override with unit UNKNOWN is refused naming the field (upstream
+    // crashes there).
+    let unknown = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        }),
+        ..overridden
+    };
+    let status = rls
+        .client
+        .should_rate_limit(RateLimitRequest {
+            domain: "basic".into(),
+            descriptors: vec![unknown],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("descriptors[0].limit.unit"),
+        "{status}"
+    );
+    rls.agent.stop().await;
+}
+
+/// upstream integration-test/scripts/replaces.sh.
+#[tokio::test]
+async fn replaces_drops_the_named_limit_within_the_request() {
+    let (mut rls, _clock) = on_memory(&[("rl.yaml", REPLACES)], RlsOptions::default()).await;
+    let banned = || descriptor(&[("foo", "bkthomps"), ("bar", "banned")]);
+    let override_ = || {
+        descriptor(&[
+            ("source_cluster", "proxy"),
+            ("destination_cluster", "override"),
+        ])
+    };
+    let alone = ask(&mut rls, "rl", vec![banned()]).await;
+    assert_eq!(alone.overall_code, OVER);
+    for expected in [OK, OK, OVER] {
+        let answer = ask(&mut rls, "rl", vec![banned(), override_()]).await;
+        assert_eq!(answer.overall_code, expected);
+        // The replaced limit is not counted and reports no limit.
+        assert_eq!(row(&answer.statuses[0]), (OK, 0, 0, 0, 0));
+    }
+    rls.agent.stop().await;
+}
+
+/// A per-minute limit exhausted at :59 allows again at :00 of the next
+/// minute: windows are aligned to the clock, not to the first hit.
+#[tokio::test]
+async fn fixed_windows_align_to_the_clock() {
+    let (mut rls, clock) = on_memory(&[("basic.yaml", BASIC)], RlsOptions::default()).await;
+    let minute_ms = 60_000;
+    let at_59 = (T0_MS / minute_ms + 1) * minute_ms - 1_000;
+    clock.0.store(at_59, Ordering::SeqCst);
+    let ip = || vec![descriptor(&[("remote_address", "10.9.9.9")])];
+    for expected in [OK, OK, OVER] {
+        let answer = ask(&mut rls, "basic", ip()).await;
+        assert_eq!(answer.overall_code, expected);
+        assert_eq!(row(&answer.statuses[0]).4, 1, "1 s to the window's end");
+    }
+    clock.0.store(at_59 + 1_000, Ordering::SeqCst);
+    let next = ask(&mut rls, "basic", ip()).await;
+    assert_eq!(row(&next.statuses[0]), (OK, 2, MINUTE, 1, 60));
+    rls.agent.stop().await;
+}
+
+#[tokio::test]
+async fn response_headers_global_shadow_and_ietf_fields() {
+    let options = RlsOptions {
+        headers: Headers::upstream_default(),
+        ..RlsOptions::default()
+    };
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], options).await;
+    let ip = || vec![descriptor(&[("remote_address", "10.4.4.4")])];
+    let first = ask(&mut rls, "basic", ip()).await;
+    let headers: Vec<(String, String)> = first
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(
+        headers,
+        vec![
+            ("RateLimit-Limit".to_string(), "2".to_string()),
+            ("RateLimit-Remaining".to_string(), "1".to_string()),
+            ("RateLimit-Reset".to_string(), "58".to_string()),
+        ]
+    );
+    rls.agent.stop().await;
+
+    let options = RlsOptions {
+        headers: Headers::Ietf,
+        global_shadow_mode: true,
+        ..RlsOptions::default()
+    };
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], options).await;
+    let zero = ask(&mut rls, "basic", vec![descriptor(&[("zero", "z")])]).await;
+    // Global shadow: the overall code is OK, the status still says over.
+    assert_eq!(zero.overall_code, OK);
+    assert_eq!(zero.statuses[0].code, OVER);
+    let fields: Vec<String> = zero
+        .response_headers_to_add
+        .iter()
+        .map(|h| format!("{}: {}", h.key, h.value))
+        .collect();
+    assert_eq!(
+        fields,
+        vec![
+            "RateLimit-Policy: \"default\";q=0;w=1".to_string(),
+            "RateLimit: \"default\";r=0;t=1".to_string(),
+        ]
+    );
+    rls.agent.stop().await;
+}
+
+/// The same counters through the Lua script on a real redis-server: a
+/// per-day limit (its window does not end during the test).
+#[tokio::test]
+async fn counters_run_on_redis_alike() {
+    let redis = RedisServer::start().expect("redis-server");
+    let store = Arc::new(RedisStore::new(RedisStoreConfig::new(redis.url())).unwrap());
+    let mut rls = start_on(
+        store,
+        &[("rl.yaml", REPLACES), ("basic.yaml", BASIC)],
+        RlsOptions::default(),
+    )
+    .await;
+    let shady = || vec![descriptor(&[("shady", "on-redis")])];
+    let first = ask(&mut rls, "basic", shady()).await;
+    let (code, limit, unit, remaining, reset) = row(&first.statuses[0]);
+    assert_eq!((code, limit, unit, remaining), (OK, 1, DAY, 0));
+    assert!((1..=86_400).contains(&reset), "{reset}");
+    let second = ask(&mut rls, "basic", shady()).await;
+    // Shadow: over, answered OK.
+    assert_eq!(row(&second.statuses[0]).0, OK);
+    let banned = ask(
+        &mut rls,
+        "rl",
+        vec![descriptor(&[("foo", "x"), ("bar", "banned")])],
+    )
+    .await;
+    assert_eq!(banned.overall_code, OVER);
+    // Counters are peppered keys with one hash tag each: no value in clear.
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for key in &keys {
+        assert!(key.starts_with("lh:v1:{rls-"), "{key}");
+        assert!(
+            !key.contains("on-redis") && !key.contains("banned"),
+            "{key}"
+        );
+    }
+    rls.agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_yaml_keeps_the_config_in_force_and_a_good_one_applies_keeping_counters() {
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], RlsOptions::default()).await;
+    let ip = || vec![descriptor(&[("remote_address", "10.5.5.5")])];
+    assert_eq!(row(&ask(&mut rls, "basic", ip()).await.statuses[0]).3, 1);
+    // A bad file: refused, the config in force still answers.
+    write_configs(
+        &rls.dir,
+        &[("broken.yaml", "domain: broken\ndescriptors:\n  - key: [\n")],
+    );
+    let bad_seen = wait_for(&rls, agent_reload_error).await;
+    assert!(bad_seen.contains("broken.yaml:"), "{bad_seen}");
+    assert_eq!(row(&ask(&mut rls, "basic", ip()).await.statuses[0]).3, 0);
+    // A good change (a new domain, the same rule kept): applied within a
+    // poll; the kept rule's counter survives.
+    std::fs::remove_file(rls.dir.join("broken.yaml")).unwrap();
+    write_configs(&rls.dir, &[("extra.yaml", "domain: extra\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n")]);
+    wait_for(&rls, |agent| {
+        agent.rls_engine().serves("extra").then(String::new)
+    })
+    .await;
+    assert_eq!(row(&ask(&mut rls, "basic", ip()).await.statuses[0]).0, OVER);
+    let extra = ask(&mut rls, "extra", vec![descriptor(&[("k", "v")])]).await;
+    assert_eq!(row(&extra.statuses[0]).1, 1);
+    rls.agent.stop().await;
+}
+
+fn agent_reload_error(agent: &RunningAgent) -> Option<String> {
+    agent.rls_engine().holder.last_error()
+}
+
+/// Polls `probe` until it answers (bounded: a stuck reload fails the test).
+async fn wait_for(rls: &Rls, probe: impl Fn(&RunningAgent) -> Option<String>) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(seen) = probe(&rls.agent) {
+            return seen;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reload within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
