@@ -301,6 +301,13 @@ async fn the_http_listener_answers_only_the_identities_the_table_names() {
             "{body}"
         );
     }
+    // `/json` is a decision: eu's gateways only (an empty body is then a
+    // bad request, so nothing is counted either way).
+    let (status, body) = https_get(&s, "gateway-eu", "/json").await.unwrap();
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = https_get(&s, "sre", "/json").await.unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("ShouldRateLimit"), "{body}");
     // Plain HTTP to the HTTPS port gets no answer (the handshake fails).
     let plain = ProbeTarget {
         region: "eu".into(),

@@ -263,6 +263,49 @@ async fn a_plaintext_client_gets_no_answer_from_a_tls_node() {
     s.node.stop().await;
 }
 
+/// `grpc.health.v1.Health` on the node (what orchestrators and load
+/// balancers probe): SERVING once the node knows a leader, behind the same
+/// mTLS handshake as every other call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_reports_grpc_health_serving_once_it_knows_a_leader() {
+    let s = secured_node().await;
+    // The admin's first answer means a leader is known.
+    s.last_log_index().await;
+    let channel = s
+        .connector("sre")
+        .channel(&s.node.address.to_string())
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "leasehold.allocator.v1.Allocator"] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let answer = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await;
+            // NOT_FOUND until the node first reports the service.
+            match answer {
+                Ok(answer)
+                    if answer.get_ref().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving
+                            as i32 =>
+                {
+                    break
+                }
+                Ok(_) => {}
+                Err(status) => assert_eq!(status.code(), Code::NotFound, "{status}"),
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{service:?} never SERVING"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    s.node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_over_mtls() {
     let dir = tempfile::tempdir().unwrap();

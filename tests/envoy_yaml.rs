@@ -562,3 +562,95 @@ async fn wait_for(rls: &Rls, probe: impl Fn(&RunningAgent) -> Option<String>) ->
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// `GET path` or `POST path` with `body` on the agent's HTTP listener
+/// (plaintext here): (status, body).
+async fn http(rls: &Rls, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(rls.agent.http_addr)
+        .await
+        .unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// upstream's operational surface: `/healthcheck`, `/json` (200 OK, 429
+/// OVER_LIMIT, 400 for a bad body) and `grpc.health.v1.Health` under the
+/// service names Envoy health checks use.
+#[tokio::test]
+async fn healthcheck_json_and_grpc_health_as_upstream() {
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], RlsOptions::default()).await;
+    assert_eq!(
+        http(&rls, "GET", "/healthcheck", "").await,
+        (200, "OK".to_string())
+    );
+    let body = r#"{"domain":"basic","descriptors":[{"entries":[{"key":"remote_address","value":"10.6.6.6"}]}]}"#;
+    let (status, first) = http(&rls, "POST", "/json", body).await;
+    assert_eq!(status, 200, "{first}");
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["overallCode"], "OK");
+    assert_eq!(first["statuses"][0]["limitRemaining"], 1);
+    assert_eq!(first["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(first["statuses"][0]["durationUntilReset"], "58s");
+    assert_eq!(http(&rls, "POST", "/json", body).await.0, 200);
+    let (status, over) = http(&rls, "POST", "/json", body).await;
+    assert_eq!(status, 429, "{over}");
+    assert!(over.contains("\"OVER_LIMIT\""), "{over}");
+    let (status, bad) = http(&rls, "POST", "/json", "}").await;
+    assert_eq!(status, 400);
+    assert!(bad.starts_with("Bad Request"), "{bad}");
+    let (status, empty) = http(&rls, "POST", "/json", r#"{"domain":"basic"}"#).await;
+    assert_eq!(status, 400);
+    assert!(empty.contains("descriptors"), "{empty}");
+    // The same counters answer gRPC and /json.
+    let grpc = ask(
+        &mut rls,
+        "basic",
+        vec![descriptor(&[("remote_address", "10.6.6.6")])],
+    )
+    .await;
+    assert_eq!(grpc.overall_code, OVER);
+
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", rls.agent.grpc_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        let answer = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|status| panic!("{service:?}: {status}"))
+            .into_inner();
+        assert_eq!(
+            answer.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
+    let unknown = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    rls.agent.stop().await;
+}

@@ -21,7 +21,8 @@
 //! - [`fallback`]: bounded local buckets for rules that fail `local`.
 //! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
 //! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
-//! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells.
+//! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells;
+//!   [`envoy_json`]: the RLS messages as protojson (upstream's `/json`).
 //! - [`rls`]: envoyproxy/ratelimit YAML configs and their semantics (pure).
 //! - [`rls_engine`]: those domains' ShouldRateLimit on the store (one batch).
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
@@ -33,6 +34,7 @@ pub mod breaker;
 pub mod config;
 pub mod decide;
 pub mod envoy;
+pub mod envoy_json;
 pub mod fallback;
 pub mod global;
 pub mod key;

@@ -410,17 +410,41 @@ fn rls_only_router(
 /// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`
 /// (JSON, global pools included), with the default body limit.
 pub fn http_router(decider: &Arc<Decider>) -> axum::Router {
-    http_router_limited(decider, &HttpLimits::default())
+    http_router_limited(
+        decider,
+        &Arc::new(RlsEngine::default()),
+        &HttpLimits::default(),
+    )
 }
 
 /// [`http_router`] refusing a request body above `limits.max_body_bytes`
 /// (413): by its declared length at once, and for any extractor a handler
 /// may add later through axum's `DefaultBodyLimit`.
-pub fn http_router_limited(decider: &Arc<Decider>, limits: &HttpLimits) -> axum::Router {
+pub fn http_router_limited(
+    decider: &Arc<Decider>,
+    engine: &Arc<RlsEngine>,
+    limits: &HttpLimits,
+) -> axum::Router {
     let body_bytes = usize::try_from(limits.max_body_bytes).unwrap_or(usize::MAX);
     let for_http = decider.clone();
     let for_health = decider.clone();
+    // Authorized before it is reached (HTTPS: as ShouldRateLimit).
+    let rls = Arc::new(EnvoyRateLimitService::with_engine(
+        decider.clone(),
+        Gate::Open,
+        engine.clone(),
+    ));
     axum::Router::new()
+        // upstream ratelimit's liveness probe: 200 `OK` while the agent
+        // serves (it always can: from its store or by each rule's fail mode).
+        .route("/healthcheck", get(|| async { "OK" }))
+        // upstream's `/json`: a protojson RateLimitRequest (any method),
+        // answered 200 (OK), 429 (OVER_LIMIT), 400 (a bad body, naming the
+        // field), or 503 (store unavailable).
+        .route("/json", axum::routing::any(move |body: axum::body::Bytes| {
+            let rls = rls.clone();
+            async move { json_answer(&rls, &body).await }
+        }))
         .route(
             "/metrics",
             get(move || {
@@ -534,7 +558,8 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     } else {
         Gate::Open
     };
-    let grpc_service = limited_grpc_router(&built.decider, &built.engine, &built.limits, gate);
+    let grpc_service = limited_grpc_router(&built.decider, &built.engine, &built.limits, gate)
+        .add_service(health_service().await);
     let mut grpc_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
         let stop = async move {
@@ -575,7 +600,8 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             rls_listen = %rls_listen,
             "Envoy RLS served plaintext on loopback (rls_listen): any local process may ask"
         );
-        let router = rls_only_router(&built.decider, &built.engine, &built.limits);
+        let router = rls_only_router(&built.decider, &built.engine, &built.limits)
+            .add_service(health_service().await);
         let mut rls_signal = signal.clone();
         tasks.push(tokio::spawn(async move {
             let incoming =
@@ -608,7 +634,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             None
         }
     };
-    let mut router = http_router_limited(&built.decider, &built.limits.http);
+    let mut router = http_router_limited(&built.decider, &built.engine, &built.limits.http);
     if http_acceptor.is_some() {
         router = authorize_http(router, built.decider.region.clone());
     }
@@ -633,6 +659,60 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     })
 }
 
+/// Answers one `/json` body (see [`http_router_limited`]).
+async fn json_answer(rls: &EnvoyRateLimitService, body: &[u8]) -> axum::response::Response {
+    use axum::http::StatusCode;
+    let request = match crate::envoy_json::request(body) {
+        Ok(request) => request,
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, format!("Bad Request: {error}\n")).into_response()
+        }
+    };
+    match rls.answer(&request).await {
+        Ok(response) => {
+            let status = if response.overall_code
+                == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit as i32
+            {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(crate::envoy_json::response(&response))).into_response()
+        }
+        Err(status) if status.code() == tonic::Code::InvalidArgument => (
+            StatusCode::BAD_REQUEST,
+            format!("Bad Request: {}\n", status.message()),
+        )
+            .into_response(),
+        Err(status) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", status.message()),
+        )
+            .into_response(),
+    }
+}
+
+/// The gRPC health services Envoy and load balancers probe
+/// (`grpc.health.v1.Health`): the server ("") and each service, by its
+/// proto name and as upstream ratelimit names itself (`ratelimit`). An
+/// agent always answers (from its store or by each rule's fail mode), so
+/// they are SERVING while it runs. On an mTLS listener only a verified
+/// certificate reaches them; they tell nothing but the status.
+async fn health_service(
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    for name in [
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "leasehold.agent.v1.Agent",
+    ] {
+        reporter
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    service
+}
+
 /// Pause after a failed accept (out of file descriptors, say), so the loop
 /// does not spin while the condition lasts.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
@@ -648,10 +728,11 @@ fn authorize_http(router: axum::Router, region: String) -> axum::Router {
         move |request: axum::extract::Request, next: axum::middleware::Next| {
             let region = region.clone();
             async move {
-                let method = if request.uri().path() == "/metrics" {
-                    Method::HttpMetrics
-                } else {
-                    Method::HttpHealth
+                let method = match request.uri().path() {
+                    "/metrics" => Method::HttpMetrics,
+                    // A decision, as the gRPC RLS: the Region's gateways.
+                    "/json" => Method::ShouldRateLimit,
+                    _ => Method::HttpHealth,
                 };
                 let Some(peer) = request.extensions().get::<PeerInfo>() else {
                     // Served only behind the TLS acceptor, which sets it.

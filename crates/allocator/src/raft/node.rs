@@ -1032,6 +1032,37 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
     })
 }
 
+/// Keeps `grpc.health.v1.Health` true to the node (load balancers and
+/// orchestrators probe it): `leasehold.allocator.v1.Allocator` (and the
+/// server, "") is SERVING while the node knows a leader (it can answer or
+/// forward every call), NOT_SERVING otherwise. Ends when `stop` turns true.
+async fn report_health(
+    node: Node,
+    health: tonic_health::server::HealthReporter,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut metrics = node.inner.raft.metrics();
+    let mut reported = None;
+    loop {
+        let status = if metrics.borrow().current_leader.is_some() {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        // Metrics change on every heartbeat: report changes only.
+        if reported != Some(status) {
+            for name in ["", "leasehold.allocator.v1.Allocator"] {
+                health.set_service_status(name, status).await;
+            }
+            reported = Some(status);
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
 /// Builds the `Raft` (openraft draws the node's election timeout here: from
 /// `rng_seed` when given, see [`crate::raft::runtime`]).
 async fn new_raft<LS>(
@@ -1077,11 +1108,14 @@ fn serve(
     })
     .max_decoding_message_size(raft_bytes)
     .max_encoding_message_size(raft_bytes);
+    let (health, health_service) = tonic_health::server::health_reporter();
     let router = config
         .limits
         .server()
         .add_service(allocator)
-        .add_service(raft);
+        .add_service(raft)
+        .add_service(health_service);
+    tokio::spawn(report_health(node.clone(), health, stop.clone()));
     tokio::spawn(async move {
         let stopped = async move {
             let _ = stop.wait_for(|stop| *stop).await;
