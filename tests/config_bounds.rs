@@ -377,6 +377,14 @@ const CASES: &[Case] = &[
     case(Agent, "[http_limits]", "max_body_bytes", 0, 16_777_216),
     case(Agent, "[http_limits]", "header_read_timeout_ms", 1, 60_000),
     case(Agent, "[http_limits]", "idle_timeout_ms", 1, 3_600_000),
+    with(
+        case(Agent, "[ratelimit]", "poll_ms", 100, 3_600_000),
+        &[("[ratelimit]", "config_dir", "\"rl\"")],
+    ),
+    with(
+        case(Agent, "[ratelimit]", "near_limit_percent", 1, 100),
+        &[("[ratelimit]", "config_dir", "\"rl\"")],
+    ),
     case(Agent, "[global]", "request_timeout_ms", 1, 60_000),
     case(Agent, "[global]", "tick_ms", 10, 10_000),
     case(Agent, "[[global.pool]]", "phase_ms", 0, 3_600_000),
