@@ -47,6 +47,8 @@ use tonic::transport::Channel;
 const POOLS_TOML: &str = include_str!("../deploy/regions/allocator-pools.toml");
 /// The policy bundle every agent serves (domains `api` and `pooled`).
 const POLICY_TOML: &str = include_str!("../deploy/policies/dev.toml");
+/// The envoyproxy/ratelimit sample every dev agent serves on its RLS.
+const RATELIMIT_YAML: &str = include_str!("../deploy/ratelimit/edge.yaml");
 /// The principals' HMAC pepper, **for development only**.
 const DEV_PEPPER: &str = include_str!("../deploy/regions/dev-pepper.txt");
 
@@ -339,6 +341,10 @@ impl DevDir {
         std::fs::create_dir(&path).with_context(|| format!("create {}", path.display()))?;
         let dir = DevDir { path };
         dir.write("dev-policy.toml", POLICY_TOML)?;
+        let ratelimit = dir.path.join("ratelimit");
+        std::fs::create_dir(&ratelimit)
+            .with_context(|| format!("create {}", ratelimit.display()))?;
+        dir.write("ratelimit/edge.yaml", RATELIMIT_YAML)?;
         dir.write("dev-pepper.txt", DEV_PEPPER)?;
         Ok(dir)
     }
@@ -416,6 +422,7 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
     let mut text = format!(
         "{plaintext}region = \"{region}\"\nlisten = \"{grpc}\"\nhttp_listen = \"{http}\"\n\
          pepper_file = \"dev-pepper.txt\"\npolicy_file = \"dev-policy.toml\"\n\n\
+         [ratelimit]\nconfig_dir = \"ratelimit\"\nresponse_headers = \"upstream\"\n\n\
          [global]\nallocators = [{allocators}]\nrequest_timeout_ms = 3000\n\n\
          [[global.pool]]\nid = \"{RATE_POOL}\"\n\n\
          [[global.pool]]\nid = \"{WINDOW_POOL}\"\nchunk_millitokens = 50000\nlow_water_millitokens = 10000\n",
@@ -430,6 +437,9 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
     let mut config = AgentConfig::parse(&label, &text)?;
     config.pepper_file = dir.join(&config.pepper_file);
     config.policy_file = dir.join(&config.policy_file);
+    if let Some(ratelimit) = config.ratelimit.as_mut() {
+        ratelimit.config_dir = dir.join(&ratelimit.config_dir);
+    }
     config.redis_url = agent.redis_url.clone();
     Ok(config)
 }
@@ -752,7 +762,7 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
     }
     let eu = &layout.agents[0];
     // Under mTLS curl and grpcurl present the sre and gateway certificates.
-    let (curl, grpcurl, scheme) = match &layout.certs {
+    let (curl, gateway_curl, grpcurl, scheme) = match &layout.certs {
         Some(certs) => {
             let file = |name: &str| certs.join(name).display().to_string();
             (
@@ -761,6 +771,12 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
                     file("ca.pem"),
                     file("sre.pem"),
                     file("sre.key")
+                ),
+                format!(
+                    "curl -s --cacert {} --cert {} --key {}",
+                    file("ca.pem"),
+                    file("gateway-eu.pem"),
+                    file("gateway-eu.key")
                 ),
                 format!(
                     "grpcurl -cacert {} -cert {} -key {}",
@@ -772,6 +788,7 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
             )
         }
         None => (
+            "curl -s".to_string(),
             "curl -s".to_string(),
             "grpcurl -plaintext".to_string(),
             "http",
@@ -787,7 +804,10 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
          {curl} {scheme}://{http}/metrics | grep leasehold_global\n  \
          {grpcurl} -import-path crates/proto/proto -proto leasehold/agent/v1/agent.proto \\\n    \
          -d '{{\"request_id\":\"try-1\",\"target\":{{\"domain\":\"pooled\",\"tenant\":\"demo\",\"route_group\":\"rate\"}},\"cost\":1}}' \\\n    \
-         {grpc} leasehold.agent.v1.Agent/Check\n\
+         {grpc} leasehold.agent.v1.Agent/Check\n  \
+         {gateway_curl} {scheme}://{http}/json \\\n    \
+         -d '{{\"domain\":\"edge\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'\n  \
+         (Envoy's RLS answers domain edge from deploy/ratelimit/edge.yaml, envoyproxy/ratelimit's format)\n\
          Ctrl-C stops everything.\n",
         http = eu.http,
         grpc = eu.grpc,

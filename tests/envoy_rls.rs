@@ -172,3 +172,54 @@ async fn requests_past_the_bounds_name_the_field() {
     assert_eq!(t.dbsize(), 0);
     t.agent.stop().await;
 }
+
+/// A rule leased to gateways (10 per long period) is enforced for RLS
+/// callers too: the agent charges it per request (the old agent allowed
+/// 11 of 11, as an RLS caller spends no blocks).
+#[tokio::test]
+async fn rules_leased_to_gateways_are_enforced_for_rls_callers() {
+    const LEASED: &str = r#"
+version = 1
+[[domain]]
+name = "api"
+[[domain.rule]]
+id = "p-hot"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "hot" }
+capacity = 10
+refill = 1
+period_ms = 1000000
+fail_mode = "closed"
+leased = { gateways = 2 }
+"#;
+    let t = common::start(LEASED).await;
+    let mut envoy = RateLimitServiceClient::connect(format!("http://{}", t.agent.grpc_addr))
+        .await
+        .unwrap();
+    let request = || RateLimitRequest {
+        domain: "api".into(),
+        descriptors: vec![descriptor(&[
+            ("tenant", "atlas"),
+            ("user", "vera"),
+            ("route_group", "hot"),
+        ])],
+        hits_addend: 0,
+    };
+    let mut codes = Vec::new();
+    for _ in 0..11 {
+        let answer = envoy
+            .should_rate_limit(request())
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(answer.overall_code);
+    }
+    assert_eq!(
+        codes.iter().filter(|c| **c == Code::Ok as i32).count(),
+        10,
+        "{codes:?}"
+    );
+    assert_eq!(codes[10], Code::OverLimit as i32);
+    t.agent.stop().await;
+}

@@ -162,7 +162,7 @@ derive_agent_config() {
       if (!done) print "redis_url = \"" redis "\"   # set by run-local.sh"
       done = 1; next
     }
-    /^[[:space:]]*(pepper_file|policy_file|ca_file|cert_file|key_file)[[:space:]]*=/ { print absolute($0); next }
+    /^[[:space:]]*(pepper_file|policy_file|ca_file|cert_file|key_file|config_dir)[[:space:]]*=/ { print absolute($0); next }
     /^[[:space:]]*\[/ && !done { print "redis_url = \"" redis "\"   # set by run-local.sh"; done = 1 }
     { print }
   ' "$here/agent-$region.toml" >"$out"

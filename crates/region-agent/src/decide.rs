@@ -179,6 +179,77 @@ impl Decider {
         result
     }
 
+    /// A Check for a caller that holds no leased blocks (Envoy's RLS, the
+    /// `/json` endpoint): after the checked rules admit, every rule leased
+    /// to gateways is charged `cost` on its bucket too (one call each, in
+    /// one batch; the rule's fail mode applies when the store cannot), so
+    /// such a caller never skips a rule a gateway would spend from blocks.
+    /// The first leased rule that refuses answers. As the checked and the
+    /// leased rules are separate calls, a leased refusal does not give back
+    /// what the checked rules charged (as Envoy's descriptors of one
+    /// request are not atomic together either).
+    pub async fn check_spending_leased(
+        &self,
+        req: pb::CheckRequest,
+    ) -> Result<pb::Decision, InvalidField> {
+        let (target_proto, raw_cost) = (req.target.clone(), req.cost);
+        let mut decision = self.check(req).await?;
+        if !decision.allowed || decision.leased.is_empty() || decision.replayed {
+            return Ok(decision);
+        }
+        let target = RequestTarget::from_proto(target_proto, &self.keys)?;
+        let cost = request::cost(raw_cost)?;
+        let bundle = self.policy.current();
+        let resolved = resolve(&bundle, &target)?;
+        // Their own id: a record the checked rules kept under the request's
+        // id must not answer for them.
+        let decision_id = format!("{}-leased", decision.decision_id);
+        let request = Request {
+            bundle: &bundle,
+            target: &target,
+            decision_id: &decision_id,
+            cost,
+        };
+        let mut plans = Vec::new();
+        let mut calls = Vec::new();
+        for rule in &resolved.leased {
+            match self.plan(&[*rule], &[], &target, &decision_id, cost, false) {
+                Ok((plan, call)) => {
+                    plans.push(plan);
+                    calls.push(call);
+                }
+                Err(PlanError::Invalid(e)) => return Err(e),
+                Err(PlanError::NoRoom(rule)) => {
+                    let refused = self.decision(
+                        &bundle,
+                        rule,
+                        &decision.decision_id,
+                        false,
+                        0,
+                        NO_ROOM_RETRY_MS,
+                        false,
+                    );
+                    self.count(&refused, &bundle);
+                    return Ok(refused);
+                }
+            }
+        }
+        let replies = self.run(&calls).await;
+        for (plan, reply) in plans.iter().zip(replies) {
+            let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
+            let mut leased = self.interpret(plan, read, &request);
+            if !leased.allowed {
+                leased.decision_id = decision.decision_id.clone();
+                self.count(&leased, &bundle);
+                return Ok(leased);
+            }
+        }
+        // Nothing is left for the caller to spend from blocks.
+        decision.leased.clear();
+        decision.leased_only = false;
+        Ok(decision)
+    }
+
     async fn check_inner(&self, req: pb::CheckRequest) -> Result<pb::Decision, InvalidField> {
         let decision_id = request::id("request_id", &req.request_id)?;
         let target = RequestTarget::from_proto(req.target, &self.keys)?;

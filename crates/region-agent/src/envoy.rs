@@ -11,6 +11,8 @@
 //!   `api_key`, `remote_address`, `principal` is the principal (hashed at
 //!   once); `route_group` and `method` fill those fields; every other entry
 //!   is a descriptor. A descriptor without `tenant` matches no rule (OK).
+//!   Rules leased to gateways are charged per request here
+//!   ([`Decider::check_spending_leased`]): an RLS caller holds no blocks.
 //!   When a rule fails closed the answer is gRPC UNAVAILABLE, so Envoy's own
 //!   `failure_mode_deny` applies;
 //! - any other domain: `{code: OK}` for every descriptor, as upstream.
@@ -241,7 +243,7 @@ impl EnvoyRateLimitService {
                 cost,
                 policy_version_seen: 0,
             };
-            let decision = self.decider.check(check).await?;
+            let decision = self.decider.check_spending_leased(check).await?;
             if decision.reason() == pb::Reason::LimiterUnavailable {
                 return Err(Status::unavailable(
                     "limiter unavailable and the rule fails closed",
