@@ -20,6 +20,9 @@ pub enum BenchTarget {
     Store(StoreBench),
     /// Agent Check over loopback gRPC vs raw multi_rule EVALSHA via redis-rs.
     Agent(AgentBench),
+    /// Envoy RLS ShouldRateLimit (TOML and YAML domains) vs the native
+    /// Check of the same agent, with p99 against Envoy's 20 ms timeout.
+    Envoy(EnvoyBench),
     /// Committed Grant commands/s on a 3-node loopback allocator cluster vs
     /// raw sled insert+flush per command on the same disk.
     Allocator(crate::bench_allocator::AllocatorBench),
@@ -41,6 +44,16 @@ pub struct AgentBench {
     /// share one multi_rule call); the raw baseline stays one plain rule.
     #[arg(long)]
     shadow: bool,
+}
+
+#[derive(Args)]
+pub struct EnvoyBench {
+    /// Concurrent gRPC callers.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
 }
 
 #[derive(Args)]
@@ -71,6 +84,7 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
         BenchTarget::Agent(args) => {
             crate::bench_agent::run(args.concurrency, args.seconds, args.tls, args.shadow).await
         }
+        BenchTarget::Envoy(args) => crate::bench_envoy::run(args.concurrency, args.seconds).await,
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
     }
 }

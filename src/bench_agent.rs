@@ -56,16 +56,16 @@ fail_mode = "open"
 /// Most latency samples kept per measurement (bounded memory).
 const MAX_SAMPLES: usize = 2_000_000;
 
-struct Run {
-    rate: f64,
-    p50_us: u64,
-    p99_us: u64,
-    errors: u64,
+pub(crate) struct Run {
+    pub(crate) rate: f64,
+    pub(crate) p50_us: u64,
+    pub(crate) p99_us: u64,
+    pub(crate) errors: u64,
 }
 
 /// The bench agent on `store`: Region `bench`, one user rule (with
 /// `shadow`: recorded, plus a shadow rule), plaintext.
-fn bench_spec(store: Arc<RedisStore>, shadow: bool) -> anyhow::Result<AgentSpec> {
+pub(crate) fn bench_spec(store: Arc<RedisStore>, shadow: bool) -> anyhow::Result<AgentSpec> {
     let text = if shadow {
         shadow_policy()
     } else {
@@ -92,7 +92,11 @@ fn bench_spec(store: Arc<RedisStore>, shadow: bool) -> anyhow::Result<AgentSpec>
 }
 
 /// Checks through `client` from `concurrency` callers for `duration`.
-async fn checks(client: AgentClient<Channel>, concurrency: usize, duration: Duration) -> Run {
+pub(crate) async fn checks(
+    client: AgentClient<Channel>,
+    concurrency: usize,
+    duration: Duration,
+) -> Run {
     measure(concurrency, duration, move |task, i| {
         let mut client = client.clone();
         async move {
@@ -192,7 +196,7 @@ pub async fn run(concurrency: usize, seconds: u64, tls: bool, shadow: bool) -> a
     Ok(())
 }
 
-fn print_run(label: &str, run: &Run) {
+pub(crate) fn print_run(label: &str, run: &Run) {
     println!(
         "  {label}: {:>9.0} decisions/s  p50 {:>6} us  p99 {:>6} us  ({} errors)",
         run.rate, run.p50_us, run.p99_us, run.errors
@@ -230,7 +234,7 @@ async fn raw_evalsha(url: &str, concurrency: usize, duration: Duration) -> anyho
     .await)
 }
 
-async fn measure<F, Fut>(concurrency: usize, duration: Duration, call: F) -> Run
+pub(crate) async fn measure<F, Fut>(concurrency: usize, duration: Duration, call: F) -> Run
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,

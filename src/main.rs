@@ -6,6 +6,7 @@ mod allocator_cli;
 mod bench;
 mod bench_agent;
 mod bench_allocator;
+mod bench_envoy;
 mod dev;
 mod sim_cli;
 

@@ -50,6 +50,30 @@ fn bench_store_prints_a_ratio_against_redis_benchmark() {
 }
 
 #[test]
+fn bench_envoy_prints_rls_to_check_ratios_and_every_answer_is_ok() {
+    let out = leasehold()
+        .args(["bench", "envoy", "--seconds", "1", "--concurrency", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for label in [
+        "ratio TOML RLS / native Check",
+        "ratio YAML RLS / native Check",
+    ] {
+        assert!(text.contains(label), "{text}");
+    }
+    // Every call on the allow path was answered OK (no store error, no refusal).
+    for line in text.lines().filter(|l| l.contains("decisions/s")) {
+        assert!(line.ends_with("(0 errors)"), "{line}");
+    }
+}
+
+#[test]
 fn bench_agent_tls_prints_the_mtls_to_plaintext_ratio_of_one_run() {
     let out = leasehold()
         .args([
