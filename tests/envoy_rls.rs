@@ -153,6 +153,14 @@ async fn requests_past_the_bounds_name_the_field() {
             vec![descriptor(&[("k", "v")]), descriptor(&[("k", &huge)])],
             "descriptors[1].entries[0].value",
         ),
+        (
+            "api",
+            vec![RateLimitDescriptor {
+                is_negative_hits: true,
+                ..descriptor(&[("k", "v")])
+            }],
+            "descriptors[0].is_negative_hits",
+        ),
     ] {
         let status = envoy
             .should_rate_limit(RateLimitRequest {

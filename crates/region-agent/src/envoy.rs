@@ -96,6 +96,15 @@ pub fn validate(request: &rls::RateLimitRequest) -> Result<(), InvalidField> {
         ));
     }
     for (i, descriptor) in request.descriptors.iter().enumerate() {
+        // A refund (Envoy's newest option) is not offered: counting it as a
+        // hit would charge twice, so it is refused (a lost refund only
+        // leaves the limit stricter).
+        if descriptor.is_negative_hits {
+            return Err(InvalidField::new(
+                format!("descriptors[{i}].is_negative_hits"),
+                "refunds are not supported",
+            ));
+        }
         if descriptor.entries.len() > MAX_RLS_ENTRIES {
             return Err(InvalidField::new(
                 format!("descriptors[{i}].entries"),
