@@ -299,6 +299,26 @@ async fn each_construct_answers_as_upstream() {
     .await;
     assert_eq!(both.overall_code, OVER);
     assert_eq!(row(&both.statuses[1]), (OK, 2, MINUTE, 1, 58));
+    // upstream's statistics, per domain and config path (never the
+    // request's values): remote_address saw 6 hits, 2 of them over (10.1.1.1
+    // went 1, 2, 3, 4 against 2), near_limit past 80% of 2 (1.6 → 1).
+    let metrics = rls.agent.decider.metrics.render();
+    let count = |kind: &str| {
+        let prefix = format!(
+            "leasehold_rls_hits_total{{domain=\"basic\",key=\"remote_address\",kind=\"{kind}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.parse::<u64>().unwrap())
+    };
+    assert_eq!(count("total_hits"), Some(6), "{metrics}");
+    assert_eq!(count("over_limit"), Some(2), "{metrics}");
+    assert_eq!(count("within_limit"), Some(4), "{metrics}");
+    assert!(
+        !metrics.contains("10.1.1.1"),
+        "request values never become labels"
+    );
     rls.agent.stop().await;
 }
 

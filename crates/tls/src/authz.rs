@@ -17,10 +17,11 @@
 //! | sre | Inspect, Status, Health, NodeStatus (read-only) |
 //! | gateway/r | the agent's Check, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
 //!
-//! The agent's HTTPS listener: `/health` (HttpHealth) for the prober (it
-//! runs on the leader node, so `node/id` and `prober`), sre, admin and
-//! the Region's gateways; `/metrics` (HttpMetrics) for sre and admin (a
-//! Prometheus scraper presents the sre certificate).
+//! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
+//! for the prober (it runs on the leader node, so `node/id` and `prober`),
+//! sre, admin and the Region's gateways; `/metrics` (HttpMetrics) for sre
+//! and admin (a Prometheus scraper presents the sre certificate); `/json`
+//! (upstream ratelimit's JSON RLS) as ShouldRateLimit, the gateways'.
 
 use std::fmt;
 
