@@ -425,6 +425,7 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
          [ratelimit]\nconfig_dir = \"ratelimit\"\nresponse_headers = \"upstream\"\n\n\
          [global]\nallocators = [{allocators}]\nrequest_timeout_ms = 3000\n\n\
          [[global.pool]]\nid = \"{RATE_POOL}\"\n\n\
+         [[global.pool]]\nid = \"edge-rate\"\n\n\
          [[global.pool]]\nid = \"{WINDOW_POOL}\"\nchunk_millitokens = 50000\nlow_water_millitokens = 10000\n",
         plaintext = layout.plaintext_line(),
         region = agent.region,

@@ -328,6 +328,37 @@ fn pooled_check(route_group: &str, id: &str) -> pb::CheckRequest {
     }
 }
 
+/// POST `/json` (upstream ratelimit's JSON RLS) to `region`'s agent as its
+/// gateway over HTTPS: the answer's JSON, or why none came.
+async fn json_rls(region: &str, http_port: u16, body: &str) -> Result<serde_json::Value, String> {
+    use leasehold_allocator::transport::{Connector, TlsNodeConnector};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tls = leasehold_tls::TlsSettings::in_dir(
+        std::path::Path::new(certs_dir()),
+        &format!("gateway-{region}"),
+        "leasehold.local",
+    );
+    let connector = TlsNodeConnector::new(&tls).map_err(|e| e.to_string())?;
+    let address = format!("127.0.0.1:{http_port}");
+    let mut stream = connector
+        .secure_stream(&address, region)
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = format!(
+        "POST /json HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let body = text.split("\r\n\r\n").nth(1).ok_or(text.clone())?;
+    serde_json::from_str(body).map_err(|e| format!("{e}: {text}"))
+}
+
 /// One Check on the `pooled` domain as `region`'s gateway (mTLS, the
 /// agent verified as `/region/<region>`): (rule reported, allowed).
 async fn check(
@@ -409,6 +440,26 @@ fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm()
             );
         }
     }
+
+    // The ratelimit YAML sample's global rule (leasehold: {pool:
+    // edge-rate}) reports each Region's share of edge-rate: every Region
+    // holds one and together they fit in the pool's 300/s.
+    let checkout = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"checkout"}]}]}"#;
+    let shares = dev.wait_for(
+        "every Region enforces a share of edge-rate on its RLS",
+        |_| {
+            let mut shares = Vec::new();
+            for (region, _, http) in AGENTS {
+                let answer = runtime
+                    .block_on(json_rls(region, http + offset, checkout))
+                    .ok()?;
+                let per_s = answer["statuses"][0]["currentLimit"]["requestsPerUnit"].as_u64()?;
+                shares.push(per_s);
+            }
+            shares.iter().all(|s| *s > 0).then_some(shares)
+        },
+    );
+    assert!(shares.iter().sum::<u64>() <= 300, "{shares:?}");
 
     // The agents' gRPC listeners are mTLS too: a plaintext Check gets no
     // decision.

@@ -35,6 +35,17 @@ pub enum Outcome {
         now_ms: u64,
         shadow_mode: bool,
     },
+    /// A token bucket (a Leasehold pool rule): its verdict, whole tokens
+    /// left and seconds until it holds the hits again (or is full).
+    Bucket {
+        limit: CurrentLimit,
+        allowed: bool,
+        remaining_tokens: u64,
+        reset_s: u64,
+        shadow_mode: bool,
+    },
+    /// The store or the pool could not answer; the rule's fail mode did.
+    FailMode { limit: CurrentLimit, allowed: bool },
 }
 
 /// One descriptor's status.
@@ -91,6 +102,30 @@ pub fn status(outcome: &Outcome) -> Status {
                 shadowed: over && *shadow_mode,
             }
         }
+        Outcome::Bucket {
+            limit,
+            allowed,
+            remaining_tokens,
+            reset_s,
+            shadow_mode,
+        } => Status {
+            code: if *allowed || *shadow_mode {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            },
+            current_limit: Some(limit.clone()),
+            limit_remaining: u32::try_from(*remaining_tokens).unwrap_or(u32::MAX),
+            duration_until_reset_s: Some((*reset_s).clamp(1, limit.unit.seconds())),
+            shadowed: !*allowed && *shadow_mode,
+        },
+        Outcome::FailMode { limit, allowed } => Status {
+            code: if *allowed { Code::Ok } else { Code::OverLimit },
+            current_limit: Some(limit.clone()),
+            limit_remaining: 0,
+            duration_until_reset_s: None,
+            shadowed: false,
+        },
     }
 }
 

@@ -32,7 +32,7 @@ pub const MAX_TEXT_BYTES: usize = 1_024;
 
 /// Every key upstream accepts, at any level (`validKeys`): a known key in
 /// another place than its own is ignored there, as upstream does.
-const VALID_KEYS: [&str; 16] = [
+const VALID_KEYS: [&str; 17] = [
     "domain",
     "key",
     "value",
@@ -49,7 +49,12 @@ const VALID_KEYS: [&str; 16] = [
     "value_to_metric",
     "share_threshold",
     "metadata",
+    // Leasehold's extension of a rate_limit (see [`Extension`]).
+    "leasehold",
 ];
+
+/// The keys of a `leasehold:` map.
+const EXTENSION_KEYS: [&str; 2] = ["pool", "fail_mode"];
 
 /// A refused config: where, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -106,9 +111,32 @@ pub struct Limit {
     pub detailed_metric: bool,
     /// `domain.key_value.subkey`: the metric key (upstream's stats key).
     pub stats_key: String,
+    /// Leasehold's extension (`rate_limit.leasehold`); None: upstream's
+    /// semantics exactly.
+    pub extension: Option<Extension>,
     /// Where it was configured (for logs).
     pub file: String,
     pub line: usize,
+}
+
+/// `rate_limit: {…, leasehold: {pool: api-rate, fail_mode: open}}`: what a
+/// YAML rule adds that upstream has no word for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extension {
+    /// A global rate pool: the rule spends this Region's share of it (one
+    /// token bucket for the whole rule, refilled at the share the agent
+    /// enforces), so the limit holds across every Region. The agent's
+    /// `[global]` must sync the pool.
+    pub pool: Option<String>,
+    /// When the store (or the pool's room) cannot answer: `open` admits,
+    /// `closed` refuses; None answers UNAVAILABLE, as upstream.
+    pub fail_mode: Option<ExtensionFailMode>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtensionFailMode {
+    Open,
+    Closed,
 }
 
 /// Reads every regular file of `dir` (sorted by name, so the order of
@@ -413,6 +441,7 @@ impl Reader<'_> {
         let (mut unit_text, mut unit_line) = ("", node.line);
         let mut requests_per_unit = 0u32;
         let (mut unlimited, mut name, mut replaces) = (false, String::new(), Vec::new());
+        let mut extension = None;
         for (k, v) in self.map(node)? {
             match self.key(k)? {
                 "unit" => {
@@ -435,6 +464,7 @@ impl Reader<'_> {
                 "unlimited" => unlimited = self.boolean(v, "unlimited")?,
                 "name" => name = self.text(v, "name")?.to_string(),
                 "replaces" => replaces = self.replaces(v)?,
+                "leasehold" => extension = Some(self.extension(v)?),
                 _ => {}
             }
         }
@@ -469,9 +499,64 @@ impl Reader<'_> {
             shadow_mode,
             detailed_metric,
             stats_key: stats_key.to_string(),
+            extension,
             file: self.file.to_string(),
             line: node.line,
         })
+    }
+
+    /// `leasehold: {pool: <id>, fail_mode: open|closed}`.
+    fn extension(&self, node: &Node) -> Result<Extension, RlsConfigError> {
+        let mut extension = Extension::default();
+        for (k, v) in self.map(node)? {
+            let key = k.scalar().unwrap_or_default();
+            match key {
+                "pool" => {
+                    let pool = self.text(v, "leasehold.pool")?;
+                    let valid = !pool.is_empty()
+                        && pool.len() <= 64
+                        && pool
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+                    if !valid {
+                        return Err(self.error(
+                            v.line,
+                            format!(
+                                "leasehold.pool: '{}' is not a pool id ([a-z0-9-]{{1,64}})",
+                                capped(pool)
+                            ),
+                        ));
+                    }
+                    extension.pool = Some(pool.to_string());
+                }
+                "fail_mode" => {
+                    extension.fail_mode = Some(match self.text(v, "leasehold.fail_mode")? {
+                        "open" => ExtensionFailMode::Open,
+                        "closed" => ExtensionFailMode::Closed,
+                        other => {
+                            return Err(self.error(
+                                v.line,
+                                format!(
+                                    "leasehold.fail_mode: '{}' must be open or closed",
+                                    capped(other)
+                                ),
+                            ))
+                        }
+                    });
+                }
+                _ => {
+                    return Err(self.error(
+                        k.line,
+                        format!(
+                            "config error, unknown key 'leasehold.{}' (known: {})",
+                            capped(key),
+                            EXTENSION_KEYS.join(", ")
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(extension)
     }
 
     /// `replaces: [{name: …}, …]`.
@@ -617,6 +702,31 @@ descriptors:
         }
         let syntax = error("domain: d\ndescriptors:\n  - key: [a\n");
         assert!(syntax.starts_with("basic.yaml:"), "{syntax}");
+    }
+
+    #[test]
+    fn the_leasehold_extension_names_a_pool_and_a_fail_mode() {
+        let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      leasehold: {pool: api-rate, fail_mode: open}\n";
+        let domain = parse(text).unwrap();
+        let limit = domain.root.nodes["k"].limit.as_ref().unwrap();
+        assert_eq!(
+            limit.extension,
+            Some(Extension {
+                pool: Some("api-rate".into()),
+                fail_mode: Some(ExtensionFailMode::Open)
+            })
+        );
+        assert_eq!(
+            error(&text.replace("fail_mode: open", "fail_mode: maybe")),
+            "basic.yaml:7: leasehold.fail_mode: 'maybe' must be open or closed"
+        );
+        assert_eq!(
+            error(&text.replace("pool: api-rate", "pool: Api Rate")),
+            "basic.yaml:7: leasehold.pool: 'Api Rate' is not a pool id ([a-z0-9-]{1,64})"
+        );
+        assert!(
+            error(&text.replace("fail_mode", "burst")).contains("unknown key 'leasehold.burst'")
+        );
     }
 
     #[test]
