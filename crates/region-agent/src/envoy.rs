@@ -86,7 +86,10 @@ pub fn validate(request: &rls::RateLimitRequest) -> Result<(), InvalidField> {
     if request.domain.is_empty() || request.domain.len() > MAX_RLS_TEXT_BYTES {
         return Err(InvalidField::new(
             "domain",
-            format!("must hold 1 to {MAX_RLS_TEXT_BYTES} bytes"),
+            format!(
+                "must hold 1 to {MAX_RLS_TEXT_BYTES} bytes ({} bytes)",
+                request.domain.len()
+            ),
         ));
     }
     if request.descriptors.is_empty() || request.descriptors.len() > MAX_RLS_DESCRIPTORS {
@@ -116,7 +119,7 @@ pub fn validate(request: &rls::RateLimitRequest) -> Result<(), InvalidField> {
                 if text.len() > MAX_RLS_TEXT_BYTES {
                     return Err(InvalidField::new(
                         format!("descriptors[{i}].entries[{j}].{name}"),
-                        format!("at most {MAX_RLS_TEXT_BYTES} bytes"),
+                        format!("at most {MAX_RLS_TEXT_BYTES} bytes ({} bytes)", text.len()),
                     ));
                 }
             }
