@@ -736,9 +736,11 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
     }
     let _ = writeln!(
         out,
-        "  pools {RATE_POOL} (rate, two_signal) and {WINDOW_POOL} (window) from deploy/regions/allocator-pools.toml;\n  \
-         policy deploy/policies/dev.toml (domains api, pooled), copied to {} (raise `version` there to hot-reload)",
-        dir.join("dev-policy.toml").display()
+        "  pools {RATE_POOL} (rate, two_signal), {WINDOW_POOL} (window) and edge-rate (rate) from deploy/regions/allocator-pools.toml;\n  \
+         policy deploy/policies/dev.toml (domains api, pooled), copied to {} (raise `version` there to hot-reload);\n  \
+         envoyproxy/ratelimit YAML deploy/ratelimit/edge.yaml (domain edge), copied to {}",
+        dir.join("dev-policy.toml").display(),
+        dir.join("ratelimit").display()
     );
     let mut target = if args.port_offset == 0 {
         String::new()
@@ -1290,7 +1292,11 @@ mod tests {
             global.allocators,
             ["127.0.0.1:7306", "127.0.0.1:7307", "127.0.0.1:7308"]
         );
-        assert_eq!(global.pools.len(), 2);
+        // api-rate, edge-rate (the ratelimit sample's pool), api-minute.
+        assert_eq!(global.pools.len(), 3);
+        let ratelimit = agent.ratelimit.expect("the ratelimit sample is served");
+        assert_eq!(ratelimit.config_dir, dir.join("ratelimit"));
+        assert!(pools.iter().any(|p| p.pool == "edge-rate"));
     }
 
     #[test]

@@ -1437,8 +1437,11 @@ fallback_allowance_millitokens_per_s = 500000
             let config = NodeConfig::load(&deploy.join(format!("allocator-{id}.toml"))).unwrap();
             assert_eq!(config.node_id, id);
             assert_eq!(config.peers.len(), 3);
-            assert_eq!(config.pools.len(), 2);
+            // api-minute, api-rate, and edge-rate (the ratelimit sample's).
+            assert_eq!(config.pools.len(), 3);
             assert_eq!(config.prober.targets.len(), 3);
+            assert!(config.prober.targets.iter().all(|t| t.https));
+            assert!(config.tls.is_some());
         }
     }
 
