@@ -169,14 +169,7 @@ impl Decider {
     }
 
     pub async fn check(&self, req: pb::CheckRequest) -> Result<pb::Decision, InvalidField> {
-        let result = self.check_inner(req).await;
-        if let Err(e) = &result {
-            self.metrics
-                .invalid_requests
-                .with_label_values(&[e.field.as_str()])
-                .inc();
-        }
-        result
+        self.counted(self.check_inner(req, false).await)
     }
 
     /// A Check for a caller that holds no leased blocks (Envoy's RLS, the
@@ -192,65 +185,86 @@ impl Decider {
         &self,
         req: pb::CheckRequest,
     ) -> Result<pb::Decision, InvalidField> {
-        let (target_proto, raw_cost) = (req.target.clone(), req.cost);
-        let mut decision = self.check(req).await?;
-        if !decision.allowed || decision.leased.is_empty() || decision.replayed {
-            return Ok(decision);
+        self.counted(self.check_inner(req, true).await)
+    }
+
+    /// Counts a refused request by its field.
+    fn counted(
+        &self,
+        result: Result<pb::Decision, InvalidField>,
+    ) -> Result<pb::Decision, InvalidField> {
+        if let Err(e) = &result {
+            self.metrics
+                .invalid_requests
+                .with_label_values(&[e.field.as_str()])
+                .inc();
         }
-        let target = RequestTarget::from_proto(target_proto, &self.keys)?;
-        let cost = request::cost(raw_cost)?;
-        let bundle = self.policy.current();
-        let resolved = resolve(&bundle, &target)?;
+        result
+    }
+
+    /// Charges the leased rules for a caller without blocks (see
+    /// [`Decider::check_spending_leased`]): `None` when every one admits,
+    /// else the refusal of the first that does not.
+    async fn spend_leased(
+        &self,
+        leased: &[&Rule],
+        request: &Request<'_>,
+    ) -> Result<Option<pb::Decision>, InvalidField> {
         // Their own id: a record the checked rules kept under the request's
         // id must not answer for them.
-        let decision_id = format!("{}-leased", decision.decision_id);
-        let request = Request {
-            bundle: &bundle,
-            target: &target,
+        let decision_id = format!("{}-leased", request.decision_id);
+        let spend = Request {
             decision_id: &decision_id,
-            cost,
+            ..*request
         };
         let mut plans = Vec::new();
         let mut calls = Vec::new();
-        for rule in &resolved.leased {
-            match self.plan(&[*rule], &[], &target, &decision_id, cost, false) {
+        for rule in leased {
+            match self.plan(
+                &[*rule],
+                &[],
+                request.target,
+                &decision_id,
+                request.cost,
+                false,
+            ) {
                 Ok((plan, call)) => {
                     plans.push(plan);
                     calls.push(call);
                 }
                 Err(PlanError::Invalid(e)) => return Err(e),
                 Err(PlanError::NoRoom(rule)) => {
-                    let refused = self.decision(
-                        &bundle,
+                    return Ok(Some(self.decision(
+                        request.bundle,
                         rule,
-                        &decision.decision_id,
+                        request.decision_id,
                         false,
                         0,
                         NO_ROOM_RETRY_MS,
                         false,
-                    );
-                    self.count(&refused, &bundle);
-                    return Ok(refused);
+                    )))
                 }
             }
         }
         let replies = self.run(&calls).await;
         for (plan, reply) in plans.iter().zip(replies) {
             let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
-            let mut leased = self.interpret(plan, read, &request);
-            if !leased.allowed {
-                leased.decision_id = decision.decision_id.clone();
-                self.count(&leased, &bundle);
-                return Ok(leased);
+            let mut refused = self.interpret(plan, read, &spend);
+            if !refused.allowed {
+                refused.decision_id = request.decision_id.to_string();
+                return Ok(Some(refused));
             }
         }
-        // Nothing is left for the caller to spend from blocks.
-        decision.leased.clear();
-        decision.leased_only = false;
-        Ok(decision)
+        Ok(None)
     }
 
-    async fn check_inner(&self, req: pb::CheckRequest) -> Result<pb::Decision, InvalidField> {
+    /// `spend_leased`: the caller holds no blocks (see
+    /// [`Decider::check_spending_leased`]).
+    async fn check_inner(
+        &self,
+        req: pb::CheckRequest,
+        spend_leased: bool,
+    ) -> Result<pb::Decision, InvalidField> {
         let decision_id = request::id("request_id", &req.request_id)?;
         let target = RequestTarget::from_proto(req.target, &self.keys)?;
         let cost = request::cost(req.cost)?;
@@ -281,8 +295,18 @@ impl Decider {
             }
         };
         self.report_shadow(&mut decision, &shadow_outcomes);
-        decision.leased = self.leased_rules(&resolved.leased, &target)?;
-        decision.leased_only = enforcing.is_empty() && !decision.leased.is_empty();
+        if spend_leased {
+            if decision.allowed && !decision.replayed && !resolved.leased.is_empty() {
+                if let Some(refused) = self.spend_leased(&resolved.leased, &request).await? {
+                    self.count(&refused, &bundle);
+                    return Ok(refused);
+                }
+            }
+            // Nothing is left for the caller to spend from blocks.
+        } else {
+            decision.leased = self.leased_rules(&resolved.leased, &target)?;
+            decision.leased_only = enforcing.is_empty() && !decision.leased.is_empty();
+        }
         self.count(&decision, &bundle);
         tracing::debug!(
             decision_id = %decision.decision_id,

@@ -10,6 +10,7 @@
 //! UNAVAILABLE, so Envoy's `failure_mode_deny` decides, as upstream's Redis
 //! errors do.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::algorithm::bucket::BucketParams;
@@ -99,13 +100,8 @@ struct Counting {
     shadow_mode: bool,
     stats_key: String,
     /// A pool rule's bucket (None: an upstream window counter).
-    pool: Option<PoolBucket>,
+    pool: Option<BucketParams>,
     fail_mode: Option<ExtensionFailMode>,
-}
-
-/// The bucket a pool rule spends: the Region's share of the pool.
-struct PoolBucket {
-    params: BucketParams,
 }
 
 /// A counted limit's outcome, or a call it needs.
@@ -137,14 +133,20 @@ impl RlsEngine {
             let statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
             return Ok(self.finish(statuses));
         };
+        let entries_of: Vec<Vec<(&str, &str)>> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect()
+            })
+            .collect();
         // Match every descriptor first: `replaces` looks at all of them.
-        let mut matched: Vec<Option<(Limit, String)>> = Vec::new();
-        for (i, descriptor) in request.descriptors.iter().enumerate() {
-            let entries: Vec<(&str, &str)> = descriptor
-                .entries
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
+        // Configured limits are borrowed from the config in force.
+        let mut matched: Vec<Option<(Cow<'_, Limit>, Cow<'_, str>)>> = Vec::new();
+        for (i, (descriptor, entries)) in request.descriptors.iter().zip(&entries_of).enumerate() {
             matched.push(match descriptor.limit_override {
                 Some((requests_per_unit, unit)) => {
                     let unit = Unit::from_proto(unit).ok_or_else(|| {
@@ -153,12 +155,11 @@ impl RlsEngine {
                             "must be SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
                         )
                     })?;
-                    Some((
-                        override_limit(&domain.name, &entries, requests_per_unit, unit),
-                        String::new(),
-                    ))
+                    let limit = override_limit(&domain.name, entries, requests_per_unit, unit);
+                    let stats_key = Cow::Owned(limit.stats_key.clone());
+                    Some((Cow::Owned(limit), stats_key))
                 }
-                None => tree::find(domain, &entries).map(|m| (m.limit.clone(), m.stats_key)),
+                None => tree::find(domain, entries).map(|m| (Cow::Borrowed(m.limit), m.stats_key)),
             });
         }
         let named: Vec<Option<(&str, &[String])>> = matched
@@ -185,28 +186,18 @@ impl RlsEngine {
             };
             let descriptor = &request.descriptors[i];
             let hits = answer::hits(descriptor.hits_addend, request.hits_addend);
-            let entries: Vec<(&str, &str)> = descriptor
-                .entries
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
+            let entries = &entries_of[i];
             let current = CurrentLimit {
                 requests_per_unit: limit.requests_per_unit,
                 unit,
                 name: limit.name.clone(),
             };
             let extension = limit.extension.clone().unwrap_or_default();
-            let stats_key = if stats_key.is_empty() {
-                limit.stats_key.clone()
-            } else {
-                stats_key
-            };
+            let stats_key = stats_key.into_owned();
             let mut current = current;
             let (planned, pool) = match &extension.pool {
                 None => {
-                    let key = decider
-                        .keys
-                        .rls_counter(&domain.name, &entries, unit.name());
+                    let key = decider.keys.rls_counter(&domain.name, entries, unit.name());
                     let call = ScriptCall::new(ScriptKind::RlsWindow)
                         .key(key)
                         .arg(unit.millis())
@@ -253,7 +244,7 @@ impl RlsEngine {
                                         .arg(COUNTER_SLACK_MS),
                                 )
                             };
-                            (planned, Some(PoolBucket { params }))
+                            (planned, Some(params))
                         }
                         // The share is 0 (or not learned yet): no room.
                         Room::Bucket(None) => (
@@ -329,13 +320,12 @@ impl RlsEngine {
                         shadow_mode: count.shadow_mode,
                     }
                 }),
-                (Some(bucket), Ok(r)) => reply::admission(ScriptKind::TokenBucket, &r).map(|a| {
-                    let refill_per_s = bucket.params.refill_millitokens.saturating_mul(1_000)
-                        / bucket.params.period_ms.max(1);
+                (Some(params), Ok(r)) => reply::admission(ScriptKind::TokenBucket, &r).map(|a| {
+                    let refill_per_s =
+                        params.refill_millitokens.saturating_mul(1_000) / params.period_ms.max(1);
                     // Denied: until the hits fit; allowed: until full again.
                     let wait_ms = if a.allowed {
-                        bucket
-                            .params
+                        params
                             .capacity_millitokens
                             .saturating_sub(a.remaining)
                             .saturating_mul(1_000)

@@ -9,6 +9,8 @@
 //! an exact match that limits nothing does not fall back to the key-only
 //! sibling (upstream's "whitelist").
 
+use std::borrow::Cow;
+
 use super::config::{Domain, Level, Limit};
 
 /// What one descriptor matched: the limit and its metric key
@@ -16,7 +18,8 @@ use super::config::{Domain, Level, Limit};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matched<'a> {
     pub limit: &'a Limit,
-    pub stats_key: String,
+    /// The limit's own key, unless `detailed_metric` built one.
+    pub stats_key: Cow<'a, str>,
 }
 
 /// The limit `entries` (key, value pairs, in order) hit in `domain`, if any.
@@ -56,9 +59,9 @@ pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<
             key.push('_');
             key.push_str(v);
         }
-        key
+        Cow::Owned(key)
     } else {
-        limit.stats_key.clone()
+        Cow::Borrowed(limit.stats_key.as_str())
     };
     Some(Matched { limit, stats_key })
 }
@@ -153,7 +156,7 @@ descriptors:
     }
 
     fn hit(domain: &Domain, entries: &[(&str, &str)]) -> Option<(u32, String)> {
-        find(domain, entries).map(|m| (m.limit.requests_per_unit, m.stats_key))
+        find(domain, entries).map(|m| (m.limit.requests_per_unit, m.stats_key.into_owned()))
     }
 
     #[test]
