@@ -231,3 +231,123 @@ leased = { gateways = 2 }
     assert_eq!(codes[10], Code::OverLimit as i32);
     t.agent.stop().await;
 }
+
+/// A TOML domain answers any entries Envoy can send (the old agent refused
+/// the whole request for a tenant `Zürich`, a value with spaces or over 64
+/// bytes, a repeated key or more than 16 entries): `[domain.envoy]` names
+/// which entry is the principal (any key), values no native field holds
+/// get keyed stand-ins, and every rule still limits them, with no value in
+/// clear in the store. Statistics are per rule.
+#[tokio::test]
+async fn a_toml_domain_limits_any_entries_envoy_sends() {
+    const EDGE: &str = r#"
+version = 1
+[[domain]]
+name = "edge"
+[domain.envoy]
+default_tenant = "public"
+principal_keys = ["x-client", "remote_address"]
+[[domain.rule]]
+id = "per-client"
+scope = "user"
+algorithm = "token_bucket"
+capacity = 2
+refill = 1
+period_ms = 1000000
+fail_mode = "closed"
+[[domain.rule]]
+id = "per-tenant"
+scope = "tenant"
+algorithm = "token_bucket"
+capacity = 5
+refill = 1
+period_ms = 1000000
+fail_mode = "closed"
+"#;
+    let t = common::start(EDGE).await;
+    let envoy = RateLimitServiceClient::connect(format!("http://{}", t.agent.grpc_addr))
+        .await
+        .unwrap();
+    let long_client = format!("客户 {}", "x".repeat(900));
+    let extra: Vec<(String, String)> = (0..20).map(|i| (format!("k{i}"), "v w".into())).collect();
+    let descriptor_of = |client: &str| {
+        let mut entries: Vec<(&str, &str)> = vec![
+            ("tenant", "Zürich"),
+            ("x-client", client),
+            ("header_match", "a"),
+            ("header_match", "b"),
+        ];
+        entries.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        descriptor(&entries)
+    };
+    let ask = |d: RateLimitDescriptor| {
+        let mut envoy = envoy.clone();
+        async move {
+            let r = envoy
+                .should_rate_limit(RateLimitRequest {
+                    domain: "edge".into(),
+                    descriptors: vec![d],
+                    hits_addend: 1,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let status = r.statuses[0].clone();
+            (
+                Code::try_from(r.overall_code).unwrap(),
+                status.current_limit.map(|l| l.name).unwrap_or_default(),
+            )
+        }
+    };
+    let ok = Code::Ok;
+    let over = Code::OverLimit;
+    // The long, non-ASCII client: its own bucket of 2.
+    for expected in [ok, ok, over] {
+        assert_eq!(ask(descriptor_of(&long_client)).await.0, expected);
+    }
+    assert_eq!(ask(descriptor_of(&long_client)).await.1, "per-client");
+    // Other clients of tenant "Zürich" share its tenant bucket of 5 (2 spent).
+    assert_eq!(ask(descriptor_of("b")).await.0, ok);
+    assert_eq!(ask(descriptor_of("b")).await.0, ok);
+    assert_eq!(ask(descriptor_of("c")).await.0, ok);
+    assert_eq!(
+        ask(descriptor_of("c")).await,
+        (over, "per-tenant".to_string())
+    );
+    // No tenant entry: the default tenant's own bucket, and no principal
+    // entry: one shared anonymous principal.
+    let anonymous = descriptor(&[("path", "/ünïcode path")]);
+    for expected in [ok, ok, over] {
+        assert_eq!(ask(anonymous.clone()).await.0, expected);
+    }
+    // Nothing of a value in clear in the store.
+    let keys = t.keys_matching("*");
+    assert!(!keys.is_empty());
+    for key in &keys {
+        assert!(key.is_ascii(), "{key}");
+        assert!(!key.contains("xxxx") && !key.contains("Zürich"), "{key}");
+    }
+    assert!(keys
+        .iter()
+        .any(|k| k.contains(&format!("{{{}}}", t.keys.opaque("Zürich")))));
+    // Statistics per rule of the domain.
+    let metrics = t.metrics().await;
+    let line = |kind: &str, key: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("leasehold_rls_hits_total")
+                    && l.contains("domain=\"edge\"")
+                    && l.contains(&format!("key=\"{key}\""))
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    assert_eq!(
+        line("over_limit", "per-tenant").as_deref(),
+        Some("1"),
+        "{metrics}"
+    );
+    assert!(line("total_hits", "per-client").is_some(), "{metrics}");
+    t.agent.stop().await;
+}

@@ -169,7 +169,24 @@ impl Decider {
     }
 
     pub async fn check(&self, req: pb::CheckRequest) -> Result<pb::Decision, InvalidField> {
-        self.counted(self.check_inner(req, false).await)
+        let checked = match Self::checked_request(req, &self.keys) {
+            Ok((decision_id, target, cost)) => {
+                self.check_inner(decision_id, target, cost, false).await
+            }
+            Err(e) => Err(e),
+        };
+        self.counted(checked)
+    }
+
+    /// A Check's fields, validated: its id, target and cost.
+    fn checked_request(
+        req: pb::CheckRequest,
+        keys: &KeyBuilder,
+    ) -> Result<(String, RequestTarget, u64), InvalidField> {
+        let decision_id = request::id("request_id", &req.request_id)?;
+        let target = RequestTarget::from_proto(req.target, keys)?;
+        let cost = request::cost(req.cost)?;
+        Ok((decision_id, target, cost))
     }
 
     /// A Check for a caller that holds no leased blocks (Envoy's RLS, the
@@ -181,11 +198,21 @@ impl Decider {
     /// leased rules are separate calls, a leased refusal does not give back
     /// what the checked rules charged (as Envoy's descriptors of one
     /// request are not atomic together either).
+    ///
+    /// The target is built by the caller (Envoy's descriptors,
+    /// `crate::envoy_target`); `decision_id` must be a valid id.
     pub async fn check_spending_leased(
         &self,
-        req: pb::CheckRequest,
+        decision_id: String,
+        target: RequestTarget,
+        cost: u64,
     ) -> Result<pb::Decision, InvalidField> {
-        self.counted(self.check_inner(req, true).await)
+        let cost = request::cost(cost);
+        let checked = match cost {
+            Ok(cost) => self.check_inner(decision_id, target, cost, true).await,
+            Err(e) => Err(e),
+        };
+        self.counted(checked)
     }
 
     /// Counts a refused request by its field.
@@ -262,12 +289,11 @@ impl Decider {
     /// [`Decider::check_spending_leased`]).
     async fn check_inner(
         &self,
-        req: pb::CheckRequest,
+        decision_id: String,
+        target: RequestTarget,
+        cost: u64,
         spend_leased: bool,
     ) -> Result<pb::Decision, InvalidField> {
-        let decision_id = request::id("request_id", &req.request_id)?;
-        let target = RequestTarget::from_proto(req.target, &self.keys)?;
-        let cost = request::cost(req.cost)?;
         // One request is evaluated against one bundle, taken once.
         let bundle = self.policy.current();
         let resolved = resolve(&bundle, &target)?;

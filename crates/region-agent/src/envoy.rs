@@ -7,11 +7,15 @@
 //!   upstream's semantics exactly (descriptor trees, fixed windows, full
 //!   statuses, `response_headers_to_add`);
 //! - a domain of the TOML policy bundle: each descriptor is one native
-//!   Check. Entry `tenant` names the tenant; the first of `user`,
-//!   `api_key`, `remote_address`, `principal` is the principal (hashed at
-//!   once); `route_group` and `method` fill those fields; every other entry
-//!   is a descriptor. A descriptor without `tenant` matches no rule (OK).
-//!   Rules leased to gateways are charged per request here
+//!   Check on the target [`crate::envoy_target`] reads from its entries
+//!   (the domain's `[domain.envoy]` names which entry is the tenant, the
+//!   principal, the route group and the method; any key and any UTF-8
+//!   value is accepted). A descriptor without a tenant (and no
+//!   `default_tenant`) matches no rule (OK). Statistics go to
+//!   `leasehold_rls_hits_total` under the deciding rule's id.
+//!   Concurrency rules are not applied (nor by a native Check: they are
+//!   held by AcquireConcurrency/ReleaseConcurrency, and Envoy's protocol
+//!   has no release). Rules leased to gateways are charged per request here
 //!   ([`Decider::check_spending_leased`]): an RLS caller holds no blocks.
 //!   When a rule fails closed the answer is gRPC UNAVAILABLE, so Envoy's own
 //!   `failure_mode_deny` applies;
@@ -25,7 +29,6 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as ProtoUnit, Code, DescriptorStatus, RateLimit,
@@ -35,11 +38,10 @@ use leasehold_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::decide::Decider;
+use crate::envoy_target;
 use crate::request::InvalidField;
 use crate::rls::answer;
 use crate::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
-
-const PRINCIPAL_KEYS: [&str; 4] = ["user", "api_key", "remote_address", "principal"];
 
 /// Most descriptors in one request.
 pub const MAX_RLS_DESCRIPTORS: usize = 64;
@@ -188,33 +190,6 @@ pub fn response_of(answer: &crate::rls_engine::RlsAnswer) -> rls::RateLimitRespo
     }
 }
 
-/// A descriptor of a TOML domain as a native Check's target; None when it
-/// names no tenant (no rule can match it).
-fn target_of(domain: &str, descriptor: &RateLimitDescriptor) -> Option<pb::Target> {
-    let mut target = pb::Target {
-        domain: domain.to_string(),
-        ..Default::default()
-    };
-    for entry in &descriptor.entries {
-        match entry.key.as_str() {
-            "tenant" => target.tenant = entry.value.clone(),
-            "route_group" => target.route_group = entry.value.clone(),
-            "method" => target.method = entry.value.clone(),
-            key if PRINCIPAL_KEYS.contains(&key) && target.principal.is_none() => {
-                target.principal = Some(pb::Principal {
-                    r#type: key.to_string(),
-                    id: entry.value.clone(),
-                });
-            }
-            _ => target.descriptors.push(pb::Descriptor {
-                key: entry.key.clone(),
-                value: entry.value.clone(),
-            }),
-        }
-    }
-    (!target.tenant.is_empty()).then_some(target)
-}
-
 fn unit_of(window_ms: i64) -> ProtoUnit {
     match window_ms {
         1_000 => ProtoUnit::Second,
@@ -236,8 +211,26 @@ impl EnvoyRateLimitService {
             overall_code: Code::Ok as i32,
             ..Default::default()
         };
+        let bundle = self.decider.policy.current();
+        let Some(domain) = bundle.domains.get(&req.domain) else {
+            // Only asked for a domain of the bundle; a reload in between
+            // removed it: unknown, so OK as upstream.
+            response.statuses = vec![
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                };
+                req.descriptors.len()
+            ];
+            return Ok(response);
+        };
         for descriptor in &req.descriptors {
-            let Some(target) = target_of(&req.domain, descriptor) else {
+            let entries: Vec<(&str, &str)> = descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect();
+            let Some(target) = envoy_target::target_of(domain, &entries, &self.decider.keys) else {
                 response.statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
                     ..Default::default()
@@ -249,13 +242,11 @@ impl EnvoyRateLimitService {
                 .as_ref()
                 .map(|h| h.value.max(1))
                 .unwrap_or(hits);
-            let check = pb::CheckRequest {
-                request_id: new_decision_id(),
-                target: Some(target),
-                cost,
-                policy_version_seen: 0,
-            };
-            let decision = self.decider.check_spending_leased(check).await?;
+            let decision = self
+                .decider
+                .check_spending_leased(new_decision_id(), target, cost)
+                .await?;
+            self.record_stats(&req.domain, &decision, cost);
             if decision.reason() == pb::Reason::LimiterUnavailable {
                 return Err(Status::unavailable(
                     "limiter unavailable and the rule fails closed",
@@ -286,6 +277,35 @@ impl EnvoyRateLimitService {
             });
         }
         Ok(response)
+    }
+
+    /// A TOML domain's statistics, as upstream's per key: under the rule
+    /// that decided (a request no rule limited counts nothing), shadow
+    /// refusals under each shadow rule that would have refused.
+    fn record_stats(&self, domain: &str, decision: &pb::Decision, cost: u64) {
+        if !decision.policy_id.is_empty() {
+            let near = decision.allowed
+                && decision.limit > 0
+                && (decision.remaining as f64)
+                    < decision.limit as f64 * f64::from(1.0 - self.engine.options.near_limit_ratio);
+            let stats = answer::HitStats {
+                total_hits: cost,
+                within_limit: if decision.allowed { cost } else { 0 },
+                near_limit: if near { cost } else { 0 },
+                over_limit: if decision.allowed { 0 } else { cost },
+                shadow_mode: 0,
+            };
+            self.decider
+                .metrics
+                .record_rls(domain, &decision.policy_id, &stats);
+        }
+        for rule in &decision.shadow_denied {
+            let stats = answer::HitStats {
+                shadow_mode: cost,
+                ..Default::default()
+            };
+            self.decider.metrics.record_rls(domain, rule, &stats);
+        }
     }
 
     /// Answers a validated request by its domain (see the module doc).

@@ -123,10 +123,29 @@ impl KeyBuilder {
         if raw_id.is_empty() || raw_id.len() > MAX_PRINCIPAL_LEN {
             return Err(KeyError::Principal);
         }
+        Ok(self.principal_unchecked(raw_id))
+    }
+
+    /// [`KeyBuilder::principal`] without its length bound: for an id whose
+    /// caller bounds it (Envoy's descriptor values, at most 1 KiB).
+    pub fn principal_unchecked(&self, raw_id: &str) -> PrincipalHash {
         let mut mac = self.mac.clone();
         mac.update(raw_id.as_bytes());
         let digest = mac.finalize().into_bytes();
-        Ok(PrincipalHash(hex::encode(&digest[..8])))
+        PrincipalHash(hex::encode(&digest[..8]))
+    }
+
+    /// A stand-in for a value no native field can hold (spaces, non-ASCII,
+    /// over 64 bytes): `h-` and 16 hex of HMAC-SHA256(pepper, value), so
+    /// equal values get equal stand-ins, the value is never kept in clear,
+    /// and the stand-in is a valid tenant id (`[a-z0-9-]{1,32}`). No
+    /// written rule names one (they can only be forged with the pepper).
+    pub fn opaque(&self, value: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(b"opaque\0");
+        mac.update(value.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        format!("h-{}", hex::encode(&digest[..8]))
     }
 
     /// `lh:v1:{tenant}:<rule>:<principal>`

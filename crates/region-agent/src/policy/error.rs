@@ -64,6 +64,9 @@ pub enum Problem {
     Duplicate { first_line: Option<usize> },
     #[error("{count} entries, at most {max}")]
     TooMany { count: usize, max: usize },
+    /// `[domain.envoy]` names one entry key for two fields.
+    #[error("entry key {key} is also {first}: one entry fills one field")]
+    EntryKeyTwice { key: String, first: &'static str },
     #[error(
         "can share a request with rule {other}{} whose hash tag is {other_tag}, while this rule's is {tag}: one request's checked rules must share one hash tag",
         line_suffix(*other_line, "at line")

@@ -92,6 +92,22 @@
 //! Leased rules and concurrency rules that can co-match number at most 8
 //! each; they run their own scripts and may carry any tag.
 //!
+//! # Envoy's RLS on a TOML domain
+//!
+//! ```toml
+//! [domain.envoy]                 # optional; these are the defaults
+//! tenant_key = "tenant"          # the entry naming the tenant
+//! # default_tenant = "public"    # a descriptor without tenant_key: this tenant
+//! #                              # (unset: such a descriptor matches no rule, OK)
+//! principal_keys = ["user", "api_key", "remote_address", "principal"]
+//! route_group_key = "route_group"
+//! method_key = "method"
+//! ```
+//!
+//! Entry keys are 1–64 bytes of printable ASCII; each fills one field;
+//! 1–8 principal keys. Every other entry of a descriptor is a descriptor
+//! rules match on (see `crate::envoy_target`).
+//!
 //! Bounds: a bundle is at most 1 MiB, 64 domains, 1,024 rules per domain;
 //! one parse reports at most 20 errors.
 
@@ -106,8 +122,8 @@ pub mod watch;
 pub use error::{PolicyError, PolicyErrors, Problem, MAX_ERRORS};
 pub use holder::{InstallError, Installed, PolicyHolder};
 pub use model::{
-    Algorithm, Bundle, ConcurrencyCap, Domain, FailMode, Leased, Match, Rate, Rule, Scope,
-    MIN_BLOCK_TOKENS,
+    Algorithm, Bundle, ConcurrencyCap, Domain, EnvoyMapping, FailMode, Leased, Match, Rate, Rule,
+    Scope, MIN_BLOCK_TOKENS,
 };
 pub use parse::{checksum, parse, MAX_BUNDLE_BYTES};
 pub use resolve::{RequestView, ResolveError, Resolved};

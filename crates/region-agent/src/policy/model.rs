@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::key::RuleId;
+use crate::key::{RuleId, Tenant};
 
 /// A validated, immutable policy bundle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +25,42 @@ pub struct Domain {
     pub name: String,
     /// In file order.
     pub rules: Vec<Rule>,
+    /// How Envoy's descriptors name this domain's targets (`[domain.envoy]`).
+    pub envoy: EnvoyMapping,
+}
+
+/// Which descriptor entries of an Envoy RLS request fill a native target
+/// (`[domain.envoy]`; defaults: the native field names). Every other entry
+/// is a descriptor a rule can match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyMapping {
+    /// The entry naming the tenant (the hash tag).
+    pub tenant_key: String,
+    /// The tenant of a descriptor without `tenant_key`; None: such a
+    /// descriptor matches no rule (`OK`, as upstream answers unmatched ones).
+    pub default_tenant: Option<Tenant>,
+    /// The first entry (in request order) with one of these keys is the
+    /// principal, hashed with the pepper at once.
+    pub principal_keys: Vec<String>,
+    pub route_group_key: String,
+    pub method_key: String,
+}
+
+/// Most principal keys in `[domain.envoy]`.
+pub const MAX_ENVOY_PRINCIPAL_KEYS: usize = 8;
+
+impl Default for EnvoyMapping {
+    fn default() -> Self {
+        EnvoyMapping {
+            tenant_key: "tenant".into(),
+            default_tenant: None,
+            principal_keys: ["user", "api_key", "remote_address", "principal"]
+                .map(String::from)
+                .to_vec(),
+            route_group_key: "route_group".into(),
+            method_key: "method".into(),
+        }
+    }
 }
 
 /// Whose bucket a rule charges. Order = evaluation order, most specific first.

@@ -16,15 +16,15 @@ use sha2::{Digest, Sha256};
 
 use super::error::{Collector, PolicyError, PolicyErrors, Problem};
 use super::model::{
-    Algorithm, Bundle, ConcurrencyCap, Domain, FailMode, Leased, Match, Rate, Rule, Scope,
-    POOL_RATE,
+    Algorithm, Bundle, ConcurrencyCap, Domain, EnvoyMapping, FailMode, Leased, Match, Rate, Rule,
+    Scope, MAX_ENVOY_PRINCIPAL_KEYS, POOL_RATE,
 };
 use super::validate::{
     concurrency_rate, domain_findings, domain_name, duplicate_ids, rule_findings, rule_id,
     DEFAULT_SLACK_MS, DURATION_MS_MAX, MAX_DOMAINS, MAX_RULES_PER_DOMAIN, TOKENS_MAX, VERSION_MAX,
 };
 use crate::algorithm::{concurrency, lease_block};
-use crate::key::RuleId;
+use crate::key::{RuleId, Tenant};
 
 /// Largest bundle text accepted, in bytes (1 MiB): bounds parse time and
 /// memory for a file or an admin RPC alike.
@@ -35,7 +35,16 @@ pub const MAX_SYNTAX_MESSAGE_BYTES: usize = 256;
 type Table = BTreeMap<String, Node>;
 
 const TOP_FIELDS: &[&str] = &["version", "domain"];
-const DOMAIN_FIELDS: &[&str] = &["name", "rule"];
+const DOMAIN_FIELDS: &[&str] = &["name", "rule", "envoy"];
+const ENVOY_FIELDS: &[&str] = &[
+    "tenant_key",
+    "default_tenant",
+    "principal_keys",
+    "route_group_key",
+    "method_key",
+];
+/// What an entry key in `[domain.envoy]` may be.
+const ENVOY_KEY_PATTERN: &str = "1-64 bytes of printable ASCII without spaces";
 const RULE_FIELDS: &[&str] = &[
     "id",
     "scope",
@@ -304,15 +313,93 @@ impl<'a> Parser<'a> {
             .iter()
             .filter_map(|r| r.rule.clone().map(|rule| (r, rule)))
             .unzip();
+        let envoy = match table.get("envoy") {
+            Some(node) => self.envoy(&label, node),
+            None => EnvoyMapping::default(),
+        };
         let domain = Domain {
             name: label.clone(),
             rules,
+            envoy,
         };
         let rule_line = |index: usize| read[index].places.rule_line;
         for finding in domain_findings(&domain, &rule_line) {
             self.push_rule(&label, read[finding.rule], &finding.field, finding.problem);
         }
         name.map(|_| domain)
+    }
+
+    /// `[domain.envoy]`: each field read on its own; a bad one is reported
+    /// (the bundle is refused) and its default kept meanwhile.
+    fn envoy(&mut self, domain: &str, node: &Node) -> EnvoyMapping {
+        let mut mapping = EnvoyMapping::default();
+        let Value::Table(table) = &node.value else {
+            let expected = "a table";
+            self.push_domain(domain, Some(node), "envoy", Problem::WrongType { expected });
+            return mapping;
+        };
+        for (key, node) in table
+            .iter()
+            .filter(|(k, _)| !ENVOY_FIELDS.contains(&k.as_str()))
+        {
+            let field = format!("envoy.{}", quote(key));
+            self.push_domain(domain, Some(node), &field, Problem::UnknownField);
+        }
+        let entry_key = |parser: &mut Self, field: &str, target: &mut String| {
+            if let Some(node) = table.get(field) {
+                let path = format!("envoy.{field}");
+                match envoy_key(node) {
+                    Ok(key) => *target = key,
+                    Err(problem) => parser.push_domain(domain, Some(node), &path, problem),
+                }
+            }
+        };
+        entry_key(self, "tenant_key", &mut mapping.tenant_key);
+        entry_key(self, "route_group_key", &mut mapping.route_group_key);
+        entry_key(self, "method_key", &mut mapping.method_key);
+        if let Some(node) = table.get("default_tenant") {
+            let tenant = match &node.value {
+                Value::String(text) => Tenant::parse(text).map_err(|_| Problem::Charset {
+                    pattern: "[a-z0-9-]{1,32}",
+                }),
+                _ => Err(Problem::WrongType {
+                    expected: "a string",
+                }),
+            };
+            match tenant {
+                Ok(tenant) => mapping.default_tenant = Some(tenant),
+                Err(problem) => {
+                    self.push_domain(domain, Some(node), "envoy.default_tenant", problem)
+                }
+            }
+        }
+        if let Some(node) = table.get("principal_keys") {
+            match principal_keys(node) {
+                Ok(keys) => mapping.principal_keys = keys,
+                Err(problem) => {
+                    self.push_domain(domain, Some(node), "envoy.principal_keys", problem)
+                }
+            }
+        }
+        // One entry fills one field: a key named twice would be read twice.
+        let mut named: BTreeMap<&str, &'static str> = BTreeMap::new();
+        let roles = [
+            ("tenant_key", &mapping.tenant_key),
+            ("route_group_key", &mapping.route_group_key),
+            ("method_key", &mapping.method_key),
+        ];
+        let principals = mapping.principal_keys.iter().map(|k| ("principal_keys", k));
+        for (field, key) in roles.into_iter().chain(principals) {
+            if let Some(first) = named.insert(key.as_str(), field) {
+                let node = table.get(field).or(Some(node));
+                let problem = Problem::EntryKeyTwice {
+                    key: format!("{:?}", quote(key)),
+                    first,
+                };
+                self.push_domain(domain, node, &format!("envoy.{field}"), problem);
+            }
+        }
+        mapping
     }
 
     fn domain_name(&mut self, label: &str, item: &Node, table: &Table) -> Option<String> {
@@ -410,6 +497,35 @@ impl<'a> Parser<'a> {
             problem,
         });
     }
+}
+
+/// An entry key named in `[domain.envoy]`.
+fn envoy_key(node: &Node) -> Result<String, Problem> {
+    let Value::String(key) = &node.value else {
+        return Err(Problem::WrongType {
+            expected: "a string",
+        });
+    };
+    let ok = (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic());
+    ok.then(|| key.clone()).ok_or(Problem::Charset {
+        pattern: ENVOY_KEY_PATTERN,
+    })
+}
+
+/// `principal_keys`: 1 to [`MAX_ENVOY_PRINCIPAL_KEYS`] entry keys.
+fn principal_keys(node: &Node) -> Result<Vec<String>, Problem> {
+    let Value::Array(items) = &node.value else {
+        return Err(Problem::WrongType {
+            expected: "an array of strings",
+        });
+    };
+    if items.is_empty() || items.len() > MAX_ENVOY_PRINCIPAL_KEYS {
+        return Err(Problem::TooMany {
+            count: items.len(),
+            max: MAX_ENVOY_PRINCIPAL_KEYS,
+        });
+    }
+    items.iter().map(envoy_key).collect()
 }
 
 fn domain_name_line(lines: &Lines, item: &Node) -> Option<usize> {

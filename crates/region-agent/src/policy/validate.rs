@@ -676,6 +676,7 @@ mod tests {
         let domain = Domain {
             name: "api".into(),
             rules: vec![read, export],
+            envoy: Default::default(),
         };
         assert!(domain_findings(&domain, &|_| None).is_empty());
     }
@@ -688,6 +689,7 @@ mod tests {
         let domain = Domain {
             name: "api".into(),
             rules: vec![bucket("t", Scope::Tenant), global],
+            envoy: Default::default(),
         };
         assert!(domain_findings(&domain, &|_| None).is_empty());
     }
