@@ -351,3 +351,54 @@ fail_mode = "closed"
     assert!(line("total_hits", "per-client").is_some(), "{metrics}");
     t.agent.stop().await;
 }
+
+/// A concurrency rule is held by AcquireConcurrency / ReleaseConcurrency:
+/// a native Check does not take a slot, and neither does an RLS request
+/// (Envoy's protocol has no release, so a slot taken could never be
+/// returned); the domain's rate rules still apply.
+#[tokio::test]
+async fn rls_requests_take_no_concurrency_slot_as_native_checks_take_none() {
+    const CAPPED: &str = r#"
+version = 1
+[[domain]]
+name = "api"
+[[domain.rule]]
+id = "inflight"
+scope = "tenant"
+algorithm = "concurrency"
+concurrency = { max_in_flight = 1, lease_ttl_ms = 60000 }
+fail_mode = "closed"
+[[domain.rule]]
+id = "per-tenant"
+scope = "tenant"
+algorithm = "token_bucket"
+capacity = 3
+refill = 1
+period_ms = 1000000
+fail_mode = "closed"
+"#;
+    let t = common::start(CAPPED).await;
+    let mut envoy = RateLimitServiceClient::connect(format!("http://{}", t.agent.grpc_addr))
+        .await
+        .unwrap();
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let r = envoy
+            .should_rate_limit(RateLimitRequest {
+                domain: "api".into(),
+                descriptors: vec![descriptor(&[("tenant", "atlas")])],
+                hits_addend: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(r.overall_code).unwrap());
+    }
+    // Over the cap of 1 in flight, yet limited only by the rate rule.
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    assert!(
+        t.keys_matching("*inflight*").is_empty(),
+        "no concurrency slot was taken"
+    );
+    t.agent.stop().await;
+}

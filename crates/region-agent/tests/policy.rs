@@ -892,6 +892,13 @@ fn shipped_bundles_parse() {
     assert!(rules.iter().any(|r| !r.matcher.descriptors.is_empty()));
     let scopes: BTreeSet<_> = rules.iter().map(|r| r.scope).collect();
     assert_eq!(scopes.len(), 4, "every scope");
+    assert!(
+        example
+            .domains
+            .values()
+            .any(|d| d.envoy != Default::default()),
+        "example.toml shows [domain.envoy]"
+    );
     assert_eq!(example.check(), Ok(()));
 }
 
