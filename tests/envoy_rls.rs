@@ -6,7 +6,7 @@ mod common;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit, Code};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -62,13 +62,28 @@ async fn should_rate_limit_answers_ok_then_over_limit_from_the_same_bucket() {
             .into_inner();
         assert_eq!(r.statuses.len(), 1);
         let status = &r.statuses[0];
-        assert_eq!(status.current_limit.as_ref().unwrap().name, "p-read");
-        assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 3);
-        codes.push((r.overall_code, status.limit_remaining));
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!(limit.name, "p-read");
+        // The refill (1 per 1,000 s), not the capacity: 3.6/hour, floored.
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, Unit::Hour as i32)
+        );
+        let reset = status.duration_until_reset.unwrap();
+        codes.push((r.overall_code, status.limit_remaining, reset.seconds));
     }
     let ok = Code::Ok as i32;
     let over = Code::OverLimit as i32;
-    assert_eq!(codes, vec![(ok, 2), (ok, 1), (ok, 0), (over, 0)]);
+    // Until full: 1,000 s per missing token (refill frozen by the long period).
+    assert_eq!(
+        codes,
+        vec![
+            (ok, 2, 1_000),
+            (ok, 1, 2_000),
+            (ok, 0, 3_000),
+            (over, 0, 3_000)
+        ]
+    );
     // The same bucket as the native API: the user's Check is refused too.
     let mut native = t.client.clone();
     let d = native

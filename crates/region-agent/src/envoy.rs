@@ -38,10 +38,10 @@ use leasehold_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::decide::Decider;
-use crate::envoy_target;
 use crate::request::InvalidField;
 use crate::rls::answer;
 use crate::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
+use crate::{envoy_status, envoy_target};
 
 /// Most descriptors in one request.
 pub const MAX_RLS_DESCRIPTORS: usize = 64;
@@ -190,13 +190,12 @@ pub fn response_of(answer: &crate::rls_engine::RlsAnswer) -> rls::RateLimitRespo
     }
 }
 
-fn unit_of(window_ms: i64) -> ProtoUnit {
-    match window_ms {
-        1_000 => ProtoUnit::Second,
-        60_000 => ProtoUnit::Minute,
-        3_600_000 => ProtoUnit::Hour,
-        86_400_000 => ProtoUnit::Day,
-        _ => ProtoUnit::Unknown,
+fn proto_unit(unit: envoy_status::RateUnit) -> ProtoUnit {
+    match unit {
+        envoy_status::RateUnit::Second => ProtoUnit::Second,
+        envoy_status::RateUnit::Minute => ProtoUnit::Minute,
+        envoy_status::RateUnit::Hour => ProtoUnit::Hour,
+        envoy_status::RateUnit::Day => ProtoUnit::Day,
     }
 }
 
@@ -260,17 +259,43 @@ impl EnvoyRateLimitService {
             if code == Code::OverLimit {
                 response.overall_code = Code::OverLimit as i32;
             }
-            let reset_ms = decision.retry_after_ms.max(0);
+            let now_ms = u64::try_from(self.decider.clock.now_ms()).unwrap_or(0);
+            let shape = domain
+                .rules
+                .iter()
+                .find(|r| r.id.as_str() == decision.policy_id)
+                .and_then(|rule| envoy_status::shape(rule, self.decider.bucket_params(rule)));
+            let limit = u64::try_from(decision.limit.max(0)).unwrap_or(0);
+            let remaining = u64::try_from(decision.remaining.max(0)).unwrap_or(0);
+            let (rate, reset_ms) = match shape {
+                Some(shape) => (
+                    shape.rate.map(|(n, unit)| (n, proto_unit(unit))),
+                    envoy_status::reset_ms(
+                        shape.reset,
+                        decision.allowed,
+                        limit,
+                        remaining,
+                        decision.retry_after_ms,
+                        now_ms,
+                    ),
+                ),
+                None => (
+                    Some((limit, ProtoUnit::Unknown)),
+                    u64::try_from(decision.retry_after_ms.max(0)).unwrap_or(0),
+                ),
+            };
             response.statuses.push(DescriptorStatus {
                 code: code as i32,
                 current_limit: (!decision.policy_id.is_empty()).then(|| RateLimit {
                     name: decision.policy_id.clone(),
-                    requests_per_unit: u32::try_from(decision.limit).unwrap_or(u32::MAX),
-                    unit: unit_of(decision.window_ms) as i32,
+                    requests_per_unit: rate
+                        .map(|(n, _)| u32::try_from(n).unwrap_or(u32::MAX))
+                        .unwrap_or(0),
+                    unit: rate.map(|(_, unit)| unit).unwrap_or(ProtoUnit::Unknown) as i32,
                 }),
-                limit_remaining: u32::try_from(decision.remaining.max(0)).unwrap_or(u32::MAX),
-                duration_until_reset: Some(Duration {
-                    seconds: reset_ms / 1_000,
+                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                duration_until_reset: (!decision.policy_id.is_empty()).then(|| Duration {
+                    seconds: i64::try_from(reset_ms / 1_000).unwrap_or(i64::MAX),
                     nanos: ((reset_ms % 1_000) * 1_000_000) as i32,
                 }),
                 ..Default::default()

@@ -35,6 +35,7 @@ pub mod config;
 pub mod decide;
 pub mod envoy;
 pub mod envoy_json;
+pub mod envoy_status;
 pub mod envoy_target;
 pub mod fallback;
 pub mod global;
