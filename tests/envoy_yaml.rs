@@ -46,6 +46,14 @@ capacity = 3
 refill = 1
 period_ms = 1000
 fail_mode = "open"
+[[domain.rule]]
+id = "n-window"
+scope = "tenant"
+algorithm = "fixed_window"
+match = { route_group = "window" }
+capacity = 2
+period_ms = 60000
+fail_mode = "closed"
 "#;
 
 /// Every construct of upstream's format, one file per domain.
@@ -672,5 +680,59 @@ async fn healthcheck_json_and_grpc_health_as_upstream() {
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
+    rls.agent.stop().await;
+}
+
+/// A TOML domain's statuses under the same options: the rule's rate in
+/// Envoy's units, the time to reset on every limited status (a fixed
+/// window: to its epoch-aligned end, by the moved clock), upstream's
+/// headers, and global shadow on the overall code.
+#[tokio::test]
+async fn toml_domains_answer_with_full_statuses_and_the_same_headers() {
+    let options = RlsOptions {
+        headers: Headers::upstream_default(),
+        global_shadow_mode: true,
+        ..RlsOptions::default()
+    };
+    let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], options).await;
+    let window = || {
+        vec![descriptor(&[
+            ("tenant", "atlas"),
+            ("route_group", "window"),
+        ])]
+    };
+    // T0 is 2,222 s: 58 s left in the minute.
+    let first = ask(&mut rls, "native", window()).await;
+    assert_eq!(row(&first.statuses[0]), (OK, 2, MINUTE, 1, 58));
+    let headers: Vec<(String, String)> = first
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(
+        headers,
+        vec![
+            ("RateLimit-Limit".to_string(), "2".to_string()),
+            ("RateLimit-Remaining".to_string(), "1".to_string()),
+            ("RateLimit-Reset".to_string(), "58".to_string()),
+        ]
+    );
+    ask(&mut rls, "native", window()).await;
+    let third = ask(&mut rls, "native", window()).await;
+    assert_eq!(row(&third.statuses[0]), (OVER, 2, MINUTE, 0, 58));
+    // Global shadow: the overall code is OK, the status still over.
+    assert_eq!(third.overall_code, OK);
+    // A token bucket: its refill per second, time until full.
+    let read = ask(
+        &mut rls,
+        "native",
+        vec![descriptor(&[
+            ("tenant", "atlas"),
+            ("user", "ivy"),
+            ("route_group", "read"),
+        ])],
+    )
+    .await;
+    assert_eq!(row(&read.statuses[0]), (OK, 1, SECOND, 2, 1));
     rls.agent.stop().await;
 }

@@ -916,7 +916,7 @@ impl Decider {
         } else {
             read.remaining
         };
-        self.decision(
+        let mut decision = self.decision(
             bundle,
             rule,
             decision_id,
@@ -924,7 +924,9 @@ impl Decider {
             i64::try_from(remaining_tokens).unwrap_or(i64::MAX),
             if read.allowed { 0 } else { read.retry_after_ms },
             false,
-        )
+        );
+        decision.store_now_ms = read.now_ms.max(0);
+        decision
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1098,6 +1100,8 @@ struct ReadReply {
     /// In the rule's unit (millitokens for buckets and chunks).
     remaining: u64,
     retry_after_ms: i64,
+    /// The store's clock when the script decided.
+    now_ms: i64,
 }
 
 /// Reads a reply with its script's parser (`script::reply`): anything of
@@ -1115,6 +1119,7 @@ fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, Scri
                 reported,
                 remaining: r.remaining_millitokens[reported],
                 retry_after_ms: r.retry_after_ms,
+                now_ms: reply.now_ms().unwrap_or(0),
             })
         }
         ScriptKind::ChunkSpend => {
@@ -1127,6 +1132,7 @@ fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, Scri
                 reported: 0,
                 remaining: r.left_millitokens,
                 retry_after_ms: NO_ROOM_RETRY_MS,
+                now_ms: reply.now_ms().unwrap_or(0),
             })
         }
         kind => {
@@ -1138,6 +1144,7 @@ fn read_reply(plan: &Planned<'_>, reply: &ScriptReply) -> Result<ReadReply, Scri
                 reported: 0,
                 remaining: r.remaining,
                 retry_after_ms: r.retry_after_ms,
+                now_ms: reply.now_ms().unwrap_or(0),
             })
         }
     }

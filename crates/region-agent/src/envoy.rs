@@ -39,7 +39,8 @@ use tonic::{Request, Response, Status};
 
 use crate::decide::Decider;
 use crate::request::InvalidField;
-use crate::rls::answer;
+use crate::rls::answer::{self, CurrentLimit};
+use crate::rls::unit::Unit;
 use crate::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
 use crate::{envoy_status, envoy_target};
 
@@ -190,6 +191,10 @@ pub fn response_of(answer: &crate::rls_engine::RlsAnswer) -> rls::RateLimitRespo
     }
 }
 
+fn rls_unit(unit: ProtoUnit) -> Option<Unit> {
+    Unit::from_proto(unit as i32)
+}
+
 fn proto_unit(unit: envoy_status::RateUnit) -> ProtoUnit {
     match unit {
         envoy_status::RateUnit::Second => ProtoUnit::Second,
@@ -223,6 +228,7 @@ impl EnvoyRateLimitService {
             ];
             return Ok(response);
         };
+        let mut seen = Vec::with_capacity(req.descriptors.len());
         for descriptor in &req.descriptors {
             let entries: Vec<(&str, &str)> = descriptor
                 .entries
@@ -234,6 +240,7 @@ impl EnvoyRateLimitService {
                     code: Code::Ok as i32,
                     ..Default::default()
                 });
+                seen.push(answer::status(&answer::Outcome::NoLimit));
                 continue;
             };
             let cost = descriptor
@@ -259,7 +266,14 @@ impl EnvoyRateLimitService {
             if code == Code::OverLimit {
                 response.overall_code = Code::OverLimit as i32;
             }
-            let now_ms = u64::try_from(self.decider.clock.now_ms()).unwrap_or(0);
+            // The store's clock when it decided (windows are aligned to
+            // it), else the agent's.
+            let now_ms = if decision.store_now_ms > 0 {
+                decision.store_now_ms
+            } else {
+                self.decider.clock.now_ms()
+            };
+            let now_ms = u64::try_from(now_ms).unwrap_or(0);
             let shape = domain
                 .rules
                 .iter()
@@ -284,6 +298,24 @@ impl EnvoyRateLimitService {
                     u64::try_from(decision.retry_after_ms.max(0)).unwrap_or(0),
                 ),
             };
+            // The same status in the engine's terms, for the headers.
+            seen.push(answer::Status {
+                code: if decision.allowed {
+                    answer::Code::Ok
+                } else {
+                    answer::Code::OverLimit
+                },
+                current_limit: rate.and_then(|(n, unit)| {
+                    Some(CurrentLimit {
+                        requests_per_unit: u32::try_from(n).unwrap_or(u32::MAX),
+                        unit: rls_unit(unit)?,
+                        name: decision.policy_id.clone(),
+                    })
+                }),
+                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                duration_until_reset_s: Some(reset_ms.div_ceil(1_000)),
+                shadowed: false,
+            });
             response.statuses.push(DescriptorStatus {
                 code: code as i32,
                 current_limit: (!decision.policy_id.is_empty()).then(|| RateLimit {
@@ -301,6 +333,19 @@ impl EnvoyRateLimitService {
                 ..Default::default()
             });
         }
+        // The engine's options hold for TOML domains too: upstream's
+        // SHADOW_MODE and response headers.
+        if self.engine.options.global_shadow_mode {
+            response.overall_code = Code::Ok as i32;
+        }
+        response.response_headers_to_add = answer::headers(&seen, &self.engine.options.headers)
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                ..Default::default()
+            })
+            .collect();
         Ok(response)
     }
 

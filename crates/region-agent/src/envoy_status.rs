@@ -10,8 +10,8 @@
 //!   chunk room as the limit, unit UNKNOWN (no [`Shape`]).
 //! - `duration_until_reset`: a bucket's time until full again (from the
 //!   tokens remaining, rounded up); a fixed window's time to its end (the
-//!   window is aligned to the epoch: exact on a denial, from the agent's
-//!   clock on an admission); a sliding window's period (all counted now has
+//!   window is aligned to the epoch of the store's clock, which the
+//!   decision carries); a sliding window's period (all counted now has
 //!   left it by then).
 
 use crate::algorithm::bucket::BucketParams;
@@ -118,7 +118,7 @@ pub fn shape(rule: &Rule, bucket: Option<BucketParams>) -> Option<Shape> {
 
 /// Milliseconds until the rule resets (see the module doc): `limit`,
 /// `remaining` and `retry_after_ms` are the decision's, `now_ms` the
-/// agent's clock.
+/// store's clock when it decided.
 pub fn reset_ms(
     reset: Reset,
     allowed: bool,
