@@ -151,6 +151,16 @@ pub struct Extension {
     pub line: usize,
 }
 
+impl Extension {
+    /// Whether it changes anything (`leasehold: {}` does not).
+    pub fn asks(&self) -> bool {
+        self.pool.is_some()
+            || self.algorithm.is_some()
+            || self.burst.is_some()
+            || self.fail_mode.is_some()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExtensionFailMode {
     /// Admit (logged and counted).
@@ -644,10 +654,7 @@ impl Reader<'_> {
         unlimited: bool,
     ) -> Result<(), RlsConfigError> {
         let error = |message: String| Err(self.error(extension.line, message));
-        let asks = extension.pool.is_some()
-            || extension.algorithm.is_some()
-            || extension.burst.is_some()
-            || extension.fail_mode.is_some();
+        let asks = extension.asks();
         let Some(unit) = unit.filter(|_| !unlimited) else {
             if asks {
                 return error("leasehold: an unlimited rule counts nothing to extend".into());
