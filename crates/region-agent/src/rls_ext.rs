@@ -341,7 +341,7 @@ fn outcome_of(
             let wait_ms = if a.allowed {
                 extension::ms_until_full(params, a.remaining)
             } else {
-                retry_ms(a.retry_after_ms)
+                retry_ms(a.retry_after_ms, extension::ms_until_full(params, 0))
             };
             (a.allowed, a.remaining / MILLI, wait_ms)
         }
@@ -349,7 +349,7 @@ fn outcome_of(
             let a = reply::admission(*kind, r)?;
             let now_ms = u64::try_from(a.now_ms).unwrap_or(0);
             let wait_ms = match (a.allowed, kind) {
-                (false, _) => retry_ms(a.retry_after_ms),
+                (false, _) => retry_ms(a.retry_after_ms, unit.millis()),
                 // The aligned window's end.
                 (true, ScriptKind::FixedWindow) => unit.seconds_to_reset(now_ms) * 1_000,
                 // A sliding window forgets a hit one unit after it.
@@ -361,7 +361,7 @@ fn outcome_of(
             let c = reply::chunk_spend(r)?;
             let wait_ms = if c.spent {
                 // The chunks expire at the pool's window end at the latest.
-                retry_ms(c.expires_in_ms)
+                retry_ms(c.expires_in_ms, pending.current.unit.millis())
             } else {
                 NO_ROOM_RETRY_MS as u64
             };
@@ -377,9 +377,9 @@ fn outcome_of(
     })
 }
 
-/// A retry hint in ms; -1 ("never") as the longest wait.
-fn retry_ms(retry: i64) -> u64 {
-    u64::try_from(retry).unwrap_or(u64::MAX)
+/// A retry hint in ms; -1 ("never", or no expiry) as `otherwise_ms`.
+fn retry_ms(retry: i64, otherwise_ms: u64) -> u64 {
+    u64::try_from(retry).unwrap_or(otherwise_ms)
 }
 
 /// The fail mode's answer (counted as the TOML fail modes are).
