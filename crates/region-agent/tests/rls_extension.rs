@@ -466,3 +466,27 @@ async fn on_redis_a_day_bucket_admits_its_burst_and_fail_modes_answer_once_it_is
     }
     assert_eq!(ask(&decider, &engine, "daylog", "10.0.0.9").await.overall, Code::Ok);
 }
+
+#[tokio::test]
+async fn the_deployed_sample_loads_and_its_api_key_rule_is_a_bucket_of_40() {
+    let sample = include_str!("../../../deploy/ratelimit/edge.yaml");
+    let config = parse_files([("edge.yaml", sample)]).unwrap();
+    let clock = Arc::new(ManualClock(AtomicI64::new(T0)));
+    let decider = decider(Arc::new(MemoryStore::new(clock.clone())), clock.clone());
+    let engine = RlsEngine::new(Arc::new(RlsHolder::new(config)), Default::default());
+    let mut req = request("api_key", "k-1");
+    req.domain = "edge".into();
+    let mut codes = Vec::new();
+    for _ in 0..45 {
+        codes.push(engine.answer(&decider, &req).await.unwrap().overall);
+    }
+    let mut expected = vec![Code::Ok; 40];
+    expected.resize(45, Code::OverLimit);
+    assert_eq!(codes, expected);
+    clock.advance(1_000);
+    let mut again = 0;
+    for _ in 0..30 {
+        again += usize::from(engine.answer(&decider, &req).await.unwrap().overall == Code::Ok);
+    }
+    assert_eq!(again, 20);
+}
