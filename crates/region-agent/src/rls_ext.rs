@@ -77,9 +77,17 @@ pub struct Pending {
 }
 
 enum Read {
-    Bucket { kind: ScriptKind, params: BucketParams },
-    Window { kind: ScriptKind, unit: Unit },
-    Chunks { cost_millitokens: u64 },
+    Bucket {
+        kind: ScriptKind,
+        params: BucketParams,
+    },
+    Window {
+        kind: ScriptKind,
+        unit: Unit,
+    },
+    Chunks {
+        cost_millitokens: u64,
+    },
 }
 
 /// The fail mode and the local bucket it would charge.
@@ -194,13 +202,13 @@ fn plan_algorithm(
 fn plan_pool(decider: &Decider, rule: &ExtRule<'_>, pool: &str) -> Result<ExtPlan, RlsError> {
     let slot = decider.global.slot(pool);
     if let Some(slot) = slot {
-        slot.counters.demand_requests.fetch_add(1, Ordering::Relaxed);
+        slot.counters
+            .demand_requests
+            .fetch_add(1, Ordering::Relaxed);
     }
     // One bucket per pool, whatever the rule, domain or value: the pool is
     // one total (and so is its local fallback).
-    let key = decider
-        .keys
-        .rls_counter("", &[("_pool", pool)], "pool");
+    let key = decider.keys.rls_counter("", &[("_pool", pool)], "pool");
     let fail = Fail {
         mode: rule.extension.fail_mode,
         local: local_charge(rule, format!("{key}:local"))?,
@@ -240,10 +248,7 @@ fn plan_pool(decider: &Decider, rule: &ExtRule<'_>, pool: &str) -> Result<ExtPla
         Room::Bucket(Some(params)) => {
             let current = pool_limit(&rule.current, &params);
             if rule.hits == 0 {
-                return Ok(ExtPlan::Now(look(&ExtRule {
-                    current,
-                    ..*rule
-                })));
+                return Ok(ExtPlan::Now(look(&ExtRule { current, ..*rule })));
             }
             let call = ScriptCall::new(ScriptKind::TokenBucket)
                 .key(key)
@@ -265,10 +270,7 @@ fn plan_pool(decider: &Decider, rule: &ExtRule<'_>, pool: &str) -> Result<ExtPla
                 ..rule.current.clone()
             };
             if rule.hits == 0 {
-                return Ok(ExtPlan::Now(look(&ExtRule {
-                    current,
-                    ..*rule
-                })));
+                return Ok(ExtPlan::Now(look(&ExtRule { current, ..*rule })));
             }
             let cost_millitokens = millitokens(rule.hits)?;
             let call = crate::decide::chunk_spend_call(chunks, cost_millitokens);
@@ -310,7 +312,12 @@ pub fn read(decider: &Decider, pending: Pending, result: CallResult) -> Result<O
     let outcome = match read {
         Ok(outcome) => outcome,
         Err(reason) => {
-            return fail_now(decider, &pending.fail, &pending.current, Failure::Store(reason))
+            return fail_now(
+                decider,
+                &pending.fail,
+                &pending.current,
+                Failure::Store(reason),
+            )
         }
     };
     if let Some(slot) = pending.pool.as_deref().and_then(|p| decider.global.slot(p)) {
@@ -451,8 +458,12 @@ fn local_charge(rule: &ExtRule<'_>, key: String) -> Result<Option<LocalCharge>, 
     if rule.extension.fail_mode != Some(ExtensionFailMode::Local) || rule.hits == 0 {
         return Ok(None);
     }
-    let params = extension::bucket(rule.current.requests_per_unit, rule.unit, rule.extension.burst)
-        .map_err(|e| RlsError::Store(format!("leasehold extension: {e}")))?;
+    let params = extension::bucket(
+        rule.current.requests_per_unit,
+        rule.unit,
+        rule.extension.burst,
+    )
+    .map_err(|e| RlsError::Store(format!("leasehold extension: {e}")))?;
     Ok(Some(LocalCharge {
         key,
         params,

@@ -199,7 +199,13 @@ async fn ask(decider: &Decider, engine: &RlsEngine, key: &str, value: &str) -> R
 }
 
 /// The statuses of `n` requests in a row.
-async fn run(decider: &Decider, engine: &RlsEngine, key: &str, value: &str, n: usize) -> Vec<Status> {
+async fn run(
+    decider: &Decider,
+    engine: &RlsEngine,
+    key: &str,
+    value: &str,
+    n: usize,
+) -> Vec<Status> {
     let mut statuses = Vec::with_capacity(n);
     for _ in 0..n {
         let answer = ask(decider, engine, key, value).await;
@@ -238,7 +244,10 @@ async fn a_token_bucket_rule_admits_its_burst_then_refills_at_requests_per_unit(
     // Refused: until one token is back (100 ms), at least a second.
     assert_eq!(statuses[25].duration_until_reset_s, Some(1));
     // Another value is another counter, as upstream's.
-    assert_eq!(admitted(&run(&decider, &engine, "tb", "10.0.0.2", 30).await), 25);
+    assert_eq!(
+        admitted(&run(&decider, &engine, "tb", "10.0.0.2", 30).await),
+        25
+    );
     // A second refills requests_per_unit.
     clock.advance(1_000);
     assert_first_admitted(&run(&decider, &engine, "tb", "10.0.0.1", 15).await, 10);
@@ -298,7 +307,10 @@ async fn a_sliding_log_rule_counts_requests_not_hits() {
     // A look (hits 0) counts nothing.
     req.descriptors[0].hits_addend = Some(0);
     for _ in 0..10 {
-        assert_eq!(engine.answer(&decider, &req).await.unwrap().overall, Code::Ok);
+        assert_eq!(
+            engine.answer(&decider, &req).await.unwrap().overall,
+            Code::Ok
+        );
     }
     assert_first_admitted(&run(&decider, &engine, "log", "v", 6).await, 5);
 }
@@ -330,7 +342,10 @@ async fn fail_modes_answer_when_the_store_is_down() {
     assert_first_admitted(&run(&decider, &engine, "localburst", "v", 3).await, 1);
     assert!(decider.fallback.len() >= 3);
     assert!(decider.counters.fallback_decisions.load(Ordering::Relaxed) >= 28);
-    assert_eq!(decider.counters.fail_open_decisions.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        decider.counters.fail_open_decisions.load(Ordering::Relaxed),
+        1
+    );
 }
 
 fn window(chunks: Vec<HeldChunk>) -> PoolView {
@@ -378,12 +393,21 @@ async fn a_window_pool_rule_spends_exactly_the_chunk_held_then_refuses() {
     assert_eq!(statuses[0].limit_remaining, 6);
     assert_eq!(statuses[0].duration_until_reset_s, Some(60));
     assert_eq!(slot.counters.admitted.load(Ordering::Relaxed), 7);
-    assert_eq!(slot.counters.spent_millitokens.load(Ordering::Relaxed), 7_000);
-    assert_eq!(slot.counters.refused.load(Ordering::Relaxed) - refused_before, 3);
+    assert_eq!(
+        slot.counters.spent_millitokens.load(Ordering::Relaxed),
+        7_000
+    );
+    assert_eq!(
+        slot.counters.refused.load(Ordering::Relaxed) - refused_before,
+        3
+    );
     assert_eq!(slot.counters.demand_requests.load(Ordering::Relaxed), 11);
     // Past the chunk's expiry nothing is offered.
     clock.advance(60_000);
-    assert_eq!(ask(&decider, &engine, "window", "a").await.overall, Code::OverLimit);
+    assert_eq!(
+        ask(&decider, &engine, "window", "a").await.overall,
+        Code::OverLimit
+    );
 }
 
 #[tokio::test]
@@ -464,7 +488,10 @@ async fn on_redis_a_day_bucket_admits_its_burst_and_fail_modes_answer_once_it_is
         Err(RlsError::Store(reason)) => assert!(reason.contains("fails closed"), "{reason}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(ask(&decider, &engine, "daylog", "10.0.0.9").await.overall, Code::Ok);
+    assert_eq!(
+        ask(&decider, &engine, "daylog", "10.0.0.9").await.overall,
+        Code::Ok
+    );
 }
 
 #[tokio::test]
