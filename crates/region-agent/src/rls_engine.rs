@@ -9,6 +9,10 @@
 //! decides the windows. A store that cannot answer fails the request with
 //! UNAVAILABLE, so Envoy's `failure_mode_deny` decides, as upstream's Redis
 //! errors do.
+//!
+//! A rule with Leasehold's extension (`leasehold: {algorithm: …}` or
+//! `{pool: …}`) is planned and read by [`crate::rls_ext`] instead, its call
+//! in the same batch; its fail mode answers when the store cannot.
 
 use std::borrow::Cow;
 use std::sync::Arc;
