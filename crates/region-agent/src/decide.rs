@@ -35,7 +35,7 @@ use leasehold_proto::agent::v1 as pb;
 use crate::algorithm::bucket::BucketParams;
 use crate::algorithm::multi_rule::MAX_RULES;
 use crate::fallback::{LocalCharge, LocalFallback};
-use crate::global::room::{GlobalRoom, Room};
+use crate::global::room::{GlobalRoom, HeldChunk, Room};
 use crate::key::{KeyBuilder, Tenant};
 use crate::memory::Clock;
 use crate::metrics::AgentMetrics;
@@ -711,11 +711,7 @@ impl Decider {
             _ => return Err(PlanError::NoRoom(rule)),
         };
         let cost_millitokens = rule_cost_millitokens(rule, cost)?;
-        let mut call = ScriptCall::new(ScriptKind::ChunkSpend);
-        for chunk in chunks {
-            call = call.key(chunk.key);
-        }
-        call = call.arg(cost_millitokens);
+        let call = chunk_spend_call(chunks, cost_millitokens);
         let plan = Planned {
             kind: ScriptKind::ChunkSpend,
             rules: vec![rule],
@@ -1085,6 +1081,17 @@ impl Decider {
             .inc();
         self.metrics.set_policy_version(bundle.version);
     }
+}
+
+/// The `chunk_spend` call of `cost_millitokens` from the chunks a Region
+/// holds (all or nothing, earliest expiry first).
+pub(crate) fn chunk_spend_call(chunks: Vec<HeldChunk>, cost_millitokens: u64) -> ScriptCall {
+    chunks
+        .into_iter()
+        .fold(ScriptCall::new(ScriptKind::ChunkSpend), |call, chunk| {
+            call.key(chunk.key)
+        })
+        .arg(cost_millitokens)
 }
 
 /// What a decision reads from a checked script reply.

@@ -25,6 +25,7 @@
 //!   [`envoy_json`]: the RLS messages as protojson (upstream's `/json`).
 //! - [`rls`]: envoyproxy/ratelimit YAML configs and their semantics (pure).
 //! - [`rls_engine`]: those domains' ShouldRateLimit on the store (one batch).
+//! - [`rls_ext`]: the counters of YAML rules with Leasehold's extension (algorithms, pools).
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 
@@ -50,6 +51,7 @@ pub mod redis_store;
 pub mod request;
 pub mod rls;
 pub mod rls_engine;
+pub mod rls_ext;
 pub mod script;
 pub mod server;
 pub mod service;

@@ -9,19 +9,22 @@
 //! decides the windows. A store that cannot answer fails the request with
 //! UNAVAILABLE, so Envoy's `failure_mode_deny` decides, as upstream's Redis
 //! errors do.
+//!
+//! A rule with Leasehold's extension (`leasehold: {algorithm: …}` or
+//! `{pool: …}`) is planned and read by [`crate::rls_ext`] instead, its call
+//! in the same batch; its fail mode answers when the store cannot.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::algorithm::bucket::BucketParams;
 use crate::decide::Decider;
-use crate::global::room::Room;
 use crate::request::InvalidField;
 use crate::rls::answer::{self, CurrentLimit, Headers, Outcome, Status};
-use crate::rls::config::{ExtensionFailMode, Limit};
+use crate::rls::config::Limit;
 use crate::rls::tree;
 use crate::rls::unit::Unit;
 use crate::rls::watch::RlsHolder;
+use crate::rls_ext::{self, ExtPlan, ExtRule, Pending};
 use crate::script::{reply, ScriptCall, ScriptKind};
 
 /// Slack past a window's end before its counter expires (upstream adds up
@@ -99,15 +102,14 @@ struct Counting {
     hits: u64,
     shadow_mode: bool,
     stats_key: String,
-    /// A pool rule's bucket (None: an upstream window counter).
-    pool: Option<BucketParams>,
-    fail_mode: Option<ExtensionFailMode>,
+    /// An extension rule's reading (None: an upstream window counter).
+    extension: Option<Pending>,
 }
 
 /// A counted limit's outcome, or a call it needs.
 enum Planned {
     Call(ScriptCall),
-    /// Decided without a store call (a look at a pool, no room).
+    /// Decided without a store call (a look, no room in a pool, a fail mode).
     Now(Outcome),
 }
 
@@ -192,10 +194,8 @@ impl RlsEngine {
                 unit,
                 name: limit.name.clone(),
             };
-            let extension = limit.extension.clone().unwrap_or_default();
             let stats_key = stats_key.into_owned();
-            let mut current = current;
-            let (planned, pool) = match &extension.pool {
+            let (planned, extension) = match limit.extension.as_ref().filter(|e| e.asks()) {
                 None => {
                     let key = decider.keys.rls_counter(&domain.name, entries, unit.name());
                     let call = ScriptCall::new(ScriptKind::RlsWindow)
@@ -205,80 +205,19 @@ impl RlsEngine {
                         .arg(COUNTER_SLACK_MS);
                     (Planned::Call(call), None)
                 }
-                Some(pool) => {
-                    let now_ms = u64::try_from(decider.clock.now_ms()).unwrap_or(0);
-                    // A pool a TOML rule spends too would be spent twice
-                    // over (two buckets at the full share): refused.
-                    let room = if policy_spends(decider, pool) {
-                        tracing::warn!(pool = %pool, "a ratelimit YAML rule and a TOML rule name the same pool: the YAML rule answers by its fail mode");
-                        Room::None
-                    } else {
-                        decider.global.room(pool, false, now_ms)
+                Some(extension) => {
+                    let rule = ExtRule {
+                        domain: &domain.name,
+                        entries,
+                        extension,
+                        unit,
+                        current: current.clone(),
+                        hits,
+                        shadow_mode: limit.shadow_mode,
                     };
-                    match room {
-                        Room::Bucket(Some(params)) => {
-                            current = pool_limit(&current, &params);
-                            let planned = if hits == 0 {
-                                Planned::Now(Outcome::Bucket {
-                                    limit: current.clone(),
-                                    allowed: true,
-                                    remaining_tokens: 0,
-                                    reset_s: 1,
-                                    shadow_mode: limit.shadow_mode,
-                                })
-                            } else {
-                                // One bucket per pool, whatever the rule,
-                                // domain or value: the pool is one total.
-                                let key = decider.keys.rls_counter(
-                                    "",
-                                    &[("_pool", pool.as_str())],
-                                    "pool",
-                                );
-                                Planned::Call(
-                                    ScriptCall::new(ScriptKind::TokenBucket)
-                                        .key(key)
-                                        .arg(params.capacity_millitokens)
-                                        .arg(params.refill_millitokens)
-                                        .arg(params.period_ms)
-                                        .arg(hits.saturating_mul(1_000))
-                                        .arg(COUNTER_SLACK_MS),
-                                )
-                            };
-                            (planned, Some(params))
-                        }
-                        // The share is 0 (or not learned yet): no room.
-                        Room::Bucket(None) => (
-                            Planned::Now(Outcome::Bucket {
-                                limit: CurrentLimit {
-                                    requests_per_unit: 0,
-                                    ..current.clone()
-                                },
-                                allowed: false,
-                                remaining_tokens: 0,
-                                reset_s: 1,
-                                shadow_mode: limit.shadow_mode,
-                            }),
-                            None,
-                        ),
-                        // Not a rate pool this agent syncs: a config fault,
-                        // answered by the fail mode.
-                        Room::Chunks(_) | Room::None => {
-                            tracing::warn!(pool = %pool, "ratelimit rule names a pool this agent does not sync as a rate pool");
-                            match extension.fail_mode {
-                                Some(mode) => (
-                                    Planned::Now(Outcome::FailMode {
-                                        limit: current.clone(),
-                                        allowed: mode == ExtensionFailMode::Open,
-                                    }),
-                                    None,
-                                ),
-                                None => {
-                                    return Err(RlsError::Store(format!(
-                                        "pool {pool} is not a rate pool this agent syncs"
-                                    )))
-                                }
-                            }
-                        }
+                    match rls_ext::plan(decider, &rule)? {
+                        ExtPlan::Now(outcome) => (Planned::Now(outcome), None),
+                        ExtPlan::Call(call, pending) => (Planned::Call(call), Some(pending)),
                     }
                 }
             };
@@ -292,16 +231,19 @@ impl RlsEngine {
                         hits,
                         shadow_mode: limit.shadow_mode,
                         stats_key,
-                        pool,
-                        fail_mode: extension.fail_mode,
+                        extension,
                     });
                 }
             }
         }
         let replies = decider.run(&calls).await;
         for (count, result) in counting.into_iter().zip(replies) {
-            let outcome = match (&count.pool, result) {
-                (None, Ok(r)) => reply::rls_window(&r).map(|read| {
+            if let Some(pending) = count.extension {
+                statuses[count.index] = answer::status(&rls_ext::read(decider, pending, result)?);
+                continue;
+            }
+            let outcome = match result {
+                Ok(r) => reply::rls_window(&r).map(|read| {
                     let stats = answer::hit_stats(
                         count.current.requests_per_unit,
                         count.hits,
@@ -320,39 +262,14 @@ impl RlsEngine {
                         shadow_mode: count.shadow_mode,
                     }
                 }),
-                (Some(params), Ok(r)) => reply::admission(ScriptKind::TokenBucket, &r).map(|a| {
-                    let refill_per_s =
-                        params.refill_millitokens.saturating_mul(1_000) / params.period_ms.max(1);
-                    // Denied: until the hits fit; allowed: until full again.
-                    let wait_ms = if a.allowed {
-                        params
-                            .capacity_millitokens
-                            .saturating_sub(a.remaining)
-                            .saturating_mul(1_000)
-                            / refill_per_s.max(1)
-                    } else {
-                        u64::try_from(a.retry_after_ms).unwrap_or(u64::MAX)
-                    };
-                    Outcome::Bucket {
-                        limit: count.current.clone(),
-                        allowed: a.allowed,
-                        remaining_tokens: a.remaining / 1_000,
-                        reset_s: wait_ms.div_ceil(1_000),
-                        shadow_mode: count.shadow_mode,
-                    }
-                }),
-                (_, Err(error)) => Err(crate::script::ScriptError::MalformedReply {
+                Err(error) => Err(crate::script::ScriptError::MalformedReply {
                     script: "store",
                     detail: error.to_string(),
                 }),
             };
-            statuses[count.index] = match (outcome, count.fail_mode) {
-                (Ok(outcome), _) => answer::status(&outcome),
-                (Err(_), Some(mode)) => answer::status(&Outcome::FailMode {
-                    limit: count.current,
-                    allowed: mode == ExtensionFailMode::Open,
-                }),
-                (Err(error), None) => return Err(RlsError::Store(error.to_string())),
+            statuses[count.index] = match outcome {
+                Ok(outcome) => answer::status(&outcome),
+                Err(error) => return Err(RlsError::Store(error.to_string())),
             };
         }
         Ok(self.finish(statuses))
@@ -364,27 +281,6 @@ impl RlsEngine {
             headers: answer::headers(&statuses, &self.options.headers),
             statuses,
         }
-    }
-}
-
-/// Whether a rule of the TOML policy in force spends `pool`.
-fn policy_spends(decider: &Decider, pool: &str) -> bool {
-    decider
-        .policy
-        .current()
-        .domains
-        .values()
-        .any(|d| d.rules.iter().any(|r| r.pool.as_deref() == Some(pool)))
-}
-
-/// What a pool rule reports: the Region's share, per the rule's unit.
-fn pool_limit(configured: &CurrentLimit, params: &BucketParams) -> CurrentLimit {
-    let per_unit = u128::from(params.refill_millitokens) * u128::from(configured.unit.millis())
-        / u128::from(params.period_ms.max(1))
-        / 1_000;
-    CurrentLimit {
-        requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX),
-        ..configured.clone()
     }
 }
 

@@ -202,6 +202,19 @@ impl GlobalRoom {
         })
     }
 
+    /// The room of `pool` as the kind the allocator says it is: a rate
+    /// pool's bucket or a window pool's chunks (for a rule that names a
+    /// pool without a kind: a ratelimit YAML rule). A pool not yet learned
+    /// holds no room (`Bucket(None)`); one this agent does not sync is
+    /// `None`.
+    pub fn room_of_its_kind(&self, pool: &str, now_ms: u64) -> Room {
+        let Some(slot) = self.slots.get(pool) else {
+            return Room::None;
+        };
+        let window = slot.with_view(|view| matches!(view, PoolView::Window(_)));
+        self.room(pool, window, now_ms)
+    }
+
     /// What a pool rule reports as its limit, in millitokens: the rate
     /// pool's bucket capacity, or what the window pool's live chunks were
     /// granted (0 without room). Reads in place: no chunk list is copied.
@@ -286,6 +299,11 @@ mod tests {
             }))
         );
         assert_eq!(room.room("api", true, 0), Room::None, "kind mismatch");
+        assert_eq!(
+            room.room_of_its_kind("api", 0),
+            room.room("api", false, 0),
+            "a rate pool is spent as a bucket"
+        );
         room.slot("api").unwrap().set(rate(0));
         assert_eq!(room.room("api", false, 0), Room::Bucket(None));
     }
@@ -306,6 +324,12 @@ mod tests {
             room.room("w", true, 150),
             Room::Chunks(vec![chunk("b", 200)])
         );
+        assert_eq!(
+            room.room_of_its_kind("w", 150),
+            Room::Chunks(vec![chunk("b", 200)]),
+            "a window pool is spent as its chunks"
+        );
+        assert_eq!(room.room_of_its_kind("nope", 150), Room::None);
         view.fenced = true;
         room.slot("w").unwrap().set(PoolView::Window(view));
         assert_eq!(room.room("w", true, 150), Room::Chunks(Vec::new()));

@@ -35,8 +35,9 @@ pub enum Outcome {
         now_ms: u64,
         shadow_mode: bool,
     },
-    /// A token bucket (a Leasehold pool rule): its verdict, whole tokens
-    /// left and seconds until it holds the hits again (or is full).
+    /// A Leasehold counter (a pool, or a `leasehold.algorithm` rule): its
+    /// verdict, whole tokens left and seconds until it holds the hits again
+    /// (refused) or is full (a bucket), or its window ends.
     Bucket {
         limit: CurrentLimit,
         allowed: bool,
@@ -116,7 +117,9 @@ pub fn status(outcome: &Outcome) -> Status {
             },
             current_limit: Some(limit.clone()),
             limit_remaining: u32::try_from(*remaining_tokens).unwrap_or(u32::MAX),
-            duration_until_reset_s: Some((*reset_s).clamp(1, limit.unit.seconds())),
+            // A bucket may take longer than a unit to be full again (a
+            // burst above requests_per_unit): its time, at least 1 s.
+            duration_until_reset_s: Some((*reset_s).max(1)),
             shadowed: !*allowed && *shadow_mode,
         },
         Outcome::FailMode { limit, allowed } => Status {

@@ -14,8 +14,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use super::extension;
 use super::unit::Unit;
 use super::yaml::{self, Kind, Node};
+use crate::policy::Algorithm;
 
 /// Cap on one config file.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
@@ -54,7 +56,11 @@ const VALID_KEYS: [&str; 17] = [
 ];
 
 /// The keys of a `leasehold:` map.
-const EXTENSION_KEYS: [&str; 2] = ["pool", "fail_mode"];
+const EXTENSION_KEYS: [&str; 4] = ["pool", "algorithm", "burst", "fail_mode"];
+
+/// The algorithms a YAML rule may name (concurrency is refused: Envoy's
+/// protocol has no release).
+const EXTENSION_ALGORITHMS: &str = "token_bucket, gcra, fixed_window, sliding_counter, sliding_log";
 
 /// A refused config: where, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -119,24 +125,54 @@ pub struct Limit {
     pub line: usize,
 }
 
-/// `rate_limit: {…, leasehold: {pool: api-rate, fail_mode: open}}`: what a
-/// YAML rule adds that upstream has no word for.
+/// `rate_limit: {…, leasehold: {pool: api-rate, fail_mode: open}}` or
+/// `leasehold: {algorithm: token_bucket, burst: 20, fail_mode: local}`:
+/// what a YAML rule adds that upstream has no word for. Checked at load
+/// ([`Reader::limit`]): `pool` and `algorithm` exclude each other, `burst`
+/// needs a bucket algorithm, numbers within ARCHITECTURE §2.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Extension {
-    /// A global rate pool: the rule spends this Region's share of it (one
-    /// token bucket for the whole rule, refilled at the share the agent
-    /// enforces), so the limit holds across every Region. The agent's
+    /// A global pool: the rule spends this Region's room of it, whatever
+    /// kind the allocator says it is — a rate pool's share (one token
+    /// bucket for the whole pool, refilled at the share the agent
+    /// enforces) or a window pool's chunks (as a TOML `fixed_window` pool
+    /// rule), so the limit holds across every Region. The agent's
     /// `[global]` must sync the pool.
     pub pool: Option<String>,
-    /// When the store (or the pool's room) cannot answer: `open` admits,
-    /// `closed` refuses; None answers UNAVAILABLE, as upstream.
+    /// One of our algorithms instead of upstream's fixed window: the limit
+    /// `requests_per_unit` per `unit`, per upstream's counter identity.
+    pub algorithm: Option<Algorithm>,
+    /// A bucket algorithm's capacity (default `requests_per_unit`).
+    pub burst: Option<u64>,
+    /// When the store (or the pool's room) cannot answer; None answers
+    /// UNAVAILABLE, as upstream.
     pub fail_mode: Option<ExtensionFailMode>,
+    /// Where the `leasehold:` map is (errors and logs).
+    pub line: usize,
+}
+
+impl Extension {
+    /// Whether it changes anything (`leasehold: {}` does not).
+    pub fn asks(&self) -> bool {
+        self.pool.is_some()
+            || self.algorithm.is_some()
+            || self.burst.is_some()
+            || self.fail_mode.is_some()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExtensionFailMode {
+    /// Admit (logged and counted).
     Open,
+    /// Refuse: a store failure answers UNAVAILABLE (Envoy's
+    /// `failure_mode_deny` decides, as for a TOML rule failing closed);
+    /// a pool this agent cannot spend answers OVER_LIMIT.
     Closed,
+    /// Decide on a bounded in-memory bucket of the rule's own limit
+    /// (capacity `burst` or `requests_per_unit`, refill
+    /// `requests_per_unit` per unit), per agent.
+    Local,
 }
 
 /// Reads every regular file of `dir` (sorted by name, so the order of
@@ -481,6 +517,9 @@ impl Reader<'_> {
                 format!("invalid rate limit unit '{}'", capped(unit_text)),
             ));
         }
+        if let Some(extension) = &extension {
+            self.check_extension(extension, requests_per_unit, unit, unlimited)?;
+        }
         if replaces.iter().any(|r: &String| r.is_empty()) {
             return Err(self.error(node.line, "should not have an empty replaces entry"));
         }
@@ -505,9 +544,14 @@ impl Reader<'_> {
         })
     }
 
-    /// `leasehold: {pool: <id>, fail_mode: open|closed}`.
+    /// `leasehold: {pool: <id> | algorithm: <name>, burst: N, fail_mode:
+    /// open|closed|local}` (each key alone; combinations are checked by
+    /// [`Reader::check_extension`]).
     fn extension(&self, node: &Node) -> Result<Extension, RlsConfigError> {
-        let mut extension = Extension::default();
+        let mut extension = Extension {
+            line: node.line,
+            ..Extension::default()
+        };
         for (k, v) in self.map(node)? {
             let key = k.scalar().unwrap_or_default();
             match key {
@@ -529,20 +573,61 @@ impl Reader<'_> {
                     }
                     extension.pool = Some(pool.to_string());
                 }
+                "algorithm" => {
+                    let name = self.text(v, "leasehold.algorithm")?;
+                    extension.algorithm = Some(match Algorithm::from_name(name) {
+                        Some(Algorithm::Concurrency) => {
+                            return Err(self.error(v.line, extension::CONCURRENCY_REFUSED))
+                        }
+                        Some(algorithm) => algorithm,
+                        None => {
+                            return Err(self.error(
+                                v.line,
+                                format!(
+                                    "leasehold.algorithm: unknown algorithm '{}' (known: {EXTENSION_ALGORITHMS})",
+                                    capped(name)
+                                ),
+                            ))
+                        }
+                    });
+                }
+                "burst" => {
+                    let text = self.text(v, "leasehold.burst")?;
+                    let burst = text
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|b| (1..=extension::TOKENS_MAX).contains(b))
+                        .ok_or_else(|| {
+                            self.error(
+                                v.line,
+                                format!(
+                                    "leasehold.burst: {} is not an integer in [1, {}]",
+                                    capped(text),
+                                    extension::TOKENS_MAX
+                                ),
+                            )
+                        })?;
+                    extension.burst = Some(burst);
+                }
                 "fail_mode" => {
                     extension.fail_mode = Some(match self.text(v, "leasehold.fail_mode")? {
                         "open" => ExtensionFailMode::Open,
                         "closed" => ExtensionFailMode::Closed,
+                        "local" => ExtensionFailMode::Local,
                         other => {
                             return Err(self.error(
                                 v.line,
                                 format!(
-                                    "leasehold.fail_mode: '{}' must be open or closed",
+                                    "leasehold.fail_mode: '{}' must be open, closed or local",
                                     capped(other)
                                 ),
                             ))
                         }
                     });
+                }
+                // Any other way of asking for a concurrency cap.
+                "concurrency" | "max_in_flight" => {
+                    return Err(self.error(k.line, extension::CONCURRENCY_REFUSED))
                 }
                 _ => {
                     return Err(self.error(
@@ -557,6 +642,64 @@ impl Reader<'_> {
             }
         }
         Ok(extension)
+    }
+
+    /// The extension's combinations, and its numbers against the rule's
+    /// limit (each refusal at the `leasehold:` line).
+    fn check_extension(
+        &self,
+        extension: &Extension,
+        requests_per_unit: u32,
+        unit: Option<Unit>,
+        unlimited: bool,
+    ) -> Result<(), RlsConfigError> {
+        let error = |message: String| Err(self.error(extension.line, message));
+        let asks = extension.asks();
+        let Some(unit) = unit.filter(|_| !unlimited) else {
+            if asks {
+                return error("leasehold: an unlimited rule counts nothing to extend".into());
+            }
+            return Ok(());
+        };
+        match (&extension.pool, extension.algorithm) {
+            (Some(_), Some(_)) => {
+                return error(
+                    "leasehold.algorithm and leasehold.pool exclude each other: \
+                     a pool is spent as its kind says (a rate pool's share, a window pool's chunks)"
+                        .into(),
+                )
+            }
+            (Some(_), None) if extension.burst.is_some() => {
+                return error(
+                    "leasehold.burst does not apply to a pool: its burst is the Region's share's"
+                        .into(),
+                )
+            }
+            (None, None) if extension.burst.is_some() => {
+                return error("leasehold.burst needs leasehold.algorithm token_bucket or gcra".into())
+            }
+            (None, None) if extension.fail_mode.is_some() => {
+                return error(
+                    "leasehold.fail_mode needs leasehold.algorithm or leasehold.pool \
+                     (upstream's counters answer UNAVAILABLE when the store is down)"
+                        .into(),
+                )
+            }
+            (None, Some(algorithm)) => {
+                if let Err(message) =
+                    extension::counter(algorithm, requests_per_unit, unit, extension.burst)
+                {
+                    return error(message);
+                }
+            }
+            _ => {}
+        }
+        if extension.fail_mode == Some(ExtensionFailMode::Local) {
+            if let Err(message) = extension::bucket(requests_per_unit, unit, extension.burst) {
+                return error(format!("leasehold.fail_mode local: {message}"));
+            }
+        }
+        Ok(())
     }
 
     /// `replaces: [{name: …}, …]`.
@@ -713,20 +856,150 @@ descriptors:
             limit.extension,
             Some(Extension {
                 pool: Some("api-rate".into()),
-                fail_mode: Some(ExtensionFailMode::Open)
+                fail_mode: Some(ExtensionFailMode::Open),
+                line: 7,
+                ..Extension::default()
             })
         );
         assert_eq!(
             error(&text.replace("fail_mode: open", "fail_mode: maybe")),
-            "basic.yaml:7: leasehold.fail_mode: 'maybe' must be open or closed"
+            "basic.yaml:7: leasehold.fail_mode: 'maybe' must be open, closed or local"
         );
         assert_eq!(
             error(&text.replace("pool: api-rate", "pool: Api Rate")),
             "basic.yaml:7: leasehold.pool: 'Api Rate' is not a pool id ([a-z0-9-]{1,64})"
         );
         assert!(
-            error(&text.replace("fail_mode", "burst")).contains("unknown key 'leasehold.burst'")
+            error(&text.replace("fail_mode", "bucket")).contains("unknown key 'leasehold.bucket'")
         );
+    }
+
+    fn ext(leasehold: &str, rate: &str) -> String {
+        // `rate` as `{unit: …, requests_per_unit: …}`: its entries, one a line.
+        let rate = rate
+            .trim_matches(|c| c == '{' || c == '}')
+            .replace(", ", "\n      ");
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {rate}\n      leasehold: {leasehold}\n")
+    }
+
+    #[test]
+    fn the_extension_names_an_algorithm_a_burst_and_a_local_fail_mode() {
+        let text = ext(
+            "{algorithm: gcra, burst: 25, fail_mode: local}",
+            "{unit: second, requests_per_unit: 10}",
+        );
+        let domain = parse(&text).unwrap();
+        let limit = domain.root.nodes["k"].limit.as_ref().unwrap();
+        assert_eq!(
+            limit.extension,
+            Some(Extension {
+                algorithm: Some(Algorithm::Gcra),
+                burst: Some(25),
+                fail_mode: Some(ExtensionFailMode::Local),
+                line: 7,
+                ..Extension::default()
+            })
+        );
+        for algorithm in [
+            "token_bucket",
+            "gcra",
+            "fixed_window",
+            "sliding_counter",
+            "sliding_log",
+        ] {
+            let text = ext(
+                &format!("{{algorithm: {algorithm}}}"),
+                "{unit: minute, requests_per_unit: 60}",
+            );
+            let domain = parse(&text).unwrap();
+            let limit = domain.root.nodes["k"].limit.as_ref().unwrap();
+            let extension = limit.extension.as_ref().unwrap();
+            assert_eq!(extension.algorithm.map(Algorithm::as_str), Some(algorithm));
+        }
+    }
+
+    #[test]
+    fn bad_extensions_are_refused_naming_file_and_line() {
+        let second = "{unit: second, requests_per_unit: 10}";
+        let cases = [
+            (
+                ext("{algorithm: token_bucket, pool: api-rate}", second),
+                "basic.yaml:7: leasehold.algorithm and leasehold.pool exclude each other",
+            ),
+            (
+                ext("{algorithm: leaky_bucket}", second),
+                "basic.yaml:7: leasehold.algorithm: unknown algorithm 'leaky_bucket' (known: token_bucket, gcra, fixed_window, sliding_counter, sliding_log)",
+            ),
+            (
+                ext("{algorithm: fixed_window, burst: 20}", second),
+                "basic.yaml:7: leasehold.burst: fixed_window has no burst",
+            ),
+            (
+                ext("{algorithm: sliding_log, burst: 20}", second),
+                "basic.yaml:7: leasehold.burst: sliding_log has no burst",
+            ),
+            (
+                ext("{burst: 20}", second),
+                "basic.yaml:7: leasehold.burst needs leasehold.algorithm token_bucket or gcra",
+            ),
+            (
+                ext("{pool: api-rate, burst: 20}", second),
+                "basic.yaml:7: leasehold.burst does not apply to a pool",
+            ),
+            (
+                ext("{fail_mode: open}", second),
+                "basic.yaml:7: leasehold.fail_mode needs leasehold.algorithm or leasehold.pool",
+            ),
+            (
+                ext("{algorithm: token_bucket, burst: 0}", second),
+                "basic.yaml:7: leasehold.burst: 0 is not an integer in [1, 1099511627]",
+            ),
+            (
+                ext("{algorithm: token_bucket, burst: 1099511628}", second),
+                "basic.yaml:7: leasehold.burst: 1099511628 is not an integer in [1, 1099511627]",
+            ),
+            (
+                ext("{algorithm: token_bucket, burst: 1000000}", "{unit: year, requests_per_unit: 1}"),
+                "basic.yaml:7: leasehold.burst: 1000000 at 1 per year is above 2^52",
+            ),
+            (
+                ext("{algorithm: token_bucket}", "{unit: second, requests_per_unit: 0}"),
+                "basic.yaml:7: requests_per_unit: 0 is outside [1, 1099511627] for a bucket",
+            ),
+            (
+                ext("{algorithm: sliding_log}", "{unit: second, requests_per_unit: 100001}"),
+                "basic.yaml:7: requests_per_unit: 100001 is outside [1, 100000] for sliding_log",
+            ),
+            (
+                ext("{algorithm: token_bucket}", "{unlimited: true}"),
+                "basic.yaml:6: leasehold: an unlimited rule counts nothing to extend",
+            ),
+            (
+                ext("{pool: api-rate, fail_mode: local}", "{unit: second, requests_per_unit: 0}"),
+                "basic.yaml:7: leasehold.fail_mode local: requests_per_unit: 0",
+            ),
+        ];
+        for (text, expected) in cases {
+            let got = error(&text);
+            assert!(got.starts_with(expected), "{got}\nexpected: {expected}");
+        }
+    }
+
+    #[test]
+    fn concurrency_is_refused_at_load_whichever_way_it_is_asked() {
+        let second = "{unit: second, requests_per_unit: 10}";
+        for leasehold in [
+            "{algorithm: concurrency}",
+            "{concurrency: {max_in_flight: 5}}",
+            "{max_in_flight: 5}",
+        ] {
+            let got = error(&ext(leasehold, second));
+            assert!(got.starts_with("basic.yaml:7: "), "{got}");
+            assert!(got.contains("no release"), "{got}");
+        }
+        // The algorithm's line, when the map spans lines.
+        let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      leasehold:\n        fail_mode: open\n        algorithm: concurrency\n";
+        assert!(error(text).starts_with("basic.yaml:9: leasehold.algorithm: concurrency"));
     }
 
     #[test]
