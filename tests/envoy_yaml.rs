@@ -214,6 +214,24 @@ fn row(status: &DescriptorStatus) -> Row {
     )
 }
 
+/// The response's headers as (name, value) pairs.
+fn header_pairs(response: &RateLimitResponse) -> Vec<(String, String)> {
+    response
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+/// Upstream's three headers with their default names.
+fn upstream_headers(limit: u32, remaining: u32, reset_s: u64) -> Vec<(String, String)> {
+    vec![
+        ("RateLimit-Limit".to_string(), limit.to_string()),
+        ("RateLimit-Remaining".to_string(), remaining.to_string()),
+        ("RateLimit-Reset".to_string(), reset_s.to_string()),
+    ]
+}
+
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 // RateLimitResponse.RateLimit.Unit numbers.
@@ -461,19 +479,7 @@ async fn response_headers_global_shadow_and_ietf_fields() {
     let (mut rls, _clock) = on_memory(&[("basic.yaml", BASIC)], options).await;
     let ip = || vec![descriptor(&[("remote_address", "10.4.4.4")])];
     let first = ask(&mut rls, "basic", ip()).await;
-    let headers: Vec<(String, String)> = first
-        .response_headers_to_add
-        .iter()
-        .map(|h| (h.key.clone(), h.value.clone()))
-        .collect();
-    assert_eq!(
-        headers,
-        vec![
-            ("RateLimit-Limit".to_string(), "2".to_string()),
-            ("RateLimit-Remaining".to_string(), "1".to_string()),
-            ("RateLimit-Reset".to_string(), "58".to_string()),
-        ]
-    );
+    assert_eq!(header_pairs(&first), upstream_headers(2, 1, 58));
     rls.agent.stop().await;
 
     let options = RlsOptions {
@@ -704,19 +710,7 @@ async fn toml_domains_answer_with_full_statuses_and_the_same_headers() {
     // T0 is 2,222 s: 58 s left in the minute.
     let first = ask(&mut rls, "native", window()).await;
     assert_eq!(row(&first.statuses[0]), (OK, 2, MINUTE, 1, 58));
-    let headers: Vec<(String, String)> = first
-        .response_headers_to_add
-        .iter()
-        .map(|h| (h.key.clone(), h.value.clone()))
-        .collect();
-    assert_eq!(
-        headers,
-        vec![
-            ("RateLimit-Limit".to_string(), "2".to_string()),
-            ("RateLimit-Remaining".to_string(), "1".to_string()),
-            ("RateLimit-Reset".to_string(), "58".to_string()),
-        ]
-    );
+    assert_eq!(header_pairs(&first), upstream_headers(2, 1, 58));
     ask(&mut rls, "native", window()).await;
     let third = ask(&mut rls, "native", window()).await;
     assert_eq!(row(&third.statuses[0]), (OVER, 2, MINUTE, 0, 58));
