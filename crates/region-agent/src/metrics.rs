@@ -183,6 +183,10 @@ impl AgentMetrics {
             ("near_limit", stats.near_limit),
             ("over_limit", stats.over_limit),
             ("shadow_mode", stats.shadow_mode),
+            (
+                "over_limit_with_local_cache",
+                stats.over_limit_with_local_cache,
+            ),
         ] {
             if n > 0 {
                 self.rls_hits

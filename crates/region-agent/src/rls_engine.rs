@@ -9,9 +9,18 @@
 //! decides the windows. A store that cannot answer fails the request with
 //! UNAVAILABLE, so Envoy's `failure_mode_deny` decides, as upstream's Redis
 //! errors do.
+//!
+//! Upstream's options (`[ratelimit]`): counter TTLs get a random jitter
+//! drawn here (the script takes it as an argument);
+//! `stop_increment_when_over_limit` looks at every counter first (one more
+//! round trip) and counts as upstream's `fixed_cache_impl.go` then does;
+//! the local over-limit cache ([`crate::rls::over_limit_cache`]) answers a
+//! counter known over without a store call.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use rand::Rng;
 
 use crate::algorithm::bucket::BucketParams;
 use crate::decide::Decider;
@@ -19,15 +28,17 @@ use crate::global::room::Room;
 use crate::request::InvalidField;
 use crate::rls::answer::{self, CurrentLimit, Headers, Outcome, Status};
 use crate::rls::config::{ExtensionFailMode, Limit};
+use crate::rls::over_limit_cache::OverLimitCache;
 use crate::rls::tree;
 use crate::rls::unit::Unit;
 use crate::rls::watch::RlsHolder;
 use crate::script::{reply, ScriptCall, ScriptKind};
 
-/// Slack past a window's end before its counter expires (upstream adds up
-/// to 300 s of jitter; a fixed minute keeps the store's memory bounded and
-/// the expiry deterministic).
+/// Slack past a pool bucket's full-refill time before it expires.
 pub const COUNTER_SLACK_MS: u64 = 60_000;
+
+/// Cap on `[ratelimit] expiration_jitter_max_seconds` (one day).
+pub const MAX_EXPIRATION_JITTER_S: u64 = 86_400;
 
 /// How answers are shaped (`[ratelimit]` in the agent config).
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +48,14 @@ pub struct RlsOptions {
     pub global_shadow_mode: bool,
     /// Upstream's `NEAR_LIMIT_RATIO` (0.8).
     pub near_limit_ratio: f32,
+    /// Upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (false).
+    pub stop_increment_when_over_limit: bool,
+    /// Upstream's `EXPIRATION_JITTER_MAX_SECONDS` (300; 0: none): a
+    /// counter's TTL is its window plus a whole number of seconds drawn in
+    /// [0, max).
+    pub expiration_jitter_max_seconds: u64,
+    /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, counted in counters (0: off).
+    pub local_cache_max_keys: u64,
 }
 
 impl Default for RlsOptions {
@@ -45,6 +64,9 @@ impl Default for RlsOptions {
             headers: Headers::Off,
             global_shadow_mode: false,
             near_limit_ratio: 0.8,
+            stop_increment_when_over_limit: false,
+            expiration_jitter_max_seconds: 300,
+            local_cache_max_keys: 0,
         }
     }
 }
@@ -54,6 +76,9 @@ impl Default for RlsOptions {
 pub struct RlsEngine {
     pub holder: Arc<RlsHolder>,
     pub options: RlsOptions,
+    /// Counters known over their limit, until their window ends (agent
+    /// clock; see [`RlsEngine::remember_over`]).
+    over_limit: Mutex<OverLimitCache>,
 }
 
 /// One request as the engine reads it (validated by the caller).
@@ -102,6 +127,8 @@ struct Counting {
     /// A pool rule's bucket (None: an upstream window counter).
     pool: Option<BucketParams>,
     fail_mode: Option<ExtensionFailMode>,
+    /// A window counter's store key and window (None for a pool rule).
+    counter: Option<(String, Unit)>,
 }
 
 /// A counted limit's outcome, or a call it needs.
@@ -113,7 +140,48 @@ enum Planned {
 
 impl RlsEngine {
     pub fn new(holder: Arc<RlsHolder>, options: RlsOptions) -> Self {
-        RlsEngine { holder, options }
+        let max_keys = usize::try_from(options.local_cache_max_keys).unwrap_or(usize::MAX);
+        RlsEngine {
+            holder,
+            options,
+            over_limit: Mutex::new(OverLimitCache::new(max_keys)),
+        }
+    }
+
+    /// One `rls_window` call: `stop` = whether hits past the limit are
+    /// left unstored; the TTL jitter is drawn here.
+    fn window_call(&self, key: &str, unit: Unit, hits: u64, stop: bool, limit: u32) -> ScriptCall {
+        let max = self.options.expiration_jitter_max_seconds;
+        let jitter_s = if max > 0 {
+            rand::thread_rng().gen_range(0..max)
+        } else {
+            0
+        };
+        ScriptCall::new(ScriptKind::RlsWindow)
+            .key(key)
+            .arg(unit.millis())
+            .arg(hits)
+            .arg(jitter_s.saturating_mul(1_000))
+            .arg(u64::from(stop))
+            .arg(limit)
+    }
+
+    /// Whether the local over-limit cache holds `key` at the agent's
+    /// `now_ms`.
+    fn cached_over(&self, key: &str, now_ms: i64) -> bool {
+        self.over_limit
+            .lock()
+            .is_ok_and(|mut cache| cache.enabled() && cache.over_until(key, now_ms).is_some())
+    }
+
+    /// Remembers `key` over until the end of its window: `window_end_ms`
+    /// and `store_now_ms` on the store's clock, translated to the agent's
+    /// (`agent_now_ms`) so the cache never needs the store to expire.
+    fn remember_over(&self, key: &str, window_end_ms: i64, store_now_ms: i64, agent_now_ms: i64) {
+        if let Ok(mut cache) = self.over_limit.lock() {
+            let left = window_end_ms.saturating_sub(store_now_ms);
+            cache.insert(key, agent_now_ms.saturating_add(left), agent_now_ms);
+        }
     }
 
     /// Whether `domain` is one of the YAML config's.
@@ -173,6 +241,8 @@ impl RlsEngine {
         let mut statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
         let mut counting = Vec::new();
         let mut calls = Vec::new();
+        // A counter of this request answered over by the local cache.
+        let mut local_over = false;
         for (i, (found, dropped)) in matched.into_iter().zip(dropped).enumerate() {
             let Some((limit, stats_key)) = found else {
                 continue;
@@ -195,15 +265,35 @@ impl RlsEngine {
             let extension = limit.extension.clone().unwrap_or_default();
             let stats_key = stats_key.into_owned();
             let mut current = current;
+            let mut counter = None;
             let (planned, pool) = match &extension.pool {
                 None => {
                     let key = decider.keys.rls_counter(&domain.name, entries, unit.name());
-                    let call = ScriptCall::new(ScriptKind::RlsWindow)
-                        .key(key)
-                        .arg(unit.millis())
-                        .arg(hits)
-                        .arg(COUNTER_SLACK_MS);
-                    (Planned::Call(call), None)
+                    if self.cached_over(&key, decider.clock.now_ms()) {
+                        // Upstream: over_limit and over_limit_with_local_cache.
+                        let stats = answer::local_cache_stats(hits, limit.shadow_mode);
+                        decider
+                            .metrics
+                            .record_rls(&request.domain, &stats_key, &stats);
+                        local_over = true;
+                        // The reset is read on the agent's clock (no store
+                        // call tells the store's).
+                        let now_ms = u64::try_from(decider.clock.now_ms()).unwrap_or(0);
+                        let outcome = Outcome::Counted {
+                            limit: current.clone(),
+                            hits,
+                            count_after: u64::from(current.requests_per_unit)
+                                .saturating_add(hits.max(1)),
+                            now_ms,
+                            shadow_mode: limit.shadow_mode,
+                        };
+                        (Planned::Now(outcome), None)
+                    } else {
+                        let call =
+                            self.window_call(&key, unit, hits, false, limit.requests_per_unit);
+                        counter = Some((key, unit));
+                        (Planned::Call(call), None)
+                    }
                 }
                 Some(pool) => {
                     let now_ms = u64::try_from(decider.clock.now_ms()).unwrap_or(0);
@@ -294,14 +384,29 @@ impl RlsEngine {
                         stats_key,
                         pool,
                         fail_mode: extension.fail_mode,
+                        counter,
                     });
                 }
             }
+        }
+        if self.options.stop_increment_when_over_limit {
+            self.stop_when_over(decider, &counting, &mut calls, local_over)
+                .await;
         }
         let replies = decider.run(&calls).await;
         for (count, result) in counting.into_iter().zip(replies) {
             let outcome = match (&count.pool, result) {
                 (None, Ok(r)) => reply::rls_window(&r).map(|read| {
+                    if let Some((key, _)) = &count.counter {
+                        if read.count > u64::from(count.current.requests_per_unit) {
+                            self.remember_over(
+                                key,
+                                read.window_end_ms,
+                                read.now_ms,
+                                decider.clock.now_ms(),
+                            );
+                        }
+                    }
                     let stats = answer::hit_stats(
                         count.current.requests_per_unit,
                         count.hits,
@@ -356,6 +461,60 @@ impl RlsEngine {
             };
         }
         Ok(self.finish(statuses))
+    }
+
+    /// Upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
+    /// (`fixed_cache_impl.go`): when a counter of the request is already
+    /// over in the local cache, no other counter is counted; else every
+    /// counter is looked at first, and when some would go over with this
+    /// request's hits only those are counted (the others are looked at);
+    /// when none would, all are counted, each within its limit atomically
+    /// (a concurrent request that took one over leaves it uncounted). A
+    /// counter whose look failed is counted within its limit only.
+    async fn stop_when_over(
+        &self,
+        decider: &Decider,
+        counting: &[Counting],
+        calls: &mut [ScriptCall],
+        local_over: bool,
+    ) {
+        let windows: Vec<(usize, &Counting, &String, Unit)> = counting
+            .iter()
+            .enumerate()
+            .filter_map(|(j, c)| c.counter.as_ref().map(|(key, unit)| (j, c, key, *unit)))
+            .collect();
+        if windows.is_empty() {
+            return;
+        }
+        let rpu = |c: &Counting| c.current.requests_per_unit;
+        if local_over {
+            for (j, c, key, unit) in &windows {
+                calls[*j] = self.window_call(key, *unit, 0, false, rpu(c));
+            }
+            return;
+        }
+        let looks: Vec<ScriptCall> = windows
+            .iter()
+            .map(|(_, c, key, unit)| self.window_call(key, *unit, 0, false, rpu(c)))
+            .collect();
+        let replies = decider.run(&looks).await;
+        // Per counter: Some(would go over), None when the look failed.
+        let over: Vec<Option<bool>> = windows
+            .iter()
+            .zip(replies)
+            .map(|((_, c, _, _), r)| {
+                let read = r.ok().and_then(|r| reply::rls_window(&r).ok())?;
+                Some(read.count.saturating_add(c.hits) > u64::from(rpu(c)))
+            })
+            .collect();
+        let any_over = over.contains(&Some(true));
+        for ((j, c, key, unit), over) in windows.iter().zip(over) {
+            calls[*j] = match over {
+                Some(true) => self.window_call(key, *unit, c.hits, false, rpu(c)),
+                _ if any_over => self.window_call(key, *unit, 0, false, rpu(c)),
+                _ => self.window_call(key, *unit, c.hits, true, rpu(c)),
+            };
+        }
     }
 
     fn finish(&self, statuses: Vec<Status>) -> RlsAnswer {

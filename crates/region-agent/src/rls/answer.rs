@@ -169,6 +169,22 @@ pub struct HitStats {
     pub near_limit: u64,
     pub over_limit: u64,
     pub shadow_mode: u64,
+    /// Over-limit hits answered by the local over-limit cache (also in
+    /// `over_limit`, as upstream counts them).
+    pub over_limit_with_local_cache: u64,
+}
+
+/// Statistics of `hits` answered over by the local over-limit cache
+/// (`base_limiter.go`: total, over_limit, over_limit_with_local_cache,
+/// and shadow_mode for a shadow limit).
+pub fn local_cache_stats(hits: u64, shadow: bool) -> HitStats {
+    HitStats {
+        total_hits: hits,
+        over_limit: hits,
+        over_limit_with_local_cache: hits,
+        shadow_mode: if shadow { hits } else { 0 },
+        ..HitStats::default()
+    }
 }
 
 /// Statistics of `hits` that took a counter from `after - hits` to `after`
