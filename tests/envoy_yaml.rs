@@ -970,3 +970,86 @@ async fn the_local_cache_answers_with_redis_down() {
     );
     rls.agent.stop().await;
 }
+
+/// Upstream's newer descriptor keys (README "Sharing thresholds for
+/// wildcard matches", "Including descriptor values in metrics", quota mode
+/// in `ratelimit.go`).
+const NEWER_KEYS: &str = r#"
+domain: newer
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: route
+    value_to_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+#[tokio::test]
+async fn share_threshold_value_to_metric_and_quota_mode_as_upstream() {
+    let (mut rls, _clock) = on_memory(&[("newer.yaml", NEWER_KEYS)], RlsOptions::default()).await;
+    let one = |k: &str, v: &str| vec![descriptor(&[(k, v)])];
+    // upstream README example 11: the shared wildcard is one counter.
+    for (value, code, remaining) in [
+        ("files/a.pdf", OK, 1),
+        ("files/b.csv", OK, 0),
+        ("files/c.txt", OVER, 0),
+    ] {
+        let answer = ask(&mut rls, "newer", one("files", value)).await;
+        assert_eq!(row(&answer.statuses[0]).0, code, "{value}");
+        assert_eq!(answer.statuses[0].limit_remaining, remaining, "{value}");
+    }
+    for value in ["files_no_share/a", "files_no_share/a", "files_no_share/b"] {
+        let answer = ask(&mut rls, "newer", one("files_no_share", value)).await;
+        assert_eq!(answer.overall_code, OK, "{value}: a counter per value");
+    }
+    ask(&mut rls, "newer", one("route", "api")).await;
+    ask(&mut rls, "newer", one("route", "web")).await;
+    let (_, metrics) = http(&rls, "GET", "/metrics", "").await;
+    for line in [
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"route_api\",kind=\"total_hits\"} 1",
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"route_web\",kind=\"total_hits\"} 1",
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_files/*\",kind=\"total_hits\"} 3",
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_no_share_files_no_share/*\",kind=\"total_hits\"} 3",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
+    // quota_mode: one quota limit over, another within: OK overall, the
+    // over one's status still says so; every quota limit over: refused.
+    let both = || {
+        vec![
+            descriptor(&[("quota", "q")]),
+            descriptor(&[("quota2", "q")]),
+        ]
+    };
+    assert_eq!(ask(&mut rls, "newer", both()).await.overall_code, OK);
+    let second = ask(&mut rls, "newer", both()).await;
+    assert_eq!(
+        (
+            second.overall_code,
+            second.statuses[0].code,
+            second.statuses[1].code
+        ),
+        (OK, OVER, OK)
+    );
+    let alone = ask(&mut rls, "newer", one("quota", "q")).await;
+    assert_eq!(alone.overall_code, OVER);
+    // A rate limit over refuses whatever the quota limits say.
+    let mixed = vec![
+        descriptor(&[("quota2", "q")]),
+        descriptor(&[("files", "files/z")]),
+    ];
+    assert_eq!(ask(&mut rls, "newer", mixed).await.overall_code, OVER);
+    rls.agent.stop().await;
+}

@@ -214,6 +214,8 @@ impl RlsEngine {
         // Match every descriptor first: `replaces` looks at all of them.
         // Configured limits are borrowed from the config in force.
         let mut matched: Vec<Option<(Cow<'_, Limit>, Cow<'_, str>)>> = Vec::new();
+        let mut shared_entries: Vec<Option<Vec<(&str, &str)>>> =
+            vec![None; request.descriptors.len()];
         for (i, (descriptor, entries)) in request.descriptors.iter().zip(&entries_of).enumerate() {
             matched.push(match descriptor.limit_override {
                 Some((requests_per_unit, unit)) => {
@@ -227,7 +229,13 @@ impl RlsEngine {
                     let stats_key = Cow::Owned(limit.stats_key.clone());
                     Some((Cow::Owned(limit), stats_key))
                 }
-                None => tree::find(domain, entries).map(|m| (Cow::Borrowed(m.limit), m.stats_key)),
+                None => tree::find(domain, entries).map(|m| {
+                    // `share_threshold`: the wildcard keys the counter.
+                    if !m.shared.is_empty() {
+                        shared_entries[i] = Some(m.counter_entries(entries));
+                    }
+                    (Cow::Borrowed(m.limit), m.stats_key)
+                }),
             });
         }
         let named: Vec<Option<(&str, &[String])>> = matched
@@ -238,6 +246,8 @@ impl RlsEngine {
             })
             .collect();
         let dropped = answer::replaced(&named);
+        // `quota_mode` of each descriptor's counted limit.
+        let mut quota = vec![false; request.descriptors.len()];
         let mut statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
         let mut counting = Vec::new();
         let mut calls = Vec::new();
@@ -256,7 +266,8 @@ impl RlsEngine {
             };
             let descriptor = &request.descriptors[i];
             let hits = answer::hits(descriptor.hits_addend, request.hits_addend);
-            let entries = &entries_of[i];
+            let entries = shared_entries[i].as_deref().unwrap_or(&entries_of[i]);
+            quota[i] = limit.quota_mode;
             let current = CurrentLimit {
                 requests_per_unit: limit.requests_per_unit,
                 unit,
@@ -460,6 +471,9 @@ impl RlsEngine {
                 (Err(error), None) => return Err(RlsError::Store(error.to_string())),
             };
         }
+        for (status, quota) in statuses.iter_mut().zip(quota) {
+            status.quota_mode = quota && status.current_limit.is_some();
+        }
         Ok(self.finish(statuses))
     }
 
@@ -571,6 +585,7 @@ fn override_limit(
         name: String::new(),
         replaces: Vec::new(),
         shadow_mode: false,
+        quota_mode: false,
         detailed_metric: false,
         stats_key,
         extension: None,
