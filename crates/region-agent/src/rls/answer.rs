@@ -143,7 +143,7 @@ pub fn status(outcome: &Outcome) -> Status {
 pub fn overall(statuses: &[Status], global_shadow: bool) -> Code {
     let over = |s: &&Status| s.code == Code::OverLimit;
     let (quota, rate): (Vec<&Status>, Vec<&Status>) = statuses.iter().partition(|s| s.quota_mode);
-    let refused = rate.iter().any(|s| over(s)) || (!quota.is_empty() && quota.iter().all(over));
+    let refused = rate.iter().any(over) || (!quota.is_empty() && quota.iter().all(over));
     if !global_shadow && refused {
         Code::OverLimit
     } else {
