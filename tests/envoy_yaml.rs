@@ -1053,3 +1053,46 @@ async fn share_threshold_value_to_metric_and_quota_mode_as_upstream() {
     assert_eq!(ask(&mut rls, "newer", mixed).await.overall_code, OVER);
     rls.agent.stop().await;
 }
+
+/// upstream's TestOverLimitWithStopCacheKeyIncrementWhenOverlimitConfig
+/// (test/redis/fixed_cache_impl_test.go), per-descriptor hits: 15/h and
+/// 14/h counters at 13 each, 2 hits each: key5 would pass 14 and is
+/// counted (OVER_LIMIT), key4 is not (OK, 2 left, still at 13).
+#[tokio::test]
+async fn stop_increment_follows_upstreams_unit_case_with_hits_addend() {
+    const LIMITS: &str = r#"
+domain: domain
+descriptors:
+  - key: key4
+    rate_limit: {unit: hour, requests_per_unit: 15}
+  - key: key5
+    rate_limit: {unit: hour, requests_per_unit: 14}
+"#;
+    let options = RlsOptions {
+        stop_increment_when_over_limit: true,
+        ..RlsOptions::default()
+    };
+    let (mut rls, _clock) = on_memory(&[("domain.yaml", LIMITS)], options).await;
+    let with_hits = |key: &str, hits: u64| RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..descriptor(&[(key, "v")])
+    };
+    let remaining = |answer: &RateLimitResponse| -> Vec<(i32, u32)> {
+        answer
+            .statuses
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect()
+    };
+    let both = |hits| vec![with_hits("key4", hits), with_hits("key5", hits)];
+    let answer = ask(&mut rls, "domain", both(11)).await;
+    assert_eq!(remaining(&answer), vec![(OK, 4), (OK, 3)]);
+    let answer = ask(&mut rls, "domain", both(2)).await;
+    assert_eq!(remaining(&answer), vec![(OK, 2), (OK, 1)]);
+    let answer = ask(&mut rls, "domain", both(2)).await;
+    assert_eq!(remaining(&answer), vec![(OK, 2), (OVER, 0)]);
+    // key4 was left at 13: one more hit leaves 1.
+    let alone = ask(&mut rls, "domain", vec![with_hits("key4", 1)]).await;
+    assert_eq!(remaining(&alone), vec![(OK, 1)]);
+    rls.agent.stop().await;
+}

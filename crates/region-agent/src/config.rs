@@ -568,6 +568,30 @@ policy_file = "policy.toml"
     }
 
     #[test]
+    fn ratelimit_cache_options_default_as_upstream_and_are_read() {
+        let text = format!("{GOOD}[ratelimit]\nconfig_dir = \"rl\"\n");
+        let options = AgentConfig::parse("eu.toml", &text)
+            .unwrap()
+            .ratelimit
+            .unwrap()
+            .options();
+        assert!(!options.stop_increment_when_over_limit);
+        assert_eq!(options.expiration_jitter_max_seconds, 300);
+        assert_eq!(options.local_cache_max_keys, 0);
+        let text = format!(
+            "{GOOD}[ratelimit]\nconfig_dir = \"rl\"\nstop_increment_when_over_limit = true\nexpiration_jitter_max_seconds = 0\nlocal_cache_max_keys = 500\n"
+        );
+        let options = AgentConfig::parse("eu.toml", &text)
+            .unwrap()
+            .ratelimit
+            .unwrap()
+            .options();
+        assert!(options.stop_increment_when_over_limit);
+        assert_eq!(options.expiration_jitter_max_seconds, 0);
+        assert_eq!(options.local_cache_max_keys, 500);
+    }
+
+    #[test]
     fn limits_tables_are_read() {
         let text = format!(
             "{GOOD}[store]\nmemory_max_keys = 10\n[limits]\nrequest_timeout_ms = 7\nmax_message_bytes = 8192\n[http_limits]\nidle_timeout_ms = 9\n"
