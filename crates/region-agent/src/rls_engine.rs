@@ -169,15 +169,21 @@ impl RlsEngine {
     /// Whether the local over-limit cache holds `key` at the agent's
     /// `now_ms`.
     fn cached_over(&self, key: &str, now_ms: i64) -> bool {
-        self.over_limit
-            .lock()
-            .is_ok_and(|mut cache| cache.enabled() && cache.over_until(key, now_ms).is_some())
+        // Off (the default): no lock taken.
+        self.options.local_cache_max_keys > 0
+            && self
+                .over_limit
+                .lock()
+                .is_ok_and(|mut cache| cache.enabled() && cache.over_until(key, now_ms).is_some())
     }
 
     /// Remembers `key` over until the end of its window: `window_end_ms`
     /// and `store_now_ms` on the store's clock, translated to the agent's
     /// (`agent_now_ms`) so the cache never needs the store to expire.
     fn remember_over(&self, key: &str, window_end_ms: i64, store_now_ms: i64, agent_now_ms: i64) {
+        if self.options.local_cache_max_keys == 0 {
+            return;
+        }
         if let Ok(mut cache) = self.over_limit.lock() {
             let left = window_end_ms.saturating_sub(store_now_ms);
             cache.insert(key, agent_now_ms.saturating_add(left), agent_now_ms);
