@@ -2,7 +2,12 @@
 -- window, counted even past the limit (as upstream's INCRBY); the caller
 -- compares the count with the limit.
 -- KEYS[1]  hash {w, n}: window start ms, hits counted in that window
--- ARGV     window_ms, hits (0 = look only), slack_ms
+-- ARGV     window_ms, hits (0 = look only), jitter_ms, stop (0|1), limit
+--          stop = 1: hits that would take n above limit are not stored
+--          (upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT for a counter
+--          the caller found within); the reply still carries n + hits.
+-- TTL      max(window_ms, window end - now) + jitter_ms (upstream: EXPIRE
+--          unit + jitter; the max keeps a later stored window alive).
 -- returns  {n, window_end_ms, now_ms}: the count after this call
 -- Clock back: a stored window starting after the current one is kept, so
 -- going back never reopens a window already counted.
@@ -10,8 +15,12 @@ local window = lh_int(ARGV[1], 1, LH_MAX)
 if not window then return lh_invalid('window_ms') end
 local hits = lh_int(ARGV[2], 0, LH_MAX)
 if not hits then return lh_invalid('hits') end
-local slack = lh_int(ARGV[3], 0, LH_MAX)
-if not slack then return lh_invalid('slack_ms') end
+local jitter = lh_int(ARGV[3], 0, LH_MAX)
+if not jitter then return lh_invalid('jitter_ms') end
+local stop = lh_int(ARGV[4], 0, 1)
+if not stop then return lh_invalid('stop') end
+local limit = lh_int(ARGV[5], 0, LH_MAX)
+if not limit then return lh_invalid('limit') end
 
 local now = lh_now_ms()
 local w = now - math.fmod(now, window)
@@ -24,7 +33,9 @@ elseif sw > w then
 end
 if hits > 0 then
   n = math.min(n + hits, LH_MAX)
-  redis.call('HSET', KEYS[1], 'w', lh_str(w), 'n', lh_str(n))
-  redis.call('PEXPIRE', KEYS[1], lh_str(w + window - now + slack))
+  if stop == 0 or n <= limit then
+    redis.call('HSET', KEYS[1], 'w', lh_str(w), 'n', lh_str(n))
+    redis.call('PEXPIRE', KEYS[1], lh_str(math.max(window, w + window - now) + jitter))
+  end
 end
 return {n, w + window, now}

@@ -385,6 +385,20 @@ const CASES: &[Case] = &[
         case(Agent, "[ratelimit]", "near_limit_percent", 1, 100),
         &[("[ratelimit]", "config_dir", "\"rl\"")],
     ),
+    with(
+        case(
+            Agent,
+            "[ratelimit]",
+            "expiration_jitter_max_seconds",
+            0,
+            86_400,
+        ),
+        &[("[ratelimit]", "config_dir", "\"rl\"")],
+    ),
+    with(
+        case(Agent, "[ratelimit]", "local_cache_max_keys", 0, 1_000_000),
+        &[("[ratelimit]", "config_dir", "\"rl\"")],
+    ),
     case(Agent, "[global]", "request_timeout_ms", 1, 60_000),
     case(Agent, "[global]", "tick_ms", 10, 10_000),
     case(Agent, "[[global.pool]]", "phase_ms", 0, 3_600_000),

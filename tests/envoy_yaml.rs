@@ -730,3 +730,425 @@ async fn toml_domains_answer_with_full_statuses_and_the_same_headers() {
     assert_eq!(row(&read.statuses[0]), (OK, 1, SECOND, 2, 1));
     rls.agent.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// Upstream's cache options: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
+// EXPIRATION_JITTER_MAX_SECONDS, LOCAL_CACHE_SIZE_IN_BYTES.
+// ---------------------------------------------------------------------------
+
+/// upstream test/integration (`another` domain): a 20/day and a 10/day
+/// counter asked together (per day so no window ends during the test).
+const TWO_COUNTERS: &str = r#"
+domain: another
+descriptors:
+  - key: key2
+    rate_limit: {unit: day, requests_per_unit: 20}
+  - key: key3
+    rate_limit: {unit: day, requests_per_unit: 10}
+"#;
+
+/// A one-per-day counter (its window does not end during a test).
+const DAILY: &str = r#"
+domain: daily
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1}
+"#;
+
+/// A one-per-minute counter (local cache tests).
+const ONE_PER_MINUTE: &str = r#"
+domain: cached
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+
+/// A memory store that counts the batches it is asked to run: whether a
+/// hit reached the store.
+struct CountingStore {
+    inner: MemoryStore,
+    batches: std::sync::atomic::AtomicU64,
+}
+
+impl BucketStore for CountingStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn run_batch<'a>(
+        &'a self,
+        calls: &'a [leasehold_region_agent::script::ScriptCall],
+    ) -> leasehold_region_agent::store::BoxFuture<'a, Vec<leasehold_region_agent::store::CallResult>>
+    {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.inner.run_batch(calls)
+    }
+}
+
+/// An agent whose own clock is `clock` too (the local cache reads it).
+async fn start_clocked(
+    store: Arc<dyn BucketStore>,
+    files: &[(&str, &str)],
+    options: RlsOptions,
+    clock: Arc<TestClock>,
+) -> Rls {
+    let dir = tempfile::tempdir().unwrap();
+    let config_dir = dir.path().join("config");
+    std::fs::create_dir(&config_dir).unwrap();
+    write_configs(&config_dir, files);
+    let agent = server::start(AgentSpec {
+        ratelimit: Some(RatelimitSpec {
+            config_dir: config_dir.clone(),
+            poll: Duration::from_millis(20),
+            options,
+        }),
+        clock,
+        ..common::spec_on(store, POLICY)
+    })
+    .await
+    .expect("agent starts with the YAML configs");
+    let client = RateLimitServiceClient::connect(format!("http://{}", agent.grpc_addr))
+        .await
+        .unwrap();
+    Rls {
+        _dir: dir,
+        dir: config_dir,
+        agent,
+        client,
+    }
+}
+
+/// upstream's integration test with and without the option: once key3 is
+/// over, the option leaves key2 uncounted (its remaining stays 10) while
+/// key3 keeps counting (its over_limit statistic grows); without it key2
+/// counts on. On the memory store and on a real redis-server alike.
+#[tokio::test]
+async fn stop_increment_when_over_limit_leaves_the_other_counters_as_upstream() {
+    let redis = RedisServer::start().expect("redis-server");
+    for on_redis in [false, true] {
+        for stop in [false, true] {
+            let options = RlsOptions {
+                stop_increment_when_over_limit: stop,
+                ..RlsOptions::default()
+            };
+            let mut rls = if on_redis {
+                let mut conn = redis::Client::open(redis.url())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                redis::cmd("FLUSHALL").exec(&mut conn).unwrap();
+                let store = Arc::new(RedisStore::new(RedisStoreConfig::new(redis.url())).unwrap());
+                start_on(store, &[("another.yaml", TWO_COUNTERS)], options).await
+            } else {
+                on_memory(&[("another.yaml", TWO_COUNTERS)], options)
+                    .await
+                    .0
+            };
+            for i in 0..15u32 {
+                let both = vec![descriptor(&[("key2", "v")]), descriptor(&[("key3", "v")])];
+                let answer = ask(&mut rls, "another", both).await;
+                let case = format!("redis {on_redis}, stop {stop}, i {i}");
+                let (code2, _, _, remaining2, _) = row(&answer.statuses[0]);
+                let (code3, _, _, remaining3, _) = row(&answer.statuses[1]);
+                assert_eq!(code2, OK, "{case}");
+                if i < 10 {
+                    assert_eq!((code3, remaining3), (OK, 10 - (i + 1)), "{case}");
+                    assert_eq!(remaining2, 20 - (i + 1), "{case}");
+                } else {
+                    assert_eq!((code3, remaining3), (OVER, 0), "{case}");
+                    assert_eq!(answer.overall_code, OVER, "{case}");
+                    let expected = if stop { 10 } else { 20 - (i + 1) };
+                    assert_eq!(remaining2, expected, "{case}");
+                }
+            }
+            let (_, metrics) = http(&rls, "GET", "/metrics", "").await;
+            assert!(
+                metrics.contains(
+                    "leasehold_rls_hits_total{domain=\"another\",key=\"key3\",kind=\"over_limit\"} 5"
+                ),
+                "key3 counted past its limit in both modes: {metrics}"
+            );
+            rls.agent.stop().await;
+        }
+    }
+}
+
+/// Counter keys on Redis expire a window plus [0, max) whole seconds after
+/// their write: PEXPIRETIME lies between Redis's clock read before the
+/// request + the window and its clock read after + the window + the
+/// largest jitter; sixteen counters do not all draw the same jitter.
+#[tokio::test]
+async fn counter_expiry_is_the_window_plus_the_configured_jitter_on_redis() {
+    const MAX_JITTER_S: u64 = 10;
+    let redis = RedisServer::start().expect("redis-server");
+    let store = Arc::new(RedisStore::new(RedisStoreConfig::new(redis.url())).unwrap());
+    let options = RlsOptions {
+        expiration_jitter_max_seconds: MAX_JITTER_S,
+        ..RlsOptions::default()
+    };
+    let mut rls = start_on(store, &[("basic.yaml", BASIC)], options).await;
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut redis_now = || -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut conn).unwrap();
+        s * 1_000 + us / 1_000
+    };
+    let before = redis_now();
+    for i in 0..16 {
+        let ip = format!("10.9.9.{i}");
+        let answer = ask(
+            &mut rls,
+            "basic",
+            vec![descriptor(&[("remote_address", &ip)])],
+        )
+        .await;
+        assert_eq!(answer.overall_code, OK);
+    }
+    let after = redis_now();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 16, "{keys:?}");
+    let mut expiries = Vec::new();
+    for key in &keys {
+        let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(&mut conn).unwrap();
+        let low = before + 60_000;
+        let high = after + 60_000 + (MAX_JITTER_S as i64 - 1) * 1_000;
+        assert!(
+            (low..=high).contains(&at),
+            "{key}: {at} not in [{low}, {high}]"
+        );
+        expiries.push(at - 60_000);
+    }
+    let spread = expiries.iter().max().unwrap() - expiries.iter().min().unwrap();
+    assert!(spread > after - before, "no jitter drawn: {expiries:?}");
+    rls.agent.stop().await;
+}
+
+/// The local over-limit cache: once a counter is over, later hits on it
+/// are answered OVER_LIMIT without a store call (the store's batch count
+/// stays), counted as over_limit and over_limit_with_local_cache; the
+/// window's end clears it (the next hit reaches the store and is OK).
+#[tokio::test]
+async fn the_local_cache_answers_a_counter_over_without_the_store_until_its_window_ends() {
+    let clock = Arc::new(TestClock(AtomicI64::new(T0_MS)));
+    let store = Arc::new(CountingStore {
+        inner: MemoryStore::with_max_keys(clock.clone(), 100_000),
+        batches: Default::default(),
+    });
+    let options = RlsOptions {
+        local_cache_max_keys: 10,
+        ..RlsOptions::default()
+    };
+    let mut rls = start_clocked(
+        store.clone(),
+        &[("cached.yaml", ONE_PER_MINUTE)],
+        options,
+        clock.clone(),
+    )
+    .await;
+    let user = |v: &str| vec![descriptor(&[("user", v)])];
+    let batches = || store.batches.load(Ordering::SeqCst);
+    assert_eq!(ask(&mut rls, "cached", user("a")).await.overall_code, OK);
+    assert_eq!(ask(&mut rls, "cached", user("a")).await.overall_code, OVER);
+    let stored = batches();
+    for _ in 0..3 {
+        let cached = ask(&mut rls, "cached", user("a")).await;
+        assert_eq!(row(&cached.statuses[0]), (OVER, 1, MINUTE, 0, 58));
+    }
+    assert_eq!(batches(), stored, "answered from the local cache");
+    // Another counter still reaches the store.
+    assert_eq!(ask(&mut rls, "cached", user("b")).await.overall_code, OK);
+    assert_eq!(batches(), stored + 1);
+    // A shadow limit: over from the cache, answered OK.
+    let shadowed = || vec![descriptor(&[("shadowed", "s")])];
+    ask(&mut rls, "cached", shadowed()).await;
+    ask(&mut rls, "cached", shadowed()).await;
+    let before_shadow = batches();
+    let answer = ask(&mut rls, "cached", shadowed()).await;
+    assert_eq!((answer.overall_code, answer.statuses[0].code), (OK, OK));
+    assert_eq!(batches(), before_shadow);
+    let (_, metrics) = http(&rls, "GET", "/metrics", "").await;
+    for line in [
+        "leasehold_rls_hits_total{domain=\"cached\",key=\"user\",kind=\"over_limit_with_local_cache\"} 3",
+        "leasehold_rls_hits_total{domain=\"cached\",key=\"user\",kind=\"over_limit\"} 4",
+        "leasehold_rls_hits_total{domain=\"cached\",key=\"shadowed\",kind=\"shadow_mode\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
+    // The window's end (the next minute, 58 s on) clears it.
+    clock.0.store(T0_MS + 58_000, Ordering::SeqCst);
+    let next = ask(&mut rls, "cached", user("a")).await;
+    assert_eq!(row(&next.statuses[0]), (OK, 1, MINUTE, 0, 60));
+    assert_eq!(
+        batches(),
+        before_shadow + 1,
+        "the next window asks the store"
+    );
+    rls.agent.stop().await;
+}
+
+/// On Redis: a counter over stays answered OVER_LIMIT with the server
+/// killed (no store call), while a counter not in the cache fails
+/// (UNAVAILABLE: the store is gone).
+#[tokio::test]
+async fn the_local_cache_answers_with_redis_down() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let store = Arc::new(RedisStore::new(RedisStoreConfig::new(redis.url())).unwrap());
+    let options = RlsOptions {
+        local_cache_max_keys: 10,
+        ..RlsOptions::default()
+    };
+    let mut rls = start_on(store, &[("daily.yaml", DAILY)], options).await;
+    let user = |v: &str| vec![descriptor(&[("user", v)])];
+    assert_eq!(ask(&mut rls, "daily", user("a")).await.overall_code, OK);
+    assert_eq!(ask(&mut rls, "daily", user("a")).await.overall_code, OVER);
+    redis.kill();
+    assert_eq!(ask(&mut rls, "daily", user("a")).await.overall_code, OVER);
+    let down = rls
+        .client
+        .should_rate_limit(RateLimitRequest {
+            domain: "daily".into(),
+            descriptors: user("b"),
+            hits_addend: 0,
+        })
+        .await;
+    assert_eq!(
+        down.map(|_| ()).unwrap_err().code(),
+        tonic::Code::Unavailable
+    );
+    rls.agent.stop().await;
+}
+
+/// Upstream's newer descriptor keys (README "Sharing thresholds for
+/// wildcard matches", "Including descriptor values in metrics", quota mode
+/// in `ratelimit.go`).
+const NEWER_KEYS: &str = r#"
+domain: newer
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: route
+    value_to_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+#[tokio::test]
+async fn share_threshold_value_to_metric_and_quota_mode_as_upstream() {
+    let (mut rls, _clock) = on_memory(&[("newer.yaml", NEWER_KEYS)], RlsOptions::default()).await;
+    let one = |k: &str, v: &str| vec![descriptor(&[(k, v)])];
+    // upstream README example 11: the shared wildcard is one counter.
+    for (value, code, remaining) in [
+        ("files/a.pdf", OK, 1),
+        ("files/b.csv", OK, 0),
+        ("files/c.txt", OVER, 0),
+    ] {
+        let answer = ask(&mut rls, "newer", one("files", value)).await;
+        assert_eq!(row(&answer.statuses[0]).0, code, "{value}");
+        assert_eq!(answer.statuses[0].limit_remaining, remaining, "{value}");
+    }
+    for value in ["files_no_share/a", "files_no_share/a", "files_no_share/b"] {
+        let answer = ask(&mut rls, "newer", one("files_no_share", value)).await;
+        assert_eq!(answer.overall_code, OK, "{value}: a counter per value");
+    }
+    ask(&mut rls, "newer", one("route", "api")).await;
+    ask(&mut rls, "newer", one("route", "web")).await;
+    let (_, metrics) = http(&rls, "GET", "/metrics", "").await;
+    for line in [
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"route_api\",kind=\"total_hits\"} 1",
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"route_web\",kind=\"total_hits\"} 1",
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_files/*\",kind=\"total_hits\"} 3",
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_no_share_files_no_share/*\",kind=\"total_hits\"} 3",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
+    // quota_mode: one quota limit over, another within: OK overall, the
+    // over one's status still says so; every quota limit over: refused.
+    let both = || {
+        vec![
+            descriptor(&[("quota", "q")]),
+            descriptor(&[("quota2", "q")]),
+        ]
+    };
+    assert_eq!(ask(&mut rls, "newer", both()).await.overall_code, OK);
+    let second = ask(&mut rls, "newer", both()).await;
+    assert_eq!(
+        (
+            second.overall_code,
+            second.statuses[0].code,
+            second.statuses[1].code
+        ),
+        (OK, OVER, OK)
+    );
+    let alone = ask(&mut rls, "newer", one("quota", "q")).await;
+    assert_eq!(alone.overall_code, OVER);
+    // A rate limit over refuses whatever the quota limits say.
+    let mixed = vec![
+        descriptor(&[("quota2", "q")]),
+        descriptor(&[("files", "files/z")]),
+    ];
+    assert_eq!(ask(&mut rls, "newer", mixed).await.overall_code, OVER);
+    rls.agent.stop().await;
+}
+
+/// upstream's TestOverLimitWithStopCacheKeyIncrementWhenOverlimitConfig
+/// (test/redis/fixed_cache_impl_test.go), per-descriptor hits: 15/h and
+/// 14/h counters at 13 each, 2 hits each: key5 would pass 14 and is
+/// counted (OVER_LIMIT), key4 is not (OK, 2 left, still at 13).
+#[tokio::test]
+async fn stop_increment_follows_upstreams_unit_case_with_hits_addend() {
+    const LIMITS: &str = r#"
+domain: domain
+descriptors:
+  - key: key4
+    rate_limit: {unit: hour, requests_per_unit: 15}
+  - key: key5
+    rate_limit: {unit: hour, requests_per_unit: 14}
+"#;
+    let options = RlsOptions {
+        stop_increment_when_over_limit: true,
+        ..RlsOptions::default()
+    };
+    let (mut rls, _clock) = on_memory(&[("domain.yaml", LIMITS)], options).await;
+    let with_hits = |key: &str, hits: u64| RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..descriptor(&[(key, "v")])
+    };
+    let remaining = |answer: &RateLimitResponse| -> Vec<(i32, u32)> {
+        answer
+            .statuses
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect()
+    };
+    let both = |hits| vec![with_hits("key4", hits), with_hits("key5", hits)];
+    let answer = ask(&mut rls, "domain", both(11)).await;
+    assert_eq!(remaining(&answer), vec![(OK, 4), (OK, 3)]);
+    let answer = ask(&mut rls, "domain", both(2)).await;
+    assert_eq!(remaining(&answer), vec![(OK, 2), (OK, 1)]);
+    let answer = ask(&mut rls, "domain", both(2)).await;
+    assert_eq!(remaining(&answer), vec![(OK, 2), (OVER, 0)]);
+    // key4 was left at 13: one more hit leaves 1.
+    let alone = ask(&mut rls, "domain", vec![with_hits("key4", 1)]).await;
+    assert_eq!(remaining(&alone), vec![(OK, 1)]);
+    rls.agent.stop().await;
+}

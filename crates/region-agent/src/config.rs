@@ -55,6 +55,16 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("http_limits.idle_timeout_ms", 1, 3_600_000),
     Bound::new("ratelimit.poll_ms", 100, 3_600_000),
     Bound::new("ratelimit.near_limit_percent", 1, 100),
+    Bound::new(
+        "ratelimit.expiration_jitter_max_seconds",
+        0,
+        crate::rls_engine::MAX_EXPIRATION_JITTER_S,
+    ),
+    Bound::new(
+        "ratelimit.local_cache_max_keys",
+        0,
+        crate::rls::over_limit_cache::MAX_LOCAL_CACHE_KEYS,
+    ),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -253,6 +263,24 @@ pub struct RatelimitSettings {
     /// Upstream's `NEAR_LIMIT_RATIO`, in percent (80).
     #[serde(default = "default_near_limit_percent")]
     pub near_limit_percent: u64,
+    /// Upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when a
+    /// request's hits would take one of its counters over, its other
+    /// counters are not counted (one more store round trip per request).
+    #[serde(default)]
+    pub stop_increment_when_over_limit: bool,
+    /// Upstream's `EXPIRATION_JITTER_MAX_SECONDS` (300): a counter's TTL is
+    /// its window plus a random [0, max) seconds; 0 adds none.
+    #[serde(default = "default_expiration_jitter_max_seconds")]
+    pub expiration_jitter_max_seconds: u64,
+    /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, in counters: counters found
+    /// over are answered from memory until their window ends; 0 (default)
+    /// is off.
+    #[serde(default)]
+    pub local_cache_max_keys: u64,
+}
+
+fn default_expiration_jitter_max_seconds() -> u64 {
+    300
 }
 
 fn default_ratelimit_poll_ms() -> u64 {
@@ -290,6 +318,9 @@ impl RatelimitSettings {
             },
             global_shadow_mode: self.global_shadow_mode,
             near_limit_ratio: self.near_limit_percent as f32 / 100.0,
+            stop_increment_when_over_limit: self.stop_increment_when_over_limit,
+            expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
+            local_cache_max_keys: self.local_cache_max_keys,
         }
     }
 
@@ -534,6 +565,30 @@ policy_file = "policy.toml"
         assert_eq!(c.store.memory_max_keys, crate::memory::DEFAULT_MAX_KEYS);
         assert_eq!(c.limits, GrpcLimits::default());
         assert_eq!(c.http_limits, HttpLimits::default());
+    }
+
+    #[test]
+    fn ratelimit_cache_options_default_as_upstream_and_are_read() {
+        let text = format!("{GOOD}[ratelimit]\nconfig_dir = \"rl\"\n");
+        let options = AgentConfig::parse("eu.toml", &text)
+            .unwrap()
+            .ratelimit
+            .unwrap()
+            .options();
+        assert!(!options.stop_increment_when_over_limit);
+        assert_eq!(options.expiration_jitter_max_seconds, 300);
+        assert_eq!(options.local_cache_max_keys, 0);
+        let text = format!(
+            "{GOOD}[ratelimit]\nconfig_dir = \"rl\"\nstop_increment_when_over_limit = true\nexpiration_jitter_max_seconds = 0\nlocal_cache_max_keys = 500\n"
+        );
+        let options = AgentConfig::parse("eu.toml", &text)
+            .unwrap()
+            .ratelimit
+            .unwrap()
+            .options();
+        assert!(options.stop_increment_when_over_limit);
+        assert_eq!(options.expiration_jitter_max_seconds, 0);
+        assert_eq!(options.local_cache_max_keys, 500);
     }
 
     #[test]

@@ -315,6 +315,7 @@ impl EnvoyRateLimitService {
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset_s: Some(reset_ms.div_ceil(1_000)),
                 shadowed: false,
+                quota_mode: false,
             });
             response.statuses.push(DescriptorStatus {
                 code: code as i32,
@@ -363,7 +364,7 @@ impl EnvoyRateLimitService {
                 within_limit: if decision.allowed { cost } else { 0 },
                 near_limit: if near { cost } else { 0 },
                 over_limit: if decision.allowed { 0 } else { cost },
-                shadow_mode: 0,
+                ..Default::default()
             };
             self.decider
                 .metrics

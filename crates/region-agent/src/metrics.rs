@@ -51,7 +51,8 @@ pub struct AgentMetrics {
     pub global_mode: IntGaugeVec,
     pub allocator_reachable: IntGauge,
     /// envoyproxy/ratelimit statistics per limit: kind is total_hits |
-    /// within_limit | near_limit | over_limit | shadow_mode.
+    /// within_limit | near_limit | over_limit |
+    /// over_limit_with_local_cache | shadow_mode.
     pub rls_hits: IntCounterVec,
     rls_keys: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
 }
@@ -183,6 +184,10 @@ impl AgentMetrics {
             ("near_limit", stats.near_limit),
             ("over_limit", stats.over_limit),
             ("shadow_mode", stats.shadow_mode),
+            (
+                "over_limit_with_local_cache",
+                stats.over_limit_with_local_cache,
+            ),
         ] {
             if n > 0 {
                 self.rls_hits

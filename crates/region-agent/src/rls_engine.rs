@@ -13,24 +13,35 @@
 //! A rule with Leasehold's extension (`leasehold: {algorithm: …}` or
 //! `{pool: …}`) is planned and read by [`crate::rls_ext`] instead, its call
 //! in the same batch; its fail mode answers when the store cannot.
+//!
+//! Upstream's options (`[ratelimit]`): counter TTLs get a random jitter
+//! drawn here (the script takes it as an argument);
+//! `stop_increment_when_over_limit` looks at every counter first (one more
+//! round trip) and counts as upstream's `fixed_cache_impl.go` then does;
+//! the local over-limit cache ([`crate::rls::over_limit_cache`]) answers a
+//! counter known over without a store call.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use rand::Rng;
 
 use crate::decide::Decider;
 use crate::request::InvalidField;
 use crate::rls::answer::{self, CurrentLimit, Headers, Outcome, Status};
 use crate::rls::config::Limit;
+use crate::rls::over_limit_cache::OverLimitCache;
 use crate::rls::tree;
 use crate::rls::unit::Unit;
 use crate::rls::watch::RlsHolder;
 use crate::rls_ext::{self, ExtPlan, ExtRule, Pending};
 use crate::script::{reply, ScriptCall, ScriptKind};
 
-/// Slack past a window's end before its counter expires (upstream adds up
-/// to 300 s of jitter; a fixed minute keeps the store's memory bounded and
-/// the expiry deterministic).
+/// Slack past a pool bucket's full-refill time before it expires.
 pub const COUNTER_SLACK_MS: u64 = 60_000;
+
+/// Cap on `[ratelimit] expiration_jitter_max_seconds` (one day).
+pub const MAX_EXPIRATION_JITTER_S: u64 = 86_400;
 
 /// How answers are shaped (`[ratelimit]` in the agent config).
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +51,14 @@ pub struct RlsOptions {
     pub global_shadow_mode: bool,
     /// Upstream's `NEAR_LIMIT_RATIO` (0.8).
     pub near_limit_ratio: f32,
+    /// Upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (false).
+    pub stop_increment_when_over_limit: bool,
+    /// Upstream's `EXPIRATION_JITTER_MAX_SECONDS` (300; 0: none): a
+    /// counter's TTL is its window plus a whole number of seconds drawn in
+    /// [0, max).
+    pub expiration_jitter_max_seconds: u64,
+    /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, counted in counters (0: off).
+    pub local_cache_max_keys: u64,
 }
 
 impl Default for RlsOptions {
@@ -48,6 +67,9 @@ impl Default for RlsOptions {
             headers: Headers::Off,
             global_shadow_mode: false,
             near_limit_ratio: 0.8,
+            stop_increment_when_over_limit: false,
+            expiration_jitter_max_seconds: 300,
+            local_cache_max_keys: 0,
         }
     }
 }
@@ -57,6 +79,9 @@ impl Default for RlsOptions {
 pub struct RlsEngine {
     pub holder: Arc<RlsHolder>,
     pub options: RlsOptions,
+    /// Counters known over their limit, until their window ends (agent
+    /// clock; see [`RlsEngine::remember_over`]).
+    over_limit: Mutex<OverLimitCache>,
 }
 
 /// One request as the engine reads it (validated by the caller).
@@ -104,6 +129,8 @@ struct Counting {
     stats_key: String,
     /// An extension rule's reading (None: an upstream window counter).
     extension: Option<Pending>,
+    /// A window counter's store key and window (None for an extension rule).
+    counter: Option<(String, Unit)>,
 }
 
 /// A counted limit's outcome, or a call it needs.
@@ -115,7 +142,54 @@ enum Planned {
 
 impl RlsEngine {
     pub fn new(holder: Arc<RlsHolder>, options: RlsOptions) -> Self {
-        RlsEngine { holder, options }
+        let max_keys = usize::try_from(options.local_cache_max_keys).unwrap_or(usize::MAX);
+        RlsEngine {
+            holder,
+            options,
+            over_limit: Mutex::new(OverLimitCache::new(max_keys)),
+        }
+    }
+
+    /// One `rls_window` call: `stop` = whether hits past the limit are
+    /// left unstored; the TTL jitter is drawn here.
+    fn window_call(&self, key: &str, unit: Unit, hits: u64, stop: bool, limit: u32) -> ScriptCall {
+        let max = self.options.expiration_jitter_max_seconds;
+        let jitter_s = if max > 0 {
+            rand::thread_rng().gen_range(0..max)
+        } else {
+            0
+        };
+        ScriptCall::new(ScriptKind::RlsWindow)
+            .key(key)
+            .arg(unit.millis())
+            .arg(hits)
+            .arg(jitter_s.saturating_mul(1_000))
+            .arg(u64::from(stop))
+            .arg(limit)
+    }
+
+    /// Whether the local over-limit cache holds `key` at the agent's
+    /// `now_ms`.
+    fn cached_over(&self, key: &str, now_ms: i64) -> bool {
+        // Off (the default): no lock taken.
+        self.options.local_cache_max_keys > 0
+            && self
+                .over_limit
+                .lock()
+                .is_ok_and(|mut cache| cache.enabled() && cache.over_until(key, now_ms).is_some())
+    }
+
+    /// Remembers `key` over until the end of its window: `window_end_ms`
+    /// and `store_now_ms` on the store's clock, translated to the agent's
+    /// (`agent_now_ms`) so the cache never needs the store to expire.
+    fn remember_over(&self, key: &str, window_end_ms: i64, store_now_ms: i64, agent_now_ms: i64) {
+        if self.options.local_cache_max_keys == 0 {
+            return;
+        }
+        if let Ok(mut cache) = self.over_limit.lock() {
+            let left = window_end_ms.saturating_sub(store_now_ms);
+            cache.insert(key, agent_now_ms.saturating_add(left), agent_now_ms);
+        }
     }
 
     /// Whether `domain` is one of the YAML config's.
@@ -148,6 +222,8 @@ impl RlsEngine {
         // Match every descriptor first: `replaces` looks at all of them.
         // Configured limits are borrowed from the config in force.
         let mut matched: Vec<Option<(Cow<'_, Limit>, Cow<'_, str>)>> = Vec::new();
+        let mut shared_entries: Vec<Option<Vec<(&str, &str)>>> =
+            vec![None; request.descriptors.len()];
         for (i, (descriptor, entries)) in request.descriptors.iter().zip(&entries_of).enumerate() {
             matched.push(match descriptor.limit_override {
                 Some((requests_per_unit, unit)) => {
@@ -161,7 +237,13 @@ impl RlsEngine {
                     let stats_key = Cow::Owned(limit.stats_key.clone());
                     Some((Cow::Owned(limit), stats_key))
                 }
-                None => tree::find(domain, entries).map(|m| (Cow::Borrowed(m.limit), m.stats_key)),
+                None => tree::find(domain, entries).map(|m| {
+                    // `share_threshold`: the wildcard keys the counter.
+                    if !m.shared.is_empty() {
+                        shared_entries[i] = Some(m.counter_entries(entries));
+                    }
+                    (Cow::Borrowed(m.limit), m.stats_key)
+                }),
             });
         }
         let named: Vec<Option<(&str, &[String])>> = matched
@@ -172,9 +254,13 @@ impl RlsEngine {
             })
             .collect();
         let dropped = answer::replaced(&named);
+        // `quota_mode` of each descriptor's counted limit.
+        let mut quota = vec![false; request.descriptors.len()];
         let mut statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
         let mut counting = Vec::new();
         let mut calls = Vec::new();
+        // A counter of this request answered over by the local cache.
+        let mut local_over = false;
         for (i, (found, dropped)) in matched.into_iter().zip(dropped).enumerate() {
             let Some((limit, stats_key)) = found else {
                 continue;
@@ -188,22 +274,43 @@ impl RlsEngine {
             };
             let descriptor = &request.descriptors[i];
             let hits = answer::hits(descriptor.hits_addend, request.hits_addend);
-            let entries = &entries_of[i];
+            let entries = shared_entries[i].as_deref().unwrap_or(&entries_of[i]);
+            quota[i] = limit.quota_mode;
             let current = CurrentLimit {
                 requests_per_unit: limit.requests_per_unit,
                 unit,
                 name: limit.name.clone(),
             };
             let stats_key = stats_key.into_owned();
+            let mut counter = None;
             let (planned, extension) = match limit.extension.as_ref().filter(|e| e.asks()) {
                 None => {
                     let key = decider.keys.rls_counter(&domain.name, entries, unit.name());
-                    let call = ScriptCall::new(ScriptKind::RlsWindow)
-                        .key(key)
-                        .arg(unit.millis())
-                        .arg(hits)
-                        .arg(COUNTER_SLACK_MS);
-                    (Planned::Call(call), None)
+                    if self.cached_over(&key, decider.clock.now_ms()) {
+                        // Upstream: over_limit and over_limit_with_local_cache.
+                        let stats = answer::local_cache_stats(hits, limit.shadow_mode);
+                        decider
+                            .metrics
+                            .record_rls(&request.domain, &stats_key, &stats);
+                        local_over = true;
+                        // The reset is read on the agent's clock (no store
+                        // call tells the store's).
+                        let now_ms = u64::try_from(decider.clock.now_ms()).unwrap_or(0);
+                        let outcome = Outcome::Counted {
+                            limit: current.clone(),
+                            hits,
+                            count_after: u64::from(current.requests_per_unit)
+                                .saturating_add(hits.max(1)),
+                            now_ms,
+                            shadow_mode: limit.shadow_mode,
+                        };
+                        (Planned::Now(outcome), None)
+                    } else {
+                        let call =
+                            self.window_call(&key, unit, hits, false, limit.requests_per_unit);
+                        counter = Some((key, unit));
+                        (Planned::Call(call), None)
+                    }
                 }
                 Some(extension) => {
                     let rule = ExtRule {
@@ -232,9 +339,14 @@ impl RlsEngine {
                         shadow_mode: limit.shadow_mode,
                         stats_key,
                         extension,
+                        counter,
                     });
                 }
             }
+        }
+        if self.options.stop_increment_when_over_limit {
+            self.stop_when_over(decider, &counting, &mut calls, local_over)
+                .await;
         }
         let replies = decider.run(&calls).await;
         for (count, result) in counting.into_iter().zip(replies) {
@@ -244,6 +356,16 @@ impl RlsEngine {
             }
             let outcome = match result {
                 Ok(r) => reply::rls_window(&r).map(|read| {
+                    if let Some((key, _)) = &count.counter {
+                        if read.count > u64::from(count.current.requests_per_unit) {
+                            self.remember_over(
+                                key,
+                                read.window_end_ms,
+                                read.now_ms,
+                                decider.clock.now_ms(),
+                            );
+                        }
+                    }
                     let stats = answer::hit_stats(
                         count.current.requests_per_unit,
                         count.hits,
@@ -272,7 +394,64 @@ impl RlsEngine {
                 Err(error) => return Err(RlsError::Store(error.to_string())),
             };
         }
+        for (status, quota) in statuses.iter_mut().zip(quota) {
+            status.quota_mode = quota && status.current_limit.is_some();
+        }
         Ok(self.finish(statuses))
+    }
+
+    /// Upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
+    /// (`fixed_cache_impl.go`): when a counter of the request is already
+    /// over in the local cache, no other counter is counted; else every
+    /// counter is looked at first, and when some would go over with this
+    /// request's hits only those are counted (the others are looked at);
+    /// when none would, all are counted, each within its limit atomically
+    /// (a concurrent request that took one over leaves it uncounted). A
+    /// counter whose look failed is counted within its limit only.
+    async fn stop_when_over(
+        &self,
+        decider: &Decider,
+        counting: &[Counting],
+        calls: &mut [ScriptCall],
+        local_over: bool,
+    ) {
+        let windows: Vec<(usize, &Counting, &String, Unit)> = counting
+            .iter()
+            .enumerate()
+            .filter_map(|(j, c)| c.counter.as_ref().map(|(key, unit)| (j, c, key, *unit)))
+            .collect();
+        if windows.is_empty() {
+            return;
+        }
+        let rpu = |c: &Counting| c.current.requests_per_unit;
+        if local_over {
+            for (j, c, key, unit) in &windows {
+                calls[*j] = self.window_call(key, *unit, 0, false, rpu(c));
+            }
+            return;
+        }
+        let looks: Vec<ScriptCall> = windows
+            .iter()
+            .map(|(_, c, key, unit)| self.window_call(key, *unit, 0, false, rpu(c)))
+            .collect();
+        let replies = decider.run(&looks).await;
+        // Per counter: Some(would go over), None when the look failed.
+        let over: Vec<Option<bool>> = windows
+            .iter()
+            .zip(replies)
+            .map(|((_, c, _, _), r)| {
+                let read = r.ok().and_then(|r| reply::rls_window(&r).ok())?;
+                Some(read.count.saturating_add(c.hits) > u64::from(rpu(c)))
+            })
+            .collect();
+        let any_over = over.contains(&Some(true));
+        for ((j, c, key, unit), over) in windows.iter().zip(over) {
+            calls[*j] = match over {
+                Some(true) => self.window_call(key, *unit, c.hits, false, rpu(c)),
+                _ if any_over => self.window_call(key, *unit, 0, false, rpu(c)),
+                _ => self.window_call(key, *unit, c.hits, true, rpu(c)),
+            };
+        }
     }
 
     fn finish(&self, statuses: Vec<Status>) -> RlsAnswer {
@@ -308,6 +487,7 @@ fn override_limit(
         name: String::new(),
         replaces: Vec::new(),
         shadow_mode: false,
+        quota_mode: false,
         detailed_metric: false,
         stats_key,
         extension: None,

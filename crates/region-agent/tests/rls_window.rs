@@ -10,12 +10,19 @@ use proptest::prelude::*;
 
 const KEY: &str = "lh:v1:{rls-0011223344556677}:minute";
 
-fn call(key: &str, window: u64, hits: u64, slack: u64) -> ScriptCall {
+fn call(key: &str, window: u64, hits: u64, jitter: u64) -> ScriptCall {
+    stop_call(key, window, hits, jitter, None)
+}
+
+/// A call with `stop` set to `Some(limit)`: hits past it are not stored.
+fn stop_call(key: &str, window: u64, hits: u64, jitter: u64, stop: Option<u64>) -> ScriptCall {
     ScriptCall::new(ScriptKind::RlsWindow)
         .key(key)
         .arg(window)
         .arg(hits)
-        .arg(slack)
+        .arg(jitter)
+        .arg(u64::from(stop.is_some()))
+        .arg(stop.unwrap_or(0))
 }
 
 /// Hits count past the limit (the caller compares), 0 hits reads without
@@ -53,9 +60,18 @@ fn hits_accumulate_in_the_window_and_zero_hits_only_look() {
 #[test]
 fn invalid_arguments_are_named_and_write_nothing() {
     let mut h = Harness::start();
-    for (i, name) in ["window_ms", "hits", "slack_ms"].iter().enumerate() {
+    for (i, name) in ["window_ms", "hits", "jitter_ms", "stop", "limit"]
+        .iter()
+        .enumerate()
+    {
         for bad in ["x", "-1", "1.5", "", "1099511627777"] {
-            let mut args = vec!["1000".to_string(), "1".into(), "0".into()];
+            let mut args = vec![
+                "1000".to_string(),
+                "1".into(),
+                "0".into(),
+                "0".into(),
+                "0".into(),
+            ];
             args[i] = bad.to_string();
             let c = ScriptCall {
                 args,
@@ -72,7 +88,60 @@ fn invalid_arguments_are_named_and_write_nothing() {
         h.redis(&call(KEY, 0, 1, 0)),
         Err(ScriptError::InvalidArgument("window_ms".into()))
     );
+    let mut c = call(KEY, 1000, 1, 0);
+    c.args[3] = "2".into();
+    assert_eq!(
+        h.redis(&c),
+        Err(ScriptError::InvalidArgument("stop".into()))
+    );
     assert!(!h.exists(KEY));
+}
+
+/// stop = 1: the hit that would pass the limit is reported (n + hits)
+/// but not stored; hits within are stored as without the flag.
+#[test]
+fn stop_leaves_the_count_at_or_below_the_limit() {
+    const WINDOW: u64 = 3_600_000;
+    let mut h = Harness::start();
+    let mut checked = false;
+    for attempt in 0..20 {
+        let key = format!("lh:v1:{{rls-{attempt:016x}}}:hour");
+        let replies: Vec<Vec<i64>> = [(3u64, Some(4u64)), (2, Some(4)), (1, Some(4)), (1, None)]
+            .iter()
+            .map(|(hits, stop)| h.redis(&stop_call(&key, WINDOW, *hits, 0, *stop)).unwrap())
+            .collect();
+        let start = |now: i64| now - now % WINDOW as i64;
+        if replies.iter().any(|r| start(r[2]) != start(replies[0][2])) {
+            h.flushall();
+            continue;
+        }
+        let counts: Vec<i64> = replies.iter().map(|r| r[0]).collect();
+        // 3 stored; 3+2 > 4 reported 5, not stored; 4 stored; without the
+        // flag counted past the limit.
+        assert_eq!(counts, vec![3, 5, 4, 5]);
+        checked = true;
+        break;
+    }
+    assert!(checked, "every attempt straddled a window boundary");
+}
+
+/// The expiry a count sets lies in [now + window, now + window + jitter]
+/// (PEXPIRETIME on Redis; the window end is never before now + window).
+#[test]
+fn expiry_is_the_window_plus_at_most_the_jitter() {
+    const WINDOW: u64 = 60_000;
+    let mut h = Harness::start();
+    for jitter in [0u64, 1_000, 299_000] {
+        let key = format!("lh:v1:{{rls-jitter-{jitter}}}:minute");
+        let r = h.redis(&call(&key, WINDOW, 1, jitter)).unwrap();
+        let (ttl, slip) = h.ttl_set_at(&key, r[2]);
+        let base = (r[1] - r[2]).max(WINDOW as i64);
+        assert_eq!(base, WINDOW as i64, "the window end is within a window");
+        assert!(
+            ttl >= base + jitter as i64 && ttl <= base + jitter as i64 + slip,
+            "jitter {jitter}: ttl {ttl}, slip {slip}"
+        );
+    }
 }
 
 proptest! {
@@ -83,7 +152,10 @@ proptest! {
     #[test]
     fn twin_counts_exactly_as_redis(
         window in prop::sample::select(vec![5u64, 10, 20, 50]),
-        steps in prop::collection::vec((0u64..6, 0u64..5, 0u64..12), 1..30),
+        steps in prop::collection::vec(
+            (0u64..6, 0u64..5, prop::option::of(0u64..12), 0u64..12),
+            1..30,
+        ),
     ) {
         thread_local!(static H: std::cell::RefCell<Option<Harness>> = const { std::cell::RefCell::new(None) });
         H.with(|cell| {
@@ -92,9 +164,10 @@ proptest! {
             h.flushall();
             let twin = MemoryStore::default();
             let mut last_now = 0;
-            for (hits, slack, idle_ms) in &steps {
+            for (hits, jitter, stop, idle_ms) in &steps {
                 std::thread::sleep(std::time::Duration::from_millis(*idle_ms));
-                let _ = differential(h, &twin, &call(KEY, window, *hits, *slack), &mut last_now);
+                let c = stop_call(KEY, window, *hits, *jitter, *stop);
+                let _ = differential(h, &twin, &c, &mut last_now);
                 assert_same_key(h, &twin, KEY, last_now);
             }
         });

@@ -59,6 +59,8 @@ pub struct Status {
     pub duration_until_reset_s: Option<u64>,
     /// Over the limit, answered OK by `shadow_mode`.
     pub shadowed: bool,
+    /// The limit is in `quota_mode` (set by the caller, which knows it).
+    pub quota_mode: bool,
 }
 
 /// Upstream's status of an outcome. Over iff the count after the hits is
@@ -72,6 +74,7 @@ pub fn status(outcome: &Outcome) -> Status {
             limit_remaining: 0,
             duration_until_reset_s: None,
             shadowed: false,
+            quota_mode: false,
         },
         Outcome::Unlimited => Status {
             code: Code::Ok,
@@ -79,6 +82,7 @@ pub fn status(outcome: &Outcome) -> Status {
             limit_remaining: u32::MAX,
             duration_until_reset_s: None,
             shadowed: false,
+            quota_mode: false,
         },
         Outcome::Counted {
             limit,
@@ -101,6 +105,7 @@ pub fn status(outcome: &Outcome) -> Status {
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset_s: Some(limit.unit.seconds_to_reset(*now_ms)),
                 shadowed: over && *shadow_mode,
+                quota_mode: false,
             }
         }
         Outcome::Bucket {
@@ -121,6 +126,7 @@ pub fn status(outcome: &Outcome) -> Status {
             // burst above requests_per_unit): its time, at least 1 s.
             duration_until_reset_s: Some((*reset_s).max(1)),
             shadowed: !*allowed && *shadow_mode,
+            quota_mode: false,
         },
         Outcome::FailMode { limit, allowed } => Status {
             code: if *allowed { Code::Ok } else { Code::OverLimit },
@@ -128,14 +134,20 @@ pub fn status(outcome: &Outcome) -> Status {
             limit_remaining: 0,
             duration_until_reset_s: None,
             shadowed: false,
+            quota_mode: false,
         },
     }
 }
 
-/// OVER_LIMIT iff any status is; `global_shadow` (upstream's `SHADOW_MODE`)
-/// answers OK whatever the statuses say (they keep their codes).
+/// OVER_LIMIT iff any status not in `quota_mode` is, or every status in
+/// `quota_mode` is (and there is one), as upstream's `ratelimit.go`;
+/// `global_shadow` (upstream's `SHADOW_MODE`) answers OK whatever the
+/// statuses say (they keep their codes).
 pub fn overall(statuses: &[Status], global_shadow: bool) -> Code {
-    if !global_shadow && statuses.iter().any(|s| s.code == Code::OverLimit) {
+    let over = |s: &&Status| s.code == Code::OverLimit;
+    let (quota, rate): (Vec<&Status>, Vec<&Status>) = statuses.iter().partition(|s| s.quota_mode);
+    let refused = rate.iter().any(over) || (!quota.is_empty() && quota.iter().all(over));
+    if !global_shadow && refused {
         Code::OverLimit
     } else {
         Code::Ok
@@ -172,6 +184,22 @@ pub struct HitStats {
     pub near_limit: u64,
     pub over_limit: u64,
     pub shadow_mode: u64,
+    /// Over-limit hits answered by the local over-limit cache (also in
+    /// `over_limit`, as upstream counts them).
+    pub over_limit_with_local_cache: u64,
+}
+
+/// Statistics of `hits` answered over by the local over-limit cache
+/// (`base_limiter.go`: total, over_limit, over_limit_with_local_cache,
+/// and shadow_mode for a shadow limit).
+pub fn local_cache_stats(hits: u64, shadow: bool) -> HitStats {
+    HitStats {
+        total_hits: hits,
+        over_limit: hits,
+        over_limit_with_local_cache: hits,
+        shadow_mode: if shadow { hits } else { 0 },
+        ..HitStats::default()
+    }
 }
 
 /// Statistics of `hits` that took a counter from `after - hits` to `after`
@@ -238,11 +266,13 @@ pub fn headers(statuses: &[Status], style: &Headers) -> Vec<(String, String)> {
     if *style == Headers::Off {
         return Vec::new();
     }
+    // An over status not in quota mode is chosen whatever its remaining.
+    let forced = |s: &Status| s.code == Code::OverLimit && !s.quota_mode;
     let mut chosen: Option<&Status> = None;
     for status in statuses.iter().filter(|s| s.current_limit.is_some()) {
         chosen = match chosen {
-            Some(c) if c.code == Code::OverLimit && status.code != Code::OverLimit => Some(c),
-            Some(_) if status.code == Code::OverLimit => Some(status),
+            Some(c) if forced(c) && !forced(status) => Some(c),
+            Some(_) if forced(status) => Some(status),
             Some(c) if status.limit_remaining < c.limit_remaining => Some(status),
             Some(c) => Some(c),
             None => Some(status),
@@ -348,6 +378,60 @@ mod tests {
             status(&counted(10, 1, 0, false)),
         ];
         assert_eq!(overall(&mixed, false), Code::Ok);
+    }
+
+    /// upstream's `ratelimit.go` (and its ratelimit_test.go cases): over
+    /// in quota mode refuses only when every quota status is over; a
+    /// rate-limit status over refuses whatever the quota ones say.
+    #[test]
+    fn quota_mode_refuses_only_when_every_quota_limit_is_over() {
+        let quota = |o: Outcome| Status {
+            quota_mode: true,
+            ..status(&o)
+        };
+        let one_quota_over = [
+            quota(counted(1, 2, 0, false)),
+            quota(counted(10, 1, 0, false)),
+        ];
+        assert_eq!(overall(&one_quota_over, false), Code::Ok);
+        assert_eq!(
+            one_quota_over[0].code,
+            Code::OverLimit,
+            "its status stays over"
+        );
+        let all_quota_over = [
+            quota(counted(1, 2, 0, false)),
+            quota(counted(1, 3, 0, false)),
+        ];
+        assert_eq!(overall(&all_quota_over, false), Code::OverLimit);
+        assert_eq!(overall(&all_quota_over, true), Code::Ok);
+        let rate_over = [
+            quota(counted(10, 1, 0, false)),
+            status(&counted(1, 2, 0, false)),
+        ];
+        assert_eq!(overall(&rate_over, false), Code::OverLimit);
+        // The only quota status over: every quota status is over.
+        let quota_over_rate_ok = [
+            quota(counted(1, 2, 0, false)),
+            status(&counted(10, 1, 0, false)),
+        ];
+        assert_eq!(overall(&quota_over_rate_ok, false), Code::OverLimit);
+        // Headers: an over quota status is not forced, a fewer remaining is.
+        let picked = [
+            quota(counted(10, 11, 2_222_000, false)),
+            status(&counted(100, 1, 2_222_000, false)),
+            status(&counted(100, 99, 2_222_000, false)),
+        ];
+        let upstream = headers(&picked, &Headers::upstream_default());
+        assert_eq!(
+            upstream[0].1, "10",
+            "the quota status has 0 left, the fewest"
+        );
+        let forced = [
+            quota(counted(10, 11, 2_222_000, false)),
+            status(&counted(1, 2, 2_222_000, false)),
+        ];
+        assert_eq!(headers(&forced, &Headers::upstream_default())[0].1, "1");
     }
 
     #[test]

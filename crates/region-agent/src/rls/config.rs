@@ -101,6 +101,12 @@ pub struct Descriptor {
     /// None: a "whitelist" entry (matches, limits nothing).
     pub limit: Option<Limit>,
     pub children: Level,
+    /// `value_to_metric`: the request's value goes into the metric key at
+    /// this level (unless `detailed_metric` builds it).
+    pub value_to_metric: bool,
+    /// `share_threshold` (only on a wildcard value): every value the
+    /// wildcard matches shares one counter.
+    pub share_threshold: bool,
 }
 
 /// A `rate_limit` and the flags of its descriptor.
@@ -114,6 +120,10 @@ pub struct Limit {
     pub name: String,
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
+    /// `quota_mode`: over the limit refuses the request only when every
+    /// quota-mode limit of the request is over (upstream's
+    /// `ratelimit.go`).
+    pub quota_mode: bool,
     pub detailed_metric: bool,
     /// `domain.key_value.subkey`: the metric key (upstream's stats key).
     pub stats_key: String,
@@ -399,6 +409,8 @@ impl Reader<'_> {
         let (mut key, mut value) = ("", "");
         let (mut rate_limit, mut children) = (None, None);
         let (mut shadow_mode, mut detailed_metric) = (false, false);
+        let (mut quota_mode, mut value_to_metric) = (false, false);
+        let mut share_threshold = None;
         for (k, v) in self.map(item)? {
             match self.key(k)? {
                 "key" => key = self.text(v, "key")?,
@@ -407,21 +419,13 @@ impl Reader<'_> {
                 "descriptors" => children = Some(v),
                 "shadow_mode" => shadow_mode = self.boolean(v, "shadow_mode")?,
                 "detailed_metric" => detailed_metric = self.boolean(v, "detailed_metric")?,
-                // Newer upstream features whose semantics are not served
-                // here: refused rather than silently changed.
-                "quota_mode" | "share_threshold"
-                    if self.boolean(v, k.scalar().unwrap_or("flag"))? =>
-                {
-                    return Err(self.error(
-                        k.line,
-                        format!(
-                            "{} is not supported by Leasehold (remove it or set it false)",
-                            k.scalar().unwrap_or_default()
-                        ),
-                    ));
+                "quota_mode" => quota_mode = self.boolean(v, "quota_mode")?,
+                "value_to_metric" => value_to_metric = self.boolean(v, "value_to_metric")?,
+                "share_threshold" => {
+                    share_threshold = Some((self.boolean(v, "share_threshold")?, k.line));
                 }
-                // Metric-name and dynamic-metadata options: accepted, no
-                // effect on decisions.
+                // Dynamic metadata (upstream's response metadata, not
+                // served): accepted, no effect on decisions.
                 _ => {}
             }
         }
@@ -434,6 +438,20 @@ impl Reader<'_> {
             format!("{key}_{value}")
         };
         let path = format!("{parent}{composite}");
+        let share_threshold = match share_threshold {
+            // Upstream: only where the composite key holds a wildcard.
+            Some((true, line)) if !composite.contains('*') => {
+                return Err(self.error(
+                    line,
+                    format!(
+                        "share_threshold can only be used with wildcard values (containing '*'), but found key '{}'",
+                        capped(&composite)
+                    ),
+                ));
+            }
+            Some((flag, _)) => flag,
+            None => false,
+        };
         if level.nodes.contains_key(&composite) {
             return Err(self.error(
                 item.line,
@@ -442,13 +460,17 @@ impl Reader<'_> {
         }
         let limit = match rate_limit {
             Some(node) if !node.is_null() => {
-                Some(self.limit(node, &path, shadow_mode, detailed_metric)?)
+                let mut limit = self.limit(node, &path, shadow_mode, detailed_metric)?;
+                limit.quota_mode = quota_mode;
+                Some(limit)
             }
             _ => None,
         };
         let mut descriptor = Descriptor {
             limit,
             children: Level::default(),
+            value_to_metric,
+            share_threshold,
         };
         if let Some(list) = children {
             self.level(
@@ -536,6 +558,7 @@ impl Reader<'_> {
             name,
             replaces,
             shadow_mode,
+            quota_mode: false,
             detailed_metric,
             stats_key: stats_key.to_string(),
             extension,
@@ -836,8 +859,12 @@ descriptors:
                 "basic.yaml:6: requests_per_unit: -1 is not an integer in [0, 4294967295]",
             ),
             (
-                "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n",
-                "basic.yaml:4: quota_mode is not supported by Leasehold (remove it or set it false)",
+                "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n",
+                "basic.yaml:5: share_threshold can only be used with wildcard values (containing '*'), but found key 'k_v'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    quota_mode: maybe\n",
+                "basic.yaml:4: quota_mode: expected true or false",
             ),
         ];
         for (text, expected) in cases {

@@ -13,35 +13,87 @@ use std::borrow::Cow;
 
 use super::config::{Domain, Level, Limit};
 
-/// What one descriptor matched: the limit and its metric key
-/// (`detailed_metric` puts the request's values in it).
+/// What one descriptor matched: the limit, its metric key and the values
+/// its counter is keyed by.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matched<'a> {
     pub limit: &'a Limit,
-    /// The limit's own key, unless `detailed_metric` built one.
+    /// The limit's own key, unless `detailed_metric`, `value_to_metric` or
+    /// `share_threshold` built one (upstream's `GetLimit`).
     pub stats_key: Cow<'a, str>,
+    /// Entries matched through a `share_threshold` wildcard: (index, the
+    /// wildcard value, `*` kept), which replaces the request's value in the
+    /// counter's key so every matching value shares one counter.
+    pub shared: Vec<(usize, &'a str)>,
+}
+
+impl<'a> Matched<'a> {
+    /// The entries a counter is keyed by: `entries`, each shared one's
+    /// value replaced by its wildcard.
+    pub fn counter_entries<'e>(&self, entries: &[(&'e str, &'e str)]) -> Vec<(&'e str, &'e str)>
+    where
+        'a: 'e,
+    {
+        let mut keyed = entries.to_vec();
+        for (i, pattern) in &self.shared {
+            if let Some(entry) = keyed.get_mut(*i) {
+                entry.1 = pattern;
+            }
+        }
+        keyed
+    }
 }
 
 /// The limit `entries` (key, value pairs, in order) hit in `domain`, if any.
 pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<'a>> {
     let mut level: &Level = &domain.root;
     let mut found = None;
+    let mut shared: Vec<(usize, &'a str)> = Vec::new();
+    // Upstream's value_to_metric key, built as the walk goes; needed only
+    // when some flag on the path changes it from the limit's own key.
+    let mut metric_key = domain.name.clone();
+    let mut flagged = false;
     for (i, (key, value)) in entries.iter().enumerate() {
         let composite = format!("{key}_{value}");
-        let node = level
-            .nodes
-            .get(&composite)
-            .or_else(|| {
-                level
-                    .wildcards
-                    .iter()
-                    .find(|(_, parts)| wildcard_match(parts, &composite))
-                    .and_then(|(pattern, _)| level.nodes.get(pattern))
-            })
-            .or_else(|| level.nodes.get(*key));
+        let mut wildcard: Option<&'a str> = None;
+        let mut by_value = true;
+        let node = level.nodes.get(&composite).or_else(|| {
+            level
+                .wildcards
+                .iter()
+                .find(|(_, parts)| wildcard_match(parts, &composite))
+                .and_then(|(pattern, _)| {
+                    wildcard = Some(pattern.as_str());
+                    level.nodes.get(pattern)
+                })
+        });
+        let node = node.or_else(|| {
+            by_value = false;
+            wildcard = None;
+            level.nodes.get(*key)
+        });
         let Some(node) = node else {
             break;
         };
+        // The wildcard's value part (`key_files*` → `files*`).
+        let pattern = wildcard.map(|p| p.strip_prefix(&format!("{key}_")).unwrap_or(p));
+        if let (Some(pattern), true) = (pattern, node.share_threshold) {
+            shared.push((i, pattern));
+        }
+        flagged |= node.value_to_metric || node.share_threshold;
+        let metric_value = match pattern {
+            Some(pattern) if node.share_threshold => pattern,
+            Some(_) if node.value_to_metric => value,
+            Some(pattern) => pattern,
+            None if by_value || node.value_to_metric => value,
+            None => "",
+        };
+        metric_key.push('.');
+        metric_key.push_str(key);
+        if !metric_value.is_empty() {
+            metric_key.push('_');
+            metric_key.push_str(metric_value);
+        }
         if i + 1 == entries.len() {
             found = node.limit.as_ref();
         }
@@ -52,18 +104,34 @@ pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<
     }
     let limit = found?;
     let stats_key = if limit.detailed_metric {
+        // Shared entries show their wildcard, the others key_value.
         let mut key = domain.name.clone();
-        for (k, v) in entries {
+        for (i, (k, v)) in entries.iter().enumerate() {
             key.push('.');
             key.push_str(k);
-            key.push('_');
-            key.push_str(v);
+            match shared.iter().find(|(at, _)| *at == i) {
+                Some((_, pattern)) => {
+                    key.push('_');
+                    key.push_str(pattern);
+                }
+                None if shared.is_empty() || !v.is_empty() => {
+                    key.push('_');
+                    key.push_str(v);
+                }
+                None => {}
+            }
         }
         Cow::Owned(key)
+    } else if flagged {
+        Cow::Owned(metric_key)
     } else {
         Cow::Borrowed(limit.stats_key.as_str())
     };
-    Some(Matched { limit, stats_key })
+    Some(Matched {
+        limit,
+        stats_key,
+        shared,
+    })
 }
 
 /// Upstream's `wildcardMatch`: `parts` is a pattern split on `*`; each `*`
@@ -227,6 +295,210 @@ descriptors:
             key(&[("nestedWild", "val1"), ("wild", "goo2")]).as_deref(),
             Some("test-domain.nestedWild_val1.wild_goo*")
         );
+    }
+
+    /// upstream test/config/share_threshold.yaml, in substance.
+    const SHARE: &str = r#"
+domain: test-domain
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: files
+    value: top/*
+    share_threshold: true
+    descriptors:
+      - key: files
+        value: nested/*
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 300}
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: service
+    value: svc/*
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 80}
+  - key: path
+    value: path/*
+    share_threshold: true
+    descriptors:
+      - key: file
+        value: file/*
+        share_threshold: false
+        descriptors:
+          - key: type
+            rate_limit: {unit: minute, requests_per_unit: 120}
+  - key: file
+    value: test1
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: file
+    value: test*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: midroute
+    value: /api*v2
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 80}
+"#;
+
+    /// upstream README example 10 (value_to_metric), and its wildcard case.
+    const VALUE_TO_METRIC: &str = r#"
+domain: example10
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: read*
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: plain
+    value: p*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: detailed
+    value_to_metric: true
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+
+    /// (stats key, the counter's entries) of a match.
+    fn keyed(domain: &Domain, entries: &[(&str, &str)]) -> (String, Vec<(String, String)>) {
+        let m = find(domain, entries).expect("matches");
+        let counter = m
+            .counter_entries(entries)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        (m.stats_key.into_owned(), counter)
+    }
+
+    fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+        entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn share_threshold_keys_every_matching_value_to_one_counter_as_upstream() {
+        let d = domain(SHARE);
+        for value in ["files/a.pdf", "files/b.csv", "files/c.txt"] {
+            assert_eq!(
+                keyed(&d, &[("files", value)]),
+                (
+                    "test-domain.files_files/*".to_string(),
+                    owned(&[("files", "files/*")])
+                ),
+                "{value}"
+            );
+        }
+        assert_eq!(
+            keyed(&d, &[("files", "top/x"), ("files", "nested/y")]),
+            (
+                "test-domain.files_top/*.files_nested/*".to_string(),
+                owned(&[("files", "top/*"), ("files", "nested/*")])
+            )
+        );
+        // share_threshold wins over value_to_metric in the metric key.
+        assert_eq!(
+            keyed(&d, &[("route", "api/v1"), ("method", "GET")]),
+            (
+                "test-domain.route_api/*.method".to_string(),
+                owned(&[("route", "api/*"), ("method", "GET")])
+            )
+        );
+        // ... and in detailed_metric's.
+        assert_eq!(
+            keyed(&d, &[("service", "svc/user"), ("endpoint", "get")]).0,
+            "test-domain.service_svc/*.endpoint_get"
+        );
+        // A wildcard without share_threshold keeps a counter per value.
+        assert_eq!(
+            keyed(
+                &d,
+                &[("path", "path/foo"), ("file", "file/doc1"), ("type", "pdf")]
+            ),
+            (
+                "test-domain.path_path/*.file_file/*.type".to_string(),
+                owned(&[("path", "path/*"), ("file", "file/doc1"), ("type", "pdf")])
+            )
+        );
+        // An exact value wins over the shared wildcard and is not shared.
+        assert_eq!(
+            keyed(&d, &[("file", "test1")]),
+            (
+                "test-domain.file_test1".to_string(),
+                owned(&[("file", "test1")])
+            )
+        );
+        assert_eq!(
+            keyed(&d, &[("file", "test23")]).1,
+            owned(&[("file", "test*")])
+        );
+        // A middle wildcard shares too.
+        assert_eq!(
+            keyed(&d, &[("midroute", "/api/x/v2")]),
+            (
+                "test-domain.midroute_/api*v2".to_string(),
+                owned(&[("midroute", "/api*v2")])
+            )
+        );
+    }
+
+    #[test]
+    fn value_to_metric_puts_the_request_value_in_the_metric_key_as_upstream() {
+        let d = domain(VALUE_TO_METRIC);
+        let key = |entries: &[(&str, &str)]| keyed(&d, entries).0;
+        assert_eq!(
+            key(&[
+                ("route", "api"),
+                ("http_method", "GET"),
+                ("subject_id", "123")
+            ]),
+            "example10.route_api.http_method_GET.subject_id"
+        );
+        assert_eq!(
+            key(&[
+                ("route", "web"),
+                ("http_method", "POST"),
+                ("subject_id", "456")
+            ]),
+            "example10.route_web.http_method_POST.subject_id"
+        );
+        assert_eq!(
+            key(&[
+                ("user", "alice"),
+                ("action", "readfile"),
+                ("resource", "documents")
+            ]),
+            "example10.user_alice.action_readfile.resource"
+        );
+        // Without the flag a wildcard keeps its pattern.
+        assert_eq!(key(&[("plain", "pq")]), "example10.plain_p*");
+        // detailed_metric takes precedence.
+        assert_eq!(key(&[("detailed", "v")]), "example10.detailed_v");
+        // The counter is still per value.
+        assert_eq!(keyed(&d, &[("plain", "pq")]).1, owned(&[("plain", "pq")]));
     }
 
     #[test]
