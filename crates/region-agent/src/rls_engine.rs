@@ -323,7 +323,16 @@ impl RlsEngine {
                         shadow_mode: limit.shadow_mode,
                     };
                     match rls_ext::plan(decider, &rule)? {
-                        ExtPlan::Now(outcome) => (Planned::Now(outcome), None),
+                        ExtPlan::Now(outcome) => {
+                            self.record_outcome(
+                                decider,
+                                &request.domain,
+                                &stats_key,
+                                &outcome,
+                                hits,
+                            );
+                            (Planned::Now(outcome), None)
+                        }
                         ExtPlan::Call(call, pending) => (Planned::Call(call), Some(pending)),
                     }
                 }
@@ -351,7 +360,15 @@ impl RlsEngine {
         let replies = decider.run(&calls).await;
         for (count, result) in counting.into_iter().zip(replies) {
             if let Some(pending) = count.extension {
-                statuses[count.index] = answer::status(&rls_ext::read(decider, pending, result)?);
+                let outcome = rls_ext::read(decider, pending, result)?;
+                self.record_outcome(
+                    decider,
+                    &request.domain,
+                    &count.stats_key,
+                    &outcome,
+                    count.hits,
+                );
+                statuses[count.index] = answer::status(&outcome);
                 continue;
             }
             let outcome = match result {
@@ -451,6 +468,21 @@ impl RlsEngine {
                 _ if any_over => self.window_call(key, *unit, 0, false, rpu(c)),
                 _ => self.window_call(key, *unit, c.hits, true, rpu(c)),
             };
+        }
+    }
+
+    /// Counts an extension rule's outcome in `leasehold_rls_hits_total`
+    /// (upstream's window counters are counted from their counts).
+    fn record_outcome(
+        &self,
+        decider: &Decider,
+        domain: &str,
+        stats_key: &str,
+        outcome: &Outcome,
+        hits: u64,
+    ) {
+        if let Some(stats) = answer::outcome_stats(outcome, hits, self.options.near_limit_ratio) {
+            decider.metrics.record_rls(domain, stats_key, &stats);
         }
     }
 

@@ -253,6 +253,25 @@ async fn a_token_bucket_rule_admits_its_burst_then_refills_at_requests_per_unit(
     assert_first_admitted(&run(&decider, &engine, "tb", "10.0.0.1", 15).await, 10);
     clock.advance(100);
     assert_first_admitted(&run(&decider, &engine, "tb", "10.0.0.1", 3).await, 1);
+    // Counted as upstream's statistics, under the rule's key: 40 + 30 + 15
+    // + 3 hits, 25 + 25 + 10 + 1 within.
+    let metrics = decider.metrics.render();
+    let count = |kind: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("leasehold_rls_hits_total")
+                    && l.contains("domain=\"ext\"")
+                    && l.contains("key=\"tb\"")
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|n| n.parse::<u64>().unwrap())
+    };
+    assert_eq!(count("total_hits"), Some(88), "{metrics}");
+    assert_eq!(count("within_limit"), Some(61), "{metrics}");
+    assert_eq!(count("over_limit"), Some(27), "{metrics}");
+    assert!(count("near_limit").unwrap() > 0, "{metrics}");
 }
 
 #[tokio::test]

@@ -231,6 +231,39 @@ pub fn hit_stats(limit: u32, hits: u64, after: u64, near_ratio: f32, shadow: boo
     stats
 }
 
+/// Statistics of an extension rule's outcome (a bucket or a fail mode):
+/// `hits` within or over as it was decided, near-limit when fewer than
+/// `1 − near_ratio` of its rate remain. None for a look (0 hits) and for
+/// outcomes counted from a window counter ([`hit_stats`]).
+pub fn outcome_stats(outcome: &Outcome, hits: u64, near_ratio: f32) -> Option<HitStats> {
+    if hits == 0 {
+        return None;
+    }
+    let (allowed, near, shadow) = match outcome {
+        Outcome::Bucket {
+            limit,
+            allowed,
+            remaining_tokens,
+            shadow_mode,
+            ..
+        } => {
+            let rate = f64::from(limit.requests_per_unit);
+            let near = (*remaining_tokens as f64) < rate * f64::from(1.0 - near_ratio);
+            (*allowed, near, *shadow_mode)
+        }
+        Outcome::FailMode { allowed, .. } => (*allowed, false, false),
+        _ => return None,
+    };
+    Some(HitStats {
+        total_hits: hits,
+        within_limit: if allowed { hits } else { 0 },
+        near_limit: if allowed && near { hits } else { 0 },
+        over_limit: if allowed { 0 } else { hits },
+        shadow_mode: if !allowed && shadow { hits } else { 0 },
+        ..HitStats::default()
+    })
+}
+
 /// Which response headers to add (`response_headers_to_add`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Headers {
