@@ -8,6 +8,7 @@ mod bench_agent;
 mod bench_allocator;
 mod bench_envoy;
 mod dev;
+mod signals;
 mod sim_cli;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -80,6 +81,7 @@ fn not_yet(what: &str) -> anyhow::Result<()> {
 
 async fn run_agent(path: &std::path::Path) -> anyhow::Result<()> {
     use leasehold_region_agent::{config::AgentConfig, server};
+    let mut signals = signals::StopSignals::register()?;
     let config = AgentConfig::load(path)?;
     // Load errors name the file and line, start-up errors the file and the
     // setting (`from_config` itself; `start` knows only the setting).
@@ -91,8 +93,22 @@ async fn run_agent(path: &std::path::Path) -> anyhow::Result<()> {
         "leasehold agent {}: gRPC {} (leasehold.agent.v1 + Envoy RLS), HTTP {} (/metrics, /health)",
         config.region, agent.grpc_addr, agent.http_addr
     );
-    tokio::signal::ctrl_c().await?;
-    agent.stop().await;
+    let signal = signals.wait().await;
+    let drain_ms = config.limits.shutdown_drain_ms;
+    println!("{signal}: stopping (listeners closed; requests in flight get {drain_ms} ms)");
+    let report = agent.stop_gracefully().await;
+    if report.drained {
+        println!(
+            "leasehold agent {}: stopped after {} ms",
+            config.region,
+            report.took.as_millis()
+        );
+    } else {
+        println!(
+            "leasehold agent {}: stopped; requests still in flight after {drain_ms} ms were cut",
+            config.region
+        );
+    }
     Ok(())
 }
 

@@ -384,3 +384,92 @@ async fn a_connection_idle_past_the_idle_timeout_is_closed() {
     health_is_served(agent.http_addr).await;
     agent.stop().await;
 }
+
+/// A store that holds every call until the test releases it, and says when
+/// one has arrived (so the test knows a request is in flight, no sleeps).
+struct HeldStore {
+    inner: MemoryStore,
+    arrived: tokio::sync::Notify,
+    release: tokio::sync::Semaphore,
+}
+
+impl BucketStore for HeldStore {
+    fn name(&self) -> &'static str {
+        "held"
+    }
+
+    fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
+        Box::pin(async move {
+            self.arrived.notify_one();
+            let _permit = self.release.acquire().await;
+            self.inner.run_batch(calls).await
+        })
+    }
+}
+
+/// An agent with a request held in its store, stopped gracefully with
+/// `drain_ms`: the request's result once the store is released, and how
+/// the stop went.
+async fn stop_with_a_request_in_flight(
+    drain_ms: u64,
+) -> (Result<pb::Decision, tonic::Status>, server::StopReport) {
+    let store = Arc::new(HeldStore {
+        inner: MemoryStore::new(Arc::new(SystemClock)),
+        arrived: tokio::sync::Notify::new(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let limits = ListenerLimits {
+        grpc: leasehold_allocator::node_config::GrpcLimits {
+            shutdown_drain_ms: drain_ms,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let agent = start_agent(store.clone(), limits).await;
+    let mut client = client(&agent).await;
+    let in_flight = tokio::spawn(async move {
+        client
+            .check(check("in-flight", target("atlas", "dora", "strict"), 1))
+            .await
+            .map(|r| r.into_inner())
+    });
+    tokio::time::timeout(Duration::from_secs(30), store.arrived.notified())
+        .await
+        .expect("the Check reached the store");
+    let mut stopping = tokio::spawn(agent.stop_gracefully());
+    if drain_ms > 0 {
+        // The stop waits for the request: it cannot finish while the
+        // request is held. (Only a stop that does not wait can fail this,
+        // on any machine; a slow one may merely not catch it.)
+        let early = tokio::time::timeout(Duration::from_millis(500), &mut stopping).await;
+        assert!(early.is_err(), "stopped with a request in flight");
+        store.release.add_permits(1);
+    }
+    let report = tokio::time::timeout(Duration::from_secs(60), stopping)
+        .await
+        .expect("the stop ends within the drain bound")
+        .unwrap();
+    store.release.add_permits(1);
+    let result = tokio::time::timeout(Duration::from_secs(30), in_flight)
+        .await
+        .expect("the request ends")
+        .unwrap();
+    (result, report)
+}
+
+#[tokio::test]
+async fn a_graceful_stop_lets_the_requests_in_flight_finish() {
+    let (result, report) = stop_with_a_request_in_flight(60_000).await;
+    let decision = result.expect("the request in flight is answered");
+    assert!(decision.allowed, "{decision:?}");
+    assert!(report.drained, "{report:?}");
+}
+
+/// With no drain bound the stop returns while the request is still held
+/// in the store (it is released only after the stop returned): a process
+/// exits then, cutting it.
+#[tokio::test]
+async fn past_the_drain_bound_the_stop_does_not_wait() {
+    let (_, report) = stop_with_a_request_in_flight(0).await;
+    assert!(!report.drained, "{report:?}");
+}

@@ -289,6 +289,7 @@ const CASES: &[Case] = &[
     case(Node, "[limits]", "keepalive_timeout_ms", 1_000, 60_000),
     case(Node, "[limits]", "max_message_bytes", 4_096, 268_435_456),
     case(Node, "[limits]", "max_header_list_bytes", 1_024, 1_048_576),
+    case(Node, "[limits]", "shutdown_drain_ms", 0, 600_000),
     // Pools file.
     case(
         WindowPool,
@@ -373,6 +374,7 @@ const CASES: &[Case] = &[
     case(Agent, "[limits]", "keepalive_timeout_ms", 1_000, 60_000),
     case(Agent, "[limits]", "max_message_bytes", 4_096, 268_435_456),
     case(Agent, "[limits]", "max_header_list_bytes", 1_024, 1_048_576),
+    case(Agent, "[limits]", "shutdown_drain_ms", 0, 600_000),
     case(Agent, "[http_limits]", "max_header_bytes", 1_024, 1_048_576),
     case(Agent, "[http_limits]", "max_body_bytes", 0, 16_777_216),
     case(Agent, "[http_limits]", "header_read_timeout_ms", 1, 60_000),

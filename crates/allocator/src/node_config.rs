@@ -245,7 +245,12 @@ pub const GRPC_LIMITS_BOUNDS: &[Bound] = &[
         MAX_MESSAGE_BYTES,
     ),
     Bound::new("limits.max_header_list_bytes", 1_024, MAX_HEADER_LIST_BYTES),
+    Bound::new("limits.shutdown_drain_ms", 0, MAX_SHUTDOWN_DRAIN_MS),
 ];
+
+/// Cap on `limits.shutdown_drain_ms` (10 minutes: longer than any
+/// orchestrator waits after SIGTERM).
+pub const MAX_SHUTDOWN_DRAIN_MS: u64 = 600_000;
 
 /// Cap on `limits.concurrency_per_connection` and
 /// `limits.max_concurrent_streams`.
@@ -291,6 +296,9 @@ pub struct GrpcLimits {
     pub max_message_bytes: Option<u64>,
     /// Largest HTTP/2 header list (metadata) a request may carry.
     pub max_header_list_bytes: u64,
+    /// On SIGTERM/SIGINT the listener stops accepting and requests in
+    /// flight get this long to finish; whatever is left is then cut.
+    pub shutdown_drain_ms: u64,
 }
 
 impl Default for GrpcLimits {
@@ -303,11 +311,17 @@ impl Default for GrpcLimits {
             keepalive_timeout_ms: 10_000,
             max_message_bytes: None,
             max_header_list_bytes: 16_384,
+            shutdown_drain_ms: 5_000,
         }
     }
 }
 
 impl GrpcLimits {
+    /// How long requests in flight get to finish at a graceful stop.
+    pub fn shutdown_drain(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.shutdown_drain_ms)
+    }
+
     /// A tonic server builder with every limit but the message size (set
     /// per service: see [`GrpcLimits::message_bytes`]).
     pub fn server(&self) -> tonic::transport::Server {

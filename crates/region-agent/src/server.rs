@@ -223,7 +223,21 @@ pub struct RunningAgent {
     pub decider: Arc<Decider>,
     engine: Arc<RlsEngine>,
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// The listeners' tasks: they finish once their requests in flight do.
+    servers: Vec<JoinHandle<()>>,
+    /// Syncs and watches: stopped once the listeners are.
+    background: Vec<JoinHandle<()>>,
+    /// How long a graceful stop lets requests in flight finish.
+    drain: Duration,
+}
+
+/// How a graceful stop went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopReport {
+    /// Every request in flight finished within the drain bound (else the
+    /// rest were cut when it ran out).
+    pub drained: bool,
+    pub took: Duration,
 }
 
 impl RunningAgent {
@@ -232,12 +246,53 @@ impl RunningAgent {
         &self.engine
     }
 
-    /// Stops serving and waits for the servers to finish.
+    /// Stops at once: every listener and task is cut, requests in flight
+    /// included (tests; a process stops with [`RunningAgent::stop_gracefully`]).
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
+        for task in self.servers.into_iter().chain(self.background) {
             task.abort();
             let _ = task.await;
+        }
+    }
+
+    /// Stops as an orchestrator expects on SIGTERM: every listener stops
+    /// accepting at once (new connections are refused, HTTP/2 clients are
+    /// sent GOAWAY), requests in flight get `limits.shutdown_drain_ms` to
+    /// finish, then the listeners and the allocator syncs and file watches
+    /// are stopped and this returns; the process exiting then cuts
+    /// whatever is left (connections run in tasks of their own). Blocks a gateway still holds are given back by
+    /// the gateway (`Limiter::give_back_all`), through the same listener
+    /// while it drains.
+    pub async fn stop_gracefully(self) -> StopReport {
+        let started = tokio::time::Instant::now();
+        let _ = self.shutdown.send(true);
+        let mut servers = self.servers;
+        let drained = tokio::time::timeout(self.drain, async {
+            for task in servers.iter_mut() {
+                let _ = task.await;
+            }
+        })
+        .await
+        .is_ok();
+        if !drained {
+            tracing::warn!(
+                region = %self.decider.region,
+                drain_ms = self.drain.as_millis() as u64,
+                "requests still in flight when the drain bound ran out: cut"
+            );
+        }
+        for task in servers.into_iter().chain(self.background) {
+            // A finished server task was awaited above: awaiting it again
+            // would panic.
+            if !task.is_finished() {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        StopReport {
+            drained,
+            took: started.elapsed(),
         }
     }
 }
@@ -646,7 +701,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         signal.clone(),
     )));
 
-    tasks.extend(built.spawn_background(signal.clone()));
+    let background = built.spawn_background(signal.clone());
     tracing::info!(region = %built.decider.region, %grpc_addr, %http_addr, "agent serving");
     Ok(RunningAgent {
         grpc_addr,
@@ -655,7 +710,9 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         decider: built.decider,
         engine: built.engine,
         shutdown,
-        tasks,
+        servers: tasks,
+        background,
+        drain: built.limits.grpc.shutdown_drain(),
     })
 }
 
