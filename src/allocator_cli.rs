@@ -205,6 +205,7 @@ pub enum GrantCommand {
 }
 
 pub async fn run_node(args: AllocatorArgs) -> anyhow::Result<()> {
+    let mut signals = crate::signals::StopSignals::register()?;
     let config = NodeConfig::load(&args.config)?;
     if args.drop_stuck_membership {
         return drop_stuck_membership(&config, args.yes).await;
@@ -226,8 +227,27 @@ pub async fn run_node(args: AllocatorArgs) -> anyhow::Result<()> {
         config.data_dir.display(),
         config.peer_list().join(" ")
     );
-    wait_for_stop_signal().await?;
-    running.stop().await;
+    let signal = signals.wait().await;
+    println!(
+        "{signal}: stopping node {} (listener closed; requests in flight get {} ms)",
+        config.node_id, config.limits.shutdown_drain_ms
+    );
+    let report = running.stop_gracefully().await;
+    if !report.drained {
+        println!("requests still in flight after the drain bound were cut");
+    }
+    match (report.handed_over_to, report.hand_over_failed) {
+        (Some(successor), _) => println!(
+            "node {}: was the leader; node {successor} takes over once the lease lapses",
+            config.node_id
+        ),
+        (None, Some(why)) => println!(
+            "node {}: was the leader; no follower took over ({why}): the next leader is elected by timeout",
+            config.node_id
+        ),
+        (None, None) => {}
+    }
+    println!("leasehold allocator node {}: stopped", config.node_id);
     Ok(())
 }
 
@@ -253,16 +273,6 @@ async fn drop_stuck_membership(config: &NodeConfig, write: bool) -> anyhow::Resu
         }
         Err(error) => Err(error.into()),
     }
-}
-
-/// Ctrl-C or SIGTERM.
-async fn wait_for_stop_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
-    }
-    Ok(())
 }
 
 async fn inspect(

@@ -562,32 +562,8 @@ async fn wait_for_pools(layout: &Layout, pools: &[SeedPool]) {
     );
 }
 
-/// Ctrl-C (SIGINT) or SIGTERM, registered before anything starts so a
-/// signal during start-up still stops cleanly.
-struct StopSignals {
-    terminate: tokio::signal::unix::Signal,
-    interrupt: tokio::signal::unix::Signal,
-}
-
-impl StopSignals {
-    fn register() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(StopSignals {
-            terminate: signal(SignalKind::terminate())?,
-            interrupt: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    async fn wait(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.interrupt.recv() => "Ctrl-C",
-            _ = self.terminate.recv() => "SIGTERM",
-        }
-    }
-}
-
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    let mut signals = StopSignals::register()?;
+    let mut signals = crate::signals::StopSignals::register()?;
     let mut layout = Layout::new(&args);
     layout.check_ports_free(args.port_offset)?;
     let (pools, limit_millitokens_per_s) = embedded_pools()?;

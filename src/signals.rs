@@ -21,7 +21,7 @@ impl StopSignals {
     /// The first stop signal, by name.
     pub async fn wait(&mut self) -> &'static str {
         tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.interrupt.recv() => "Ctrl-C",
             _ = self.terminate.recv() => "SIGTERM",
         }
     }

@@ -476,3 +476,96 @@ fn a_late_report_from_a_lapsed_lease_region_is_fenced_before_any_tick() {
     });
     sim.run().expect("simulation");
 }
+
+/// A leader stopped gracefully (SIGTERM) hands over: its most caught-up
+/// follower takes over as soon as the leader lease has lapsed, a lease
+/// plus a heartbeat after the stop, before any follower's own election
+/// timer could have fired (a lease plus at least `election_min_ms`). Every
+/// node runs the same raft settings (no election bands), in simulated time.
+#[test]
+fn a_stopping_leader_hands_over_before_any_election_timeout() {
+    let raft = RaftSettings::default();
+    let stop_leader: Arc<Mutex<Option<u64>>> = Arc::default();
+    let stopped: Arc<Mutex<Option<(Duration, leasehold_allocator::raft::node::NodeStopReport)>>> =
+        Arc::default();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(11)
+        .epoch(UNIX_EPOCH + Duration::from_millis(EPOCH_MS))
+        .simulation_duration(Duration::from_secs(120))
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(5))
+        .build();
+    for &id in &NODES {
+        let raft = raft.clone();
+        let stop_leader = stop_leader.clone();
+        let stopped = stopped.clone();
+        sim.host(host(id), move || {
+            let raft = raft.clone();
+            let stop_leader = stop_leader.clone();
+            let stopped = stopped.clone();
+            async move {
+                let mut config = node_config(id);
+                config.raft = raft;
+                let parts = NodeParts {
+                    listen: sim_net::listen(config.listen).await?,
+                    connector: sim_net::connector(),
+                    clock: sim_net::clock(),
+                    storage: MemoryDisk::new().storage().await?,
+                    rng_seed: Some(id),
+                    init: InitMode::Auto,
+                    config,
+                };
+                let running = start_with(parts).await?;
+                while *stop_leader.lock().unwrap() != Some(id) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let at = turmoil::sim_elapsed().unwrap_or_default();
+                let report = running.stop_gracefully().await;
+                *stopped.lock().unwrap() = Some((at, report));
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        });
+    }
+    let client_stop = stop_leader.clone();
+    let client_stopped = stopped.clone();
+    let new_leader: Arc<Mutex<Option<(u64, Duration)>>> = Arc::default();
+    let client_new_leader = new_leader.clone();
+    sim.client("client", async move {
+        let client = AllocatorClient::with_connector(
+            &NODES.map(address),
+            client_settings(),
+            sim_net::connector(),
+        )?;
+        let (old, _) = leader(&client, None).await;
+        client
+            .create_pool(
+                "r",
+                &PoolConfig::Rate(RatePoolConfig::with_defaults(10_000_000)),
+            )
+            .await?;
+        *client_stop.lock().unwrap() = Some(old);
+        while client_stopped.lock().unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Ask every node (the stopped one no longer answers) until one
+        // names a leader other than the old one; note when it was elected
+        // by polling often.
+        let (leader_id, _) = leader(&client, Some(old)).await;
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        *client_new_leader.lock().unwrap() = Some((leader_id, at));
+        Ok(())
+    });
+    sim.run().expect("simulation");
+    let (stopped_at, report) = stopped.lock().unwrap().clone().expect("the leader stopped");
+    let (leader_id, seen_at) = new_leader.lock().unwrap().expect("a new leader");
+    assert!(report.drained, "{report:?}");
+    assert_eq!(report.handed_over_to, Some(leader_id), "{report:?}");
+    let took = seen_at - stopped_at;
+    let natural_earliest = Duration::from_millis(raft.election_max_ms + raft.election_min_ms);
+    assert!(
+        took < natural_earliest,
+        "a new leader {took:?} after the stop: not before an election timeout ({natural_earliest:?})"
+    );
+}

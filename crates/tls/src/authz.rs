@@ -11,7 +11,7 @@
 //! | caller | may call |
 //! |---|---|
 //! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config) |
-//! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus) |
+//! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver) |
 //! | prober | HealthReport |
 //! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus |
 //! | sre | Inspect, Status, Health, NodeStatus (read-only) |
@@ -52,6 +52,8 @@ pub enum Method {
     Vote,
     InstallSnapshot,
     NodeStatus,
+    /// A stopping leader asks a follower to elect itself.
+    TakeOver,
     // Agent.
     Check,
     LeaseBlock,
@@ -69,7 +71,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 28] = [
+    pub const ALL: [Method; 29] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -87,6 +89,7 @@ impl Method {
         Method::Vote,
         Method::InstallSnapshot,
         Method::NodeStatus,
+        Method::TakeOver,
         Method::Check,
         Method::LeaseBlock,
         Method::ReturnBlock,
@@ -119,6 +122,7 @@ impl Method {
             Method::Vote => "Vote",
             Method::InstallSnapshot => "InstallSnapshot",
             Method::NodeStatus => "NodeStatus",
+            Method::TakeOver => "TakeOver",
             Method::Check => "Check",
             Method::LeaseBlock => "LeaseBlock",
             Method::ReturnBlock => "ReturnBlock",
@@ -237,9 +241,10 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
             deny("a Region may inspect one named pool, without grant records")
         }
         // The leader's prober reads agents' /health with its node identity.
-        (Identity::Node(_), AppendEntries | Vote | InstallSnapshot | NodeStatus | HttpHealth) => {
-            Ok(())
-        }
+        (
+            Identity::Node(_),
+            AppendEntries | Vote | InstallSnapshot | NodeStatus | TakeOver | HttpHealth,
+        ) => Ok(()),
         (Identity::Prober, HealthReport | HttpHealth) => Ok(()),
         (
             Identity::Admin,
@@ -312,11 +317,12 @@ mod tests {
         Method::AckShare,
         Method::Grant,
     ];
-    const RAFT: [Method; 4] = [
+    const RAFT: [Method; 5] = [
         Method::AppendEntries,
         Method::Vote,
         Method::InstallSnapshot,
         Method::NodeStatus,
+        Method::TakeOver,
     ];
     const ADMIN_MUTATIONS: [Method; 8] = [
         Method::CreatePool,

@@ -6,7 +6,9 @@ mod common;
 use common::Pki;
 use leasehold_proto::allocator::v1::raft_client::RaftClient;
 use leasehold_proto::allocator::v1::raft_server::{Raft, RaftServer};
-use leasehold_proto::allocator::v1::{NodeStatusReply, NodeStatusRequest, RaftPayload};
+use leasehold_proto::allocator::v1::{
+    NodeStatusReply, NodeStatusRequest, RaftPayload, TakeOverReply, TakeOverRequest,
+};
 use leasehold_tls::{channel, peer, ExpectedPeer, Identity};
 use tonic::{Request, Response, Status};
 
@@ -45,6 +47,12 @@ impl Raft for WhoAmI {
         &self,
         _request: Request<NodeStatusRequest>,
     ) -> Result<Response<NodeStatusReply>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn take_over(
+        &self,
+        _request: Request<TakeOverRequest>,
+    ) -> Result<Response<TakeOverReply>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
 }

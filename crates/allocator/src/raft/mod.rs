@@ -17,6 +17,7 @@
 //! - [`recover`]: offline rollback of a stuck membership entry on a stopped
 //!   node's sled files (`leasehold allocator --drop-stuck-membership`).
 
+pub mod handover;
 pub mod log_store;
 pub mod membership;
 pub mod network;

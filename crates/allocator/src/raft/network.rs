@@ -370,6 +370,11 @@ pub struct RaftRpcService {
     /// With mTLS, only node identities pass (a Region's or an admin's
     /// certificate cannot vote or append; ARCHITECTURE §8).
     pub gate: leasehold_tls::gate::Gate,
+    /// A `TakeOver` is scheduled (at most one at a time).
+    pub take_over_pending: Arc<std::sync::atomic::AtomicBool>,
+    /// The least a takeover waits: this node's own lease plus a heartbeat
+    /// (a leader configured with a shorter lease cannot hurry it).
+    pub take_over_floor: Duration,
 }
 
 fn decode<T: DeserializeOwned>(payload: &pb::RaftPayload) -> Result<T, Status> {
@@ -424,6 +429,79 @@ impl pb::raft_server::Raft for RaftRpcService {
         encode(&answer)
     }
 
+    async fn take_over(
+        &self,
+        request: Request<pb::TakeOverRequest>,
+    ) -> Result<Response<pb::TakeOverReply>, Status> {
+        use std::sync::atomic::Ordering;
+        self.gate.check(
+            &request,
+            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::TakeOver),
+        )?;
+        let req = request.into_inner();
+        let me = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            crate::raft::handover::Follower {
+                id: self.node_id,
+                current_leader: metrics.current_leader,
+                current_term: metrics.current_term,
+                is_voter: metrics
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .any(|id| id == self.node_id),
+                pending: self.take_over_pending.load(Ordering::SeqCst),
+            }
+        };
+        let delay =
+            match crate::raft::handover::check_take_over(me, req.from_node, req.term, req.after_ms)
+            {
+                Ok(delay) => delay.max(self.take_over_floor),
+                Err(reason) => {
+                    return Ok(Response::new(pb::TakeOverReply {
+                        accepted: false,
+                        reason: reason.to_string(),
+                    }))
+                }
+            };
+        if self.take_over_pending.swap(true, Ordering::SeqCst) {
+            return Ok(Response::new(pb::TakeOverReply {
+                accepted: false,
+                reason: "a takeover is already scheduled".into(),
+            }));
+        }
+        let raft = self.raft.clone();
+        let pending = self.take_over_pending.clone();
+        let (from_node, term) = (req.from_node, req.term);
+        tracing::info!(
+            from_node,
+            term,
+            delay_ms = delay.as_millis() as u64,
+            "the leader is stopping: taking over once its lease lapses"
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            // Elect only if no other leader has come meanwhile.
+            let still = {
+                let metrics = raft.metrics();
+                let metrics = metrics.borrow();
+                metrics.current_term == term
+                    && metrics.current_leader.is_none_or(|l| l == from_node)
+            };
+            if still {
+                if let Err(fatal) = raft.trigger().elect().await {
+                    tracing::warn!(%fatal, "takeover: the election could not start");
+                }
+            }
+            pending.store(false, Ordering::SeqCst);
+        });
+        Ok(Response::new(pb::TakeOverReply {
+            accepted: true,
+            reason: String::new(),
+        }))
+    }
+
     async fn node_status(
         &self,
         request: Request<pb::NodeStatusRequest>,
@@ -441,6 +519,23 @@ impl pb::raft_server::Raft for RaftRpcService {
             initialized,
             configured_peers: self.configured_peers.clone(),
         }))
+    }
+}
+
+/// Asks the node at `address` to take over (see `crate::raft::handover`),
+/// through `connector`, bounded by `timeout`.
+pub async fn ask_take_over(
+    connector: &dyn Connector,
+    address: &str,
+    request: pb::TakeOverRequest,
+    timeout: Duration,
+) -> Result<pb::TakeOverReply, String> {
+    let channel = connector.channel(address).map_err(|e| e.to_string())?;
+    let mut client = RaftClient::new(channel);
+    match tokio::time::timeout(timeout, client.take_over(request)).await {
+        Ok(Ok(reply)) => Ok(reply.into_inner()),
+        Ok(Err(status)) => Err(status.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     }
 }
 

@@ -69,6 +69,7 @@ use crate::machine::{Admission, Machine};
 use crate::node_config::{NodeConfig, RaftSettings};
 use crate::pool::Pool;
 use crate::prober::{self, ProberHost};
+use crate::raft::handover;
 use crate::raft::membership::MembershipInvalid;
 use crate::raft::network::{self, Network, RaftRpcService, MAX_RAFT_MESSAGE_BYTES};
 use crate::raft::runtime::with_rng_seed;
@@ -427,6 +428,49 @@ impl Node {
         Some((leader, address))
     }
 
+    /// Asks the voter whose log matches furthest to take over once
+    /// `delay` has passed ([`handover`]); its id, or why none accepted.
+    pub async fn hand_over(&self, delay: Duration) -> Result<NodeId, String> {
+        let (term, successor, address) = {
+            let metrics = self.inner.raft.metrics();
+            let metrics = metrics.borrow();
+            let matched: BTreeMap<NodeId, Option<u64>> = metrics
+                .replication
+                .iter()
+                .flatten()
+                .map(|(id, log)| (*id, log.map(|l| l.index)))
+                .collect();
+            let membership = metrics.membership_config.membership();
+            let successor = handover::successor(self.inner.id, membership.voter_ids(), &matched)
+                .ok_or("no other voter")?;
+            let address = membership
+                .get_node(&successor)
+                .map(|node| node.addr.clone())
+                .or_else(|| self.inner.peers.get(&successor).cloned())
+                .ok_or("the successor has no address")?;
+            (metrics.current_term, successor, address)
+        };
+        let request = leasehold_proto::allocator::v1::TakeOverRequest {
+            from_node: self.inner.id,
+            term,
+            after_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        };
+        let reply = crate::raft::network::ask_take_over(
+            self.inner.connector.as_ref(),
+            &address,
+            request,
+            CORE_CALL_TIMEOUT,
+        )
+        .await
+        .map_err(|e| format!("node {successor}: {e}"))?;
+        if reply.accepted {
+            tracing::info!(successor, term, "stopping leader: handed over");
+            Ok(successor)
+        } else {
+            Err(format!("node {successor} refused: {}", reply.reason))
+        }
+    }
+
     /// True while this node believes it leads (a deposed leader may still
     /// believe it: its proposals then never commit).
     pub fn is_leader(&self) -> bool {
@@ -742,13 +786,31 @@ pub fn tick_due(machine: &Machine, now_ms: u64) -> bool {
     })
 }
 
-/// A started node. Stop it with [`RunningNode::stop`].
+/// A started node. Stop it with [`RunningNode::stop`] or
+/// [`RunningNode::stop_gracefully`].
 pub struct RunningNode {
     pub node: Node,
     /// The bound listener address (resolves port 0).
     pub address: SocketAddr,
     shutdown: watch::Sender<bool>,
+    /// The gRPC listener's task: it ends once its requests in flight do.
+    server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    /// `limits.shutdown_drain_ms`.
+    drain: Duration,
+    /// When a successor may elect itself (see [`handover`]).
+    take_over_delay: Duration,
+}
+
+/// How a graceful stop went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStopReport {
+    /// Every request in flight finished within the drain bound.
+    pub drained: bool,
+    /// The follower that accepted to take over, when this node led.
+    pub handed_over_to: Option<NodeId>,
+    /// Why no follower was asked or none accepted, when this node led.
+    pub hand_over_failed: Option<String>,
 }
 
 impl RunningNode {
@@ -761,10 +823,53 @@ impl RunningNode {
         {
             tracing::warn!("raft core did not stop within the deadline");
         }
-        for task in self.tasks {
+        for task in self.server.into_iter().chain(self.tasks) {
             task.abort();
             let _ = task.await;
         }
+    }
+
+    /// Stops as an orchestrator expects on SIGTERM: the listener stops
+    /// accepting, requests in flight (proposals waiting to commit
+    /// included) get `limits.shutdown_drain_ms` to finish; a leader then
+    /// hands over to its most caught-up voter ([`handover`]) and stops its
+    /// raft core (no more heartbeats), so the successor is elected a lease
+    /// plus a heartbeat later instead of a lease plus a random election
+    /// timeout.
+    pub async fn stop_gracefully(self) -> NodeStopReport {
+        let _ = self.shutdown.send(true);
+        let mut report = NodeStopReport {
+            drained: true,
+            handed_over_to: None,
+            hand_over_failed: None,
+        };
+        let mut server = self.server;
+        if let Some(task) = server.as_mut() {
+            report.drained = tokio::time::timeout(self.drain, task).await.is_ok();
+            if report.drained {
+                server = None;
+            }
+        }
+        if self.node.is_leader() {
+            match self.node.hand_over(self.take_over_delay).await {
+                Ok(to) => report.handed_over_to = Some(to),
+                Err(why) => {
+                    tracing::warn!(reason = %why, "stopping leader: no follower takes over; the next leader is elected by timeout");
+                    report.hand_over_failed = Some(why);
+                }
+            }
+        }
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, self.node.inner.raft.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("raft core did not stop within the deadline");
+        }
+        for task in server.into_iter().chain(self.tasks) {
+            task.abort();
+            let _ = task.await;
+        }
+        report
     }
 
     /// Resolves when a stop was requested through another handle.
@@ -1005,7 +1110,8 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
         Listen::Incoming { local, incoming } => (Bound::Incoming(incoming), local),
     };
     let (shutdown, stop) = watch::channel(false);
-    let mut tasks = vec![batcher, serve(&node, &config, bound, stop.clone())];
+    let server = serve(&node, &config, bound, stop.clone());
+    let mut tasks = vec![batcher];
     tasks.push(tokio::spawn(initialize(
         node.clone(),
         config.clone(),
@@ -1028,7 +1134,10 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
         node,
         address,
         shutdown,
+        server: Some(server),
         tasks,
+        drain: config.limits.shutdown_drain(),
+        take_over_delay: handover::take_over_delay(&config.raft),
     })
 }
 
@@ -1105,6 +1214,8 @@ fn serve(
         node_id: config.node_id,
         configured_peers: config.peer_list(),
         gate,
+        take_over_pending: Default::default(),
+        take_over_floor: handover::take_over_delay(&config.raft),
     })
     .max_decoding_message_size(raft_bytes)
     .max_encoding_message_size(raft_bytes);
