@@ -1023,7 +1023,7 @@ async fn update_pool(pool: &str, flags: &PoolFlags, target: &AdminTarget) -> any
             None => None,
         })
         .ok_or_else(|| anyhow::anyhow!("POOL: no pool {pool}"))?;
-    let current = wire::pool_config_from_wire(Some(current_wire.clone()))
+    let current = wire::pool_config_from_wire(Some(current_wire))
         .map_err(|e| anyhow::anyhow!("pool {pool}: its config in force: {e:?}"))?;
     let config = flags.update(&current)?;
     let reply = target

@@ -39,7 +39,7 @@ enum Command {
     /// Inspect and administer pools (any allocator node; the leader is followed).
     Pool {
         #[command(subcommand)]
-        command: allocator_cli::PoolCommand,
+        command: Box<allocator_cli::PoolCommand>,
     },
     /// List Regions and their health.
     Region {
@@ -132,7 +132,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Allocator(args) => allocator_cli::run_node(args).await,
         Command::Agent { config } => run_agent(&config).await,
-        Command::Pool { command } => allocator_cli::pool(command).await,
+        Command::Pool { command } => allocator_cli::pool(*command).await,
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,
         Command::Lease { command } => allocator_cli::lease(command).await,

@@ -12,7 +12,7 @@ pub fn thousands(value: u64) -> String {
     let digits = value.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
             out.push(',');
         }
         out.push(digit);
@@ -59,7 +59,7 @@ pub fn duration(ms: u64) -> String {
     ];
     if ms > 0 {
         for (size, unit) in UNITS {
-            if ms % size == 0 {
+            if ms.is_multiple_of(size) {
                 return format!("{} {unit}", thousands(ms / size));
             }
         }
