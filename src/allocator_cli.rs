@@ -266,9 +266,10 @@ pub enum PoolCommand {
         target: AdminTarget,
     },
     /// Changes a pool's settings: the flags given, the rest as in force
-    /// (the kind and a window pool's window never change). When --limit
-    /// rises and --burst is not given, b rises to burst-seconds × L if it
-    /// must; --fallback not given is lowered to L if above it.
+    /// (the kind and a window pool's window never change). Without --burst,
+    /// b rises to burst-seconds × L if it must; without --fallback, a
+    /// fallback at the floor follows the floor and any other is kept
+    /// (lowered to L if above it).
     Update {
         pool: String,
         #[command(flatten)]
@@ -797,10 +798,10 @@ impl PoolFlags {
                 if self.burst.is_none() {
                     config.burst_millitokens = 0;
                 }
-                if self.fallback.is_none() && self.floor_bp.is_none() {
-                    // Kept, unless the new L is below it.
-                    config.fallback_allowance_millitokens_per_s =
-                        rate.fallback_allowance_millitokens_per_s;
+                // A fallback at the floor (the default) follows the floor;
+                // any other is kept (lowered to L if above it).
+                if rate.fallback_allowance_millitokens_per_s == rate.floor_millitokens_per_s() {
+                    config.fallback_allowance_millitokens_per_s = u64::MAX;
                 }
                 let keep_burst = rate.burst_millitokens;
                 let mut config = self.apply_rate_with(config, keep_burst)?;
@@ -882,9 +883,7 @@ impl PoolFlags {
         config.reclaim = self.reclaim_policy(&config)?;
         if let Some(fallback) = &self.fallback {
             config.fallback_allowance_millitokens_per_s = tokens_flag("--fallback", fallback)?;
-        } else if config.fallback_allowance_millitokens_per_s == u64::MAX
-            || (self.floor_bp.is_some() && self.fallback.is_none())
-        {
+        } else if config.fallback_allowance_millitokens_per_s == u64::MAX {
             config.fallback_allowance_millitokens_per_s = config.floor_millitokens_per_s();
         }
         Ok(config)

@@ -321,6 +321,39 @@ async fn admin_commands_change_pools_and_say_what_they_did() {
         20_000_000
     );
     assert_eq!(shown["data"]["config"]["floor_basis_points"], 500);
+    // A fallback at the floor (the default) followed the floor.
+    assert!(stdout.contains("fallback 500 → 1,000 tokens/s"), "{stdout}");
+    assert_eq!(
+        shown["data"]["config"]["fallback_allowance_millitokens_per_s"],
+        1_000_000
+    );
+    // A strict pool's fallback (0) is kept when the floor moves.
+    let (ok, stdout, stderr) = cli(at, &["pool", "update", "api-rate", "--fallback", "0"]);
+    assert!(
+        ok && stdout.contains("fallback 1,000 → 0 tokens/s"),
+        "{stdout}{stderr}"
+    );
+    let (ok, stdout, stderr) = cli(at, &["pool", "update", "api-rate", "--floor-bp", "1000"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("updated pool api-rate: floor 5% → 10% (epoch"),
+        "{stdout}"
+    );
+    // A window pool's flag on a rate pool, and a kind change, are refused.
+    for (args, flag) in [
+        (
+            &["pool", "update", "api-rate", "--capacity", "5"][..],
+            "--capacity",
+        ),
+        (
+            &["pool", "update", "api-rate", "--kind", "window"][..],
+            "--kind",
+        ),
+        (&["pool", "update", "api-rate"][..], "no setting given"),
+    ] {
+        let (ok, _, stderr) = cli(at, args);
+        assert!(!ok && stderr.contains(flag), "{args:?}: {stderr}");
+    }
 
     // Freeze and unfreeze a member.
     let client = cluster.client();

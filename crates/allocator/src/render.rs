@@ -17,7 +17,7 @@ use leasehold_proto::allocator::v1 as pb;
 use crate::units;
 
 /// Columns separated by two spaces; a column whose cells are all numbers
-/// is right-aligned.
+/// (thousands separators allowed) is right-aligned.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let columns = headers.len();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
@@ -25,7 +25,8 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     for row in rows {
         for (column, cell) in row.iter().enumerate().take(columns) {
             widths[column] = widths[column].max(cell.chars().count());
-            numeric[column] &= cell.parse::<f64>().is_ok() || cell == "-";
+            // `3,333.334` (thousands separators) is a number too.
+            numeric[column] &= cell.replace(',', "").parse::<f64>().is_ok() || cell == "-";
         }
     }
     let mut out = String::new();
@@ -1450,7 +1451,8 @@ mod tests {
         );
         assert!(text.contains("unassigned 6,666.666 tokens/s"), "{text}");
         let row = text.lines().find(|l| l.starts_with("eu")).unwrap();
-        assert!(row.contains("3,333.334"), "{row}");
+        // Human numbers are right-aligned under their headers.
+        assert!(row.contains("no      3,333.334  3,333.334"), "{row}");
         assert!(row.ends_with("4.2 s ago"), "{row}");
         assert!(text.contains("LAST-HEARD\n") || text.contains("LAST-HEARD"));
         assert!(!text.contains("1796121679238"), "{text}");
