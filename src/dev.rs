@@ -773,12 +773,23 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
             "http",
         ),
     };
+    // `lease list` asks the agents (their Status, as sre).
+    let mut agents = if args.port_offset == 0 {
+        String::new()
+    } else {
+        let list: Vec<String> = layout.agents.iter().map(|a| a.grpc.to_string()).collect();
+        format!(" --agent {}", list.join(","))
+    };
+    if let Some(certs) = &layout.certs {
+        let _ = write!(agents, " --tls-dir {}", certs.display());
+    }
     let _ = write!(
         out,
         "\nTry (another terminal; `cargo run --release --` instead of `leasehold` from a checkout):\n  \
          leasehold pool show {RATE_POOL}{target}\n  \
          leasehold region list{target}\n  \
          leasehold grant list {WINDOW_POOL}{target}\n  \
+         leasehold lease list{agents}\n  \
          {curl} {scheme}://{http}/health\n  \
          {curl} {scheme}://{http}/metrics | grep leasehold_global\n  \
          {grpcurl} -import-path crates/proto/proto -proto leasehold/agent/v1/agent.proto \\\n    \

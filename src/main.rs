@@ -1,6 +1,6 @@
 //! `leasehold`: the one binary. Subcommands map to components:
 //! `dev` (embedded cluster), `allocator`, `agent`, `pool`, `region`,
-//! `grant`, `lease`, `certs`, `sim`, `bench`.
+//! `grant`, `lease`, `node`, `certs`, `sim`, `bench`.
 
 mod allocator_cli;
 mod bench;
@@ -37,10 +37,10 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
-    /// Inspect pools (any allocator node; the leader is followed).
+    /// Inspect and administer pools (any allocator node; the leader is followed).
     Pool {
         #[command(subcommand)]
-        command: allocator_cli::PoolCommand,
+        command: Box<allocator_cli::PoolCommand>,
     },
     /// List Regions and their health.
     Region {
@@ -52,8 +52,16 @@ enum Command {
         #[command(subcommand)]
         command: allocator_cli::GrantCommand,
     },
-    /// List leases (not yet available).
-    Lease,
+    /// Blocks leased per rule and Region (the agents' Status).
+    Lease {
+        #[command(subcommand)]
+        command: allocator_cli::LeaseCommand,
+    },
+    /// The allocator's raft membership: `node add|remove`.
+    Node {
+        #[command(subcommand)]
+        command: allocator_cli::NodeCommand,
+    },
     /// Certificates for mTLS: `certs init` writes a CA and every identity.
     Certs {
         #[command(subcommand)]
@@ -70,13 +78,6 @@ enum Command {
         #[command(subcommand)]
         target: bench::BenchTarget,
     },
-}
-
-fn not_yet(what: &str) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "`leasehold {what}` is not yet available: the data plane's store layer exists, \
-         the {what} command lands with its issue (see README)"
-    )
 }
 
 async fn run_agent(path: &std::path::Path) -> anyhow::Result<()> {
@@ -147,10 +148,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Allocator(args) => allocator_cli::run_node(args).await,
         Command::Agent { config } => run_agent(&config).await,
-        Command::Pool { command } => allocator_cli::pool(command).await,
+        Command::Pool { command } => allocator_cli::pool(*command).await,
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,
-        Command::Lease => not_yet("lease"),
+        Command::Lease { command } => allocator_cli::lease(command).await,
+        Command::Node { command } => allocator_cli::node(command).await,
         Command::Certs { command } => allocator_cli::certs(command),
         Command::Sim { command } => sim_cli::run(command).await,
         Command::Bench { target } => bench::run(target).await,

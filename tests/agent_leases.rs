@@ -265,3 +265,54 @@ async fn a_retried_lease_gets_its_block_once_and_another_block_is_refused() {
     assert_eq!(t.tokens(&bucket), before);
     t.agent.stop().await;
 }
+
+// Multi-threaded: the agent runs in this process and must answer while the
+// test thread waits for the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_lease_list_show_the_blocks_leased_per_rule() {
+    let mut t = start(POLICY).await;
+    leased(&mut t, "l-status-1").await;
+    leased(&mut t, "l-status-2").await;
+    let status = t
+        .client
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let rules: Vec<(&str, u64, u64)> = status
+        .leased_rules
+        .iter()
+        .map(|r| (r.rule_id.as_str(), r.block_tokens, r.granted_blocks))
+        .collect();
+    assert_eq!(rules, [("p-global", BLOCK, 2), ("p-hot", BLOCK, 0)]);
+    assert!(status.now_ms > 0);
+
+    // The CLI reads the same Status (this agent is plaintext).
+    let address = t.agent.grpc_addr.to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["lease", "list", "--agent", &address, "--json"])
+        .env_remove("LEASEHOLD_TLS_DIR")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rule = &json["agents"][0]["leased_rules"][0];
+    assert_eq!(rule["rule_id"], "p-global");
+    assert_eq!(rule["granted_blocks"], 2);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["lease", "list", "--agent", &address])
+        .env_remove("LEASEHOLD_TLS_DIR")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.contains("p-global"))
+        .unwrap_or_default();
+    assert!(row.starts_with(&status.region), "{table}");
+}

@@ -419,3 +419,38 @@ fn plaintext_rls_must_be_on_loopback_and_mtls_needs_a_certificate() {
     let near = format!("{GOOD}rls_listen = \"127.0.0.1:8081\"\n");
     assert!(AgentConfig::parse("eu.toml", &near).is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
+    let s = secured_agent().await;
+    let certs = s.dir.path().join("certs");
+    let lease_list = |identity: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command
+            .args(["lease", "list", "--agent", &s.agent.grpc_addr.to_string()])
+            .arg("--tls-dir")
+            .arg(&certs)
+            .env("RUST_BACKTRACE", "0");
+        if let Some(identity) = identity {
+            command.args(["--identity", identity]);
+        }
+        command.output().unwrap()
+    };
+    // Default identity: sre, which may read Status.
+    let out = lease_list(None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("region eu"), "{stdout}");
+    // A gateway may not: the refusal is shown for that agent.
+    let out = lease_list(Some("gateway-eu"));
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("PermissionDenied") && stdout.contains("/gateway/eu"),
+        "{stdout}"
+    );
+}

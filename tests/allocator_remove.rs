@@ -19,6 +19,7 @@ use common_allocator::*;
 use leasehold_allocator::client::AllocatorClient;
 use leasehold_allocator::config::{PoolConfig, RatePoolConfig};
 use leasehold_allocator::region::MAX_REGIONS_PER_POOL;
+use leasehold_allocator::units;
 use leasehold_proto::allocator::v1 as pb;
 use tonic::Code;
 
@@ -204,7 +205,7 @@ async fn removing_fake_regions_frees_their_places_and_room_for_real_ones() {
         "{text}"
     );
     assert!(
-        text.contains(&format!("released {fake_room} mt/s")),
+        text.contains(&format!("released {} tokens/s", units::tokens(fake_room))),
         "{text}"
     );
     assert!(text.contains("15 members left"), "{text}");
@@ -340,7 +341,10 @@ async fn removing_a_live_region_still_enforcing_waits_for_its_ack_and_keeps_the_
     assert!(text.contains("removing region ap from pool rate"), "{text}");
     assert!(text.contains("waiting for ap to ack share 0"), "{text}");
     assert!(
-        text.contains(&format!("{} mt/s it may still enforce", ap.share)),
+        text.contains(&format!(
+            "{} tokens/s it may still enforce",
+            units::tokens(ap.share)
+        )),
         "{text}"
     );
     assert!(

@@ -18,6 +18,7 @@ fn help_lists_every_component_command() {
         "pool",
         "region",
         "lease",
+        "node",
         "sim",
         "bench",
     ] {
@@ -26,10 +27,27 @@ fn help_lists_every_component_command() {
 }
 
 #[test]
-fn commands_not_yet_built_say_so_and_fail() {
-    let out = leasehold().arg("lease").output().unwrap();
+fn lease_list_names_each_silent_agent_and_fails_when_none_answers() {
+    // Nothing listens on port 1 or 2.
+    let out = leasehold()
+        .args(["lease", "list", "--agent", "127.0.0.1:1,127.0.0.1:2"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not yet available"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for agent in ["127.0.0.1:1", "127.0.0.1:2"] {
+        assert!(
+            stdout.contains(&format!("agent {agent}: no answer")),
+            "{stdout}"
+        );
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no agent answered"));
+    let out = leasehold()
+        .args(["lease", "list", "--agent", "nowhere"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--agent"));
 }
 
 #[test]
@@ -186,4 +204,226 @@ fn region_remove_refuses_bad_input_naming_the_flag_before_connecting() {
         stderr.contains("region remove --pool rate --region eu"),
         "{stderr}"
     );
+}
+
+mod common_allocator;
+
+/// Runs the CLI against `allocators` (plaintext: the test cluster's nodes
+/// are `plaintext = true`): (success, stdout, stderr).
+fn cli(allocators: &str, args: &[&str]) -> (bool, String, String) {
+    let out = leasehold()
+        .args(args)
+        .args(["--allocator", allocators])
+        .env_remove("LEASEHOLD_TLS_DIR")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json_of(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_change_pools_and_say_what_they_did() {
+    let _one = common_allocator::serial().await;
+    let (cluster, _leader) = common_allocator::cluster().await;
+    let nodes = cluster.addresses().join(",");
+    let at = nodes.as_str();
+
+    // Bad input is refused before any call, naming the flag.
+    for (args, flag) in [
+        (
+            &["pool", "create", "p", "--kind", "rate", "--limit", "ten"][..],
+            "--limit",
+        ),
+        (
+            &["pool", "create", "p", "--kind", "rate", "--limit", "0"][..],
+            "--limit",
+        ),
+        (
+            &["pool", "create", "p", "--kind", "window", "--capacity", "5"][..],
+            "--window-ms",
+        ),
+        (
+            &["pool", "create", "p", "--kind", "cube", "--limit", "5"][..],
+            "--kind",
+        ),
+        (
+            &["pool", "create", "P Q", "--kind", "rate", "--limit", "5"][..],
+            "POOL",
+        ),
+    ] {
+        let (ok, _, stderr) = cli(at, args);
+        assert!(!ok && stderr.contains(flag), "{args:?}: {stderr}");
+    }
+
+    // Create, then show in each format.
+    let (ok, stdout, stderr) = cli(
+        at,
+        &[
+            "pool", "create", "api-rate", "--kind", "rate", "--limit", "10000",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with(
+            "created pool api-rate: rate, L = 10,000 tokens/s, burst 20,000 tokens (2 s), floor 5%"
+        ),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = cli(at, &["pool", "show", "api-rate", "--json"]);
+    assert!(ok, "{stderr}");
+    let shown = json_of(&stdout);
+    assert_eq!(
+        shown["data"]["config"]["limit_millitokens_per_s"],
+        10_000_000
+    );
+    assert_eq!(
+        shown["data"]["config"]["fallback_allowance_millitokens_per_s"],
+        500_000
+    );
+    let (_, human, _) = cli(at, &["pool", "show", "api-rate"]);
+    assert!(human.contains("L 10,000 tokens/s"), "{human}");
+    let (_, raw, _) = cli(at, &["pool", "show", "api-rate", "--raw"]);
+    assert!(raw.contains("L 10000000 mt/s"), "{raw}");
+
+    // A second create is refused by the allocator, its field shown.
+    let (ok, _, stderr) = cli(
+        at,
+        &[
+            "pool", "create", "api-rate", "--kind", "rate", "--limit", "5",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("POOL_EXISTS") && stderr.contains("field pool"),
+        "{stderr}"
+    );
+
+    // Update: only the flags given change, and the change is printed.
+    let (ok, stdout, stderr) = cli(at, &["pool", "update", "api-rate", "--limit", "20000"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with(
+            "updated pool api-rate: L 10,000 → 20,000 tokens/s, burst 20,000 → 40,000"
+        ),
+        "{stdout}"
+    );
+    let shown = json_of(&cli(at, &["pool", "show", "api-rate", "--json"]).1);
+    assert_eq!(
+        shown["data"]["config"]["limit_millitokens_per_s"],
+        20_000_000
+    );
+    assert_eq!(shown["data"]["config"]["floor_basis_points"], 500);
+    // A fallback at the floor (the default) followed the floor.
+    assert!(stdout.contains("fallback 500 → 1,000 tokens/s"), "{stdout}");
+    assert_eq!(
+        shown["data"]["config"]["fallback_allowance_millitokens_per_s"],
+        1_000_000
+    );
+    // A strict pool's fallback (0) is kept when the floor moves.
+    let (ok, stdout, stderr) = cli(at, &["pool", "update", "api-rate", "--fallback", "0"]);
+    assert!(
+        ok && stdout.contains("fallback 1,000 → 0 tokens/s"),
+        "{stdout}{stderr}"
+    );
+    let (ok, stdout, stderr) = cli(at, &["pool", "update", "api-rate", "--floor-bp", "1000"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("updated pool api-rate: floor 5% → 10% (epoch"),
+        "{stdout}"
+    );
+    // A window pool's flag on a rate pool, and a kind change, are refused.
+    for (args, flag) in [
+        (
+            &["pool", "update", "api-rate", "--capacity", "5"][..],
+            "--capacity",
+        ),
+        (
+            &["pool", "update", "api-rate", "--kind", "window"][..],
+            "--kind",
+        ),
+        (&["pool", "update", "api-rate"][..], "no setting given"),
+    ] {
+        let (ok, _, stderr) = cli(at, args);
+        assert!(!ok && stderr.contains(flag), "{args:?}: {stderr}");
+    }
+
+    // Freeze and unfreeze a member.
+    let client = cluster.client();
+    client.register("api-rate", "eu").await.expect("register");
+    let (ok, stdout, stderr) = cli(at, &["pool", "freeze", "api-rate", "--region", "eu"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("froze region eu in pool api-rate"),
+        "{stdout}"
+    );
+    let shown = json_of(&cli(at, &["pool", "show", "api-rate", "--json"]).1);
+    assert_eq!(shown["data"]["members"][0]["admin_frozen"], true);
+    let (ok, stdout, _) = cli(at, &["pool", "unfreeze", "api-rate", "--region", "eu"]);
+    assert!(ok && stdout.starts_with("unfroze region eu"), "{stdout}");
+    let shown = json_of(&cli(at, &["pool", "show", "api-rate", "--json"]).1);
+    assert_eq!(shown["data"]["members"][0]["admin_frozen"], false);
+    // A Region not in the pool: the allocator's refusal names the field.
+    let (ok, _, stderr) = cli(at, &["pool", "freeze", "api-rate", "--region", "zz"]);
+    assert!(!ok && stderr.contains("field region"), "{stderr}");
+
+    // Reclaim by hand.
+    let (ok, stdout, stderr) = cli(at, &["pool", "reclaim", "api-rate", "--region", "eu"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("reclaimed region eu in pool api-rate"),
+        "{stdout}"
+    );
+    let shown = json_of(&cli(at, &["pool", "show", "api-rate", "--json"]).1);
+    assert_eq!(shown["data"]["members"][0]["status"], "reclaimed");
+
+    // A pool from the pools file.
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/regions/allocator-pools.toml"
+    );
+    let (ok, stdout, stderr) = cli(at, &["pool", "create", "api-minute", "--file", file]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("created pool api-minute: window, 1,000 tokens per 1 min window"),
+        "{stdout}"
+    );
+    let listed = json_of(&cli(at, &["pool", "list", "--json"]).1);
+    let names: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["pool"].as_str())
+        .collect();
+    assert_eq!(names, ["api-minute", "api-rate"]);
+    let regions = json_of(&cli(at, &["region", "list", "--json"]).1);
+    assert_eq!(regions["data"][0]["region"], "eu");
+    let (ok, _, stderr) = cli(at, &["region", "list", "--watch", "3601"]);
+    assert!(!ok && stderr.contains("--watch"), "{stderr}");
+
+    // A node at a dead address is refused; the voters stay as they were.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let (ok, _, stderr) = cli(at, &["node", "add", "--id", "4", "--address", &address]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("refused") && stderr.contains("node add --id 4"),
+        "{stderr}"
+    );
+    let listed = json_of(&cli(at, &["pool", "list", "--json"]).1);
+    assert_eq!(
+        listed["raft"]["voters"].as_array().map(Vec::len),
+        Some(3),
+        "{listed}"
+    );
+    let (ok, _, stderr) = cli(at, &["node", "add", "--id", "4", "--address", "nohost"]);
+    assert!(!ok && stderr.contains("--address"), "{stderr}");
 }

@@ -236,6 +236,7 @@ up() {
 run-local: up. Try:
   $bin pool show api-rate --tls-dir $certs   # shares appear within a few rebalance intervals (5 s each)
   $bin region list --tls-dir $certs          # or: export LEASEHOLD_TLS_DIR=$certs
+  $bin lease list --tls-dir $certs           # blocks leased per rule and Region (the agents' Status)
   curl -s --cacert $certs/ca.pem --cert $certs/sre.pem --key $certs/sre.key $(health_url eu)
   $0 down
 EOF

@@ -95,6 +95,7 @@ pub mod share;
 pub mod sim_net;
 pub mod snapshot;
 pub mod transport;
+pub mod units;
 pub mod wire;
 
 pub use command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};

@@ -153,6 +153,37 @@ impl Decider {
         Ok(response)
     }
 
+    /// The leased rules of the policy in force and the blocks leased of
+    /// each since start, for Status (`leasehold lease list`). The counts
+    /// are the `leasehold_lease_blocks_total` series of the rule.
+    pub fn leased_rule_status(&self) -> Vec<pb::LeasedRuleStatus> {
+        let bundle = self.policy.current();
+        let count = |outcome: &str, rule: &str| {
+            self.metrics
+                .lease_blocks
+                .with_label_values(&[outcome, rule])
+                .get()
+        };
+        bundle
+            .domains
+            .values()
+            .flat_map(|domain| domain.rules.iter().map(move |rule| (domain, rule)))
+            .filter(|(_, rule)| rule.leased.is_some())
+            .map(|(domain, rule)| {
+                let id = rule.id.as_str();
+                pb::LeasedRuleStatus {
+                    domain: domain.name.clone(),
+                    rule_id: id.to_string(),
+                    pool: rule.pool.clone().unwrap_or_default(),
+                    block_tokens: self.block_tokens(rule),
+                    granted_blocks: count("granted", id),
+                    denied_blocks: count("denied", id),
+                    fallback_blocks: count("fallback", id),
+                }
+            })
+            .collect()
+    }
+
     /// The store could not lease: the rule's fail mode decides the block.
     fn lease_degraded(
         &self,

@@ -186,6 +186,8 @@ impl Decider {
             shadow_denials: self.counters.shadow_denials.load(Ordering::Relaxed),
             allocator_reachable: self.global.allocator_reachable(),
             global_pools: self.global_pool_status(),
+            leased_rules: self.leased_rule_status(),
+            now_ms: self.clock.now_ms(),
         }
     }
 
