@@ -81,6 +81,7 @@ pub mod grant;
 pub mod id;
 pub mod local_cluster;
 pub mod machine;
+pub mod metrics;
 pub mod node_config;
 pub mod pool;
 pub mod prober;
