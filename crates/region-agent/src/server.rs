@@ -33,7 +33,7 @@ use crate::global::settings::GlobalSettings;
 use crate::global::sync::{GlobalSync, SyncError};
 use crate::key::{KeyBuilder, KeyError, MIN_PEPPER_LEN};
 use crate::memory::{Clock, MemoryStore, SystemClock};
-use crate::metrics::{breaker_gauge, AgentMetrics};
+use crate::metrics::{breaker_gauge, AgentMetrics, AGENT_RPC_METHODS};
 use crate::policy::{self, Bundle, PolicyHolder};
 use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::rls_engine::RlsEngine;
@@ -41,6 +41,7 @@ use crate::service::AgentService;
 use crate::store::BucketStore;
 use leasehold_tls::authz::Method;
 use leasehold_tls::gate::Gate;
+use leasehold_tls::rpc_timing::Timed;
 
 /// Who may reach the agent's gRPC services (ARCHITECTURE §8).
 #[derive(Clone, Debug, Default)]
@@ -297,6 +298,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
             .iter()
             .flat_map(|g| g.pools.iter().map(|p| p.id.clone())),
     ));
+    let metrics = AgentMetrics::new()?;
     let sync = match spec.global {
         Some(settings) => Some(Arc::new(GlobalSync::with_connector(
             spec.region.clone(),
@@ -309,13 +311,16 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         )?)),
         None => None,
     };
+    if let Some(sync) = &sync {
+        sync.set_metrics(metrics.clone());
+    }
     let decider = Arc::new(Decider {
         region: spec.region,
         store: spec.store,
         keys,
         policy,
         fallback: LocalFallback::new(spec.fallback_max_keys),
-        metrics: AgentMetrics::new()?,
+        metrics,
         counters: Counters::default(),
         clock: spec.clock,
         global,
@@ -352,10 +357,25 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
 /// strangers). Serve it on any listener (`serve_with_incoming…`).
 pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
     tonic::transport::Server::builder()
-        .add_service(AgentServer::new(AgentService::new(decider.clone())))
-        .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(
-            decider.clone(),
-        )))
+        .add_service(timed(
+            decider,
+            AgentServer::new(AgentService::new(decider.clone())),
+        ))
+        .add_service(timed(
+            decider,
+            RateLimitServiceServer::new(EnvoyRateLimitService::new(decider.clone())),
+        ))
+}
+
+/// `service` with a span and latency per call ([`Timed`]): method and
+/// code in `leasehold_rpc_duration_seconds`, the agent's Region on the span.
+fn timed<S>(decider: &Arc<Decider>, service: S) -> Timed<S> {
+    Timed::new(
+        service,
+        AGENT_RPC_METHODS,
+        Some(&decider.region),
+        Arc::new(decider.metrics.clone()),
+    )
 }
 
 /// The same services behind `limits` (`[limits]`): concurrency per
@@ -371,12 +391,14 @@ pub fn limited_grpc_router(
     limits
         .grpc
         .server()
-        .add_service(
+        .add_service(timed(
+            decider,
             AgentServer::new(AgentService::with_gate(decider.clone(), gate))
                 .max_decoding_message_size(bytes)
                 .max_encoding_message_size(bytes),
-        )
-        .add_service(
+        ))
+        .add_service(timed(
+            decider,
             RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
                 decider.clone(),
                 gate,
@@ -384,7 +406,7 @@ pub fn limited_grpc_router(
             ))
             .max_decoding_message_size(bytes)
             .max_encoding_message_size(bytes),
-        )
+        ))
 }
 
 /// Envoy's RLS alone behind `limits`, open (the plaintext loopback
@@ -395,7 +417,8 @@ fn rls_only_router(
     limits: &ListenerLimits,
 ) -> tonic::transport::server::Router {
     let bytes = limits.grpc_message_bytes();
-    limits.grpc.server().add_service(
+    limits.grpc.server().add_service(timed(
+        decider,
         RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
             decider.clone(),
             Gate::Open,
@@ -403,7 +426,7 @@ fn rls_only_router(
         ))
         .max_decoding_message_size(bytes)
         .max_encoding_message_size(bytes),
-    )
+    ))
 }
 
 /// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`
