@@ -450,7 +450,10 @@ async fn rpc_latency_and_give_backs_are_counted_by_method_and_code() {
     let (status, body) = https_get(&s, "sre", "/metrics").await.expect("sre scrapes");
     assert_eq!(status, 200, "{body}");
     assert!(
-        sample(&body, "leasehold_rpc_duration_seconds_count{code=\"OK\",method=\"Check\"} ") >= 1.0,
+        sample(
+            &body,
+            "leasehold_rpc_duration_seconds_count{code=\"OK\",method=\"Check\"} "
+        ) >= 1.0,
         "{body}"
     );
     assert!(

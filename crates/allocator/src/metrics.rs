@@ -145,6 +145,8 @@ pub struct MemberGauges {
     /// Allocator time of the last command admitted from the Region: the
     /// "record" whose silence reclaim measures.
     pub last_heard_ms: u64,
+    /// False once reclaimed (its silence is then no news: not exported).
+    pub live: bool,
 }
 
 /// Every gauge read from the applied state machine.
@@ -200,6 +202,7 @@ pub fn state_gauges(machine: &Machine) -> StateGauges {
                         share_version: member.account.share_version,
                         incarnation: member.member.incarnation,
                         last_heard_ms: member.member.last_heard_ms,
+                        live: member.member.is_live(),
                     });
                 }
             }
@@ -218,6 +221,7 @@ pub fn state_gauges(machine: &Machine) -> StateGauges {
                         region: region.to_string(),
                         incarnation: member.incarnation,
                         last_heard_ms: member.last_heard_ms,
+                        live: member.is_live(),
                         ..Default::default()
                     });
                 }
@@ -599,9 +603,11 @@ impl AllocatorMetrics {
             for (family, value) in self.members.iter().zip(values) {
                 family.with_label_values(&labels).set(saturating_i64(value));
             }
-            self.member_last_heard
-                .with_label_values(&labels)
-                .set(member.last_heard_ms as f64 / 1_000.0);
+            if member.live {
+                self.member_last_heard
+                    .with_label_values(&labels)
+                    .set(member.last_heard_ms as f64 / 1_000.0);
+            }
         }
         for (region, healthy) in &state.regions_healthy {
             self.region_healthy
@@ -751,6 +757,7 @@ mod tests {
             .expect("member");
         assert_eq!(member.incarnation, 1);
         assert_eq!(member.last_heard_ms, 3_000);
+        assert!(member.live);
     }
 
     #[test]

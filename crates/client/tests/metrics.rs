@@ -42,7 +42,9 @@ async fn bounded<F: std::future::Future>(future: F) -> F::Output {
 async fn counters_reach_an_installed_recorder_under_their_documented_names() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this test binary");
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
 
     let agent = FakeAgent::new(
         CheckScript::Allow {
@@ -80,7 +82,10 @@ async fn counters_reach_an_installed_recorder_under_their_documented_names() {
         })
         .collect();
     for name in counters.keys() {
-        assert!(COUNTER_NAMES.contains(&name.as_str()), "undocumented {name}");
+        assert!(
+            COUNTER_NAMES.contains(&name.as_str()),
+            "undocumented {name}"
+        );
     }
     let count = |name: &str| counters.get(name).copied().unwrap_or(0);
     let stats = limiter.stats();

@@ -381,3 +381,52 @@ pub fn breaker_gauge(state: &str) -> i64 {
         _ => 2,
     }
 }
+
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    /// Every family registered is in [`METRIC_NAMES`] and back (vector
+    /// families are gathered once a label set is used).
+    #[test]
+    fn metric_names_list_what_the_registry_holds() {
+        let m = AgentMetrics::new().expect("registers");
+        m.decisions.with_label_values(&["allowed", "r"]).inc();
+        m.store_latency
+            .with_label_values(&["memory"])
+            .observe(0.001);
+        m.breaker_state.with_label_values(&["memory"]).set(0);
+        m.fallback_decisions.with_label_values(&["local"]).inc();
+        m.shadow_denials.with_label_values(&["r"]).inc();
+        m.lease_blocks.with_label_values(&["granted", "r"]).inc();
+        m.invalid_requests.with_label_values(&["cost"]).inc();
+        m.global_room.with_label_values(&["p", "rate"]).set(1);
+        m.global_mode.with_label_values(&["p"]).set(0);
+        m.rls_hits
+            .with_label_values(&["d", "k", "total_hits"])
+            .inc();
+        leasehold_tls::rpc_timing::RpcObserver::started(&m, "Check");
+        leasehold_tls::rpc_timing::RpcObserver::finished(
+            &m,
+            "Check",
+            tonic::Code::Ok,
+            std::time::Duration::from_millis(1),
+        );
+        m.allocator_call("grant", "failed", std::time::Duration::from_millis(1));
+        m.give_backs.with_label_values(&["added"]).inc();
+        m.concurrency
+            .with_label_values(&["acquire", "acquired"])
+            .inc();
+        let mut names = m.registered_names();
+        names.sort();
+        let mut listed: Vec<String> = METRIC_NAMES.iter().map(|n| n.to_string()).collect();
+        listed.sort();
+        assert_eq!(names, listed);
+        assert!(m
+            .render()
+            .contains("leasehold_allocator_sync_failures_total{call=\"grant\"} 1"));
+        assert!(m
+            .render()
+            .contains("leasehold_rpc_in_flight{method=\"Check\"} 0"));
+    }
+}

@@ -140,11 +140,7 @@ impl Agent for AgentService {
             req.target.as_ref(),
             "",
         );
-        let acquired = self
-            .decider
-            .acquire_concurrency(req)
-            .instrument(span)
-            .await;
+        let acquired = self.decider.acquire_concurrency(req).instrument(span).await;
         let outcome = match &acquired {
             Ok(response) if response.decision.as_ref().is_some_and(|d| d.allowed) => "acquired",
             Ok(_) => "denied",
@@ -171,11 +167,7 @@ impl Agent for AgentService {
             req.target.as_ref(),
             "",
         );
-        let released = self
-            .decider
-            .release_concurrency(req)
-            .instrument(span)
-            .await;
+        let released = self.decider.release_concurrency(req).instrument(span).await;
         let outcome = match &released {
             Ok(response) if response.released => "released",
             Ok(_) => "not_held",
