@@ -1181,6 +1181,25 @@ fallback_allowance_millitokens_per_s = 500000
     }
 
     #[test]
+    fn metrics_listen_is_optional_and_http_limits_need_it() {
+        let config = NodeConfig::parse("n2.toml", GOOD, Path::new(".")).unwrap();
+        assert_eq!(config.metrics, None);
+        let text = format!(
+            "metrics_listen = \"127.0.0.1:7392\"\n{GOOD}\n[http_limits]\nidle_timeout_ms = 9\n"
+        );
+        let config = NodeConfig::parse("n2.toml", &text, Path::new(".")).unwrap();
+        let metrics = config.metrics.expect("metrics_listen set");
+        assert_eq!(metrics.listen, "127.0.0.1:7392".parse().unwrap());
+        assert_eq!(metrics.limits.idle_timeout_ms, 9);
+        assert_eq!(metrics.limits.max_header_bytes, 16_384);
+        let alone = format!("{GOOD}\n[http_limits]\nidle_timeout_ms = 9\n");
+        assert!(node_error(&alone).contains("http_limits: set without metrics_listen"));
+        let bad = format!("metrics_listen = \"nowhere\"\n{GOOD}");
+        let error = node_error(&bad);
+        assert!(error.contains("n2.toml:1: metrics_listen"), "{error}");
+    }
+
+    #[test]
     fn limits_table_is_read_and_defaults_keep_the_peer_message_size() {
         let config = NodeConfig::parse("n2.toml", GOOD, Path::new(".")).unwrap();
         assert_eq!(config.limits, GrpcLimits::default());
