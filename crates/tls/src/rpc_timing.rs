@@ -214,6 +214,73 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// Answers at once, with `grpc-status` in the head when set.
+    #[derive(Clone)]
+    struct Answer(Option<&'static str>);
+
+    impl Service<http::Request<()>> for Answer {
+        type Response = http::Response<()>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            let mut response = http::Response::new(());
+            if let Some(status) = self.0 {
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static(status));
+            }
+            std::future::ready(Ok(response))
+        }
+    }
+
+    #[derive(Default)]
+    struct Seen {
+        started: Mutex<Vec<&'static str>>,
+        finished: Mutex<Vec<(&'static str, tonic::Code)>>,
+    }
+
+    impl RpcObserver for Seen {
+        fn started(&self, method: &'static str) {
+            self.started.lock().unwrap().push(method);
+        }
+
+        fn finished(&self, method: &'static str, code: tonic::Code, _: Duration) {
+            self.finished.lock().unwrap().push((method, code));
+        }
+    }
+
+    fn request(path: &str) -> http::Request<()> {
+        http::Request::builder().uri(path).body(()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_call_is_finished_once_with_its_code_or_cancelled() {
+        let seen = Arc::new(Seen::default());
+        let mut ok = Timed::new(Answer(None), METHODS, Some("eu"), seen.clone());
+        let mut denied = Timed::new(Answer(Some("7")), METHODS, None, seen.clone());
+        ok.call(request("/x.Y/Grant")).await.unwrap();
+        denied.call(request("/x.Y/Inspect")).await.unwrap();
+        drop(ok.call(request("/x.Y/Nope")));
+        assert_eq!(
+            *seen.started.lock().unwrap(),
+            vec!["Grant", "Inspect", UNKNOWN_METHOD]
+        );
+        assert_eq!(
+            *seen.finished.lock().unwrap(),
+            vec![
+                ("Grant", tonic::Code::Ok),
+                ("Inspect", tonic::Code::PermissionDenied),
+                (UNKNOWN_METHOD, tonic::Code::Cancelled),
+            ]
+        );
+    }
 
     const METHODS: &[&str] = &["Grant", "Inspect"];
 
