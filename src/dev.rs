@@ -224,6 +224,11 @@ struct AgentPlace {
     redis_url: Option<String>,
 }
 
+/// A node's `metrics_listen`: its gRPC port + 90 (7391 for 7301).
+fn metrics_address(listen: SocketAddr) -> SocketAddr {
+    SocketAddr::new(listen.ip(), listen.port().saturating_add(90))
+}
+
 fn loopback(port: u16, offset: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port + offset))
 }
@@ -382,9 +387,10 @@ fn node_config(
         .find(|(node, _)| *node == id)
         .map(|(_, address)| *address)
         .context("node id outside the layout")?;
+    let metrics = metrics_address(listen);
     let mut text = format!(
         "{}node_id = {id}\nlisten = \"{listen}\"\ndata_dir = \"allocator-{id}\"\n\
-         tick_interval_ms = 1000\n\n[peers]\n",
+         tick_interval_ms = 1000\nmetrics_listen = \"{metrics}\"\n\n[peers]\n",
         layout.plaintext_line()
     );
     for (node, address) in &layout.nodes {
@@ -699,7 +705,8 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
     for (id, address) in &layout.nodes {
         let _ = writeln!(
             out,
-            "  allocator {id}  {address}  leasehold.allocator.v1 + raft"
+            "  allocator {id}  {address}  leasehold.allocator.v1 + raft  HTTP {} (/metrics)",
+            metrics_address(*address)
         );
     }
     for agent in &layout.agents {

@@ -454,3 +454,59 @@ async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
         "{stdout}"
     );
 }
+
+/// The value of the sample `line_prefix` (a name with its labels) in a
+/// Prometheus text body; 0 when absent.
+fn sample(body: &str, line_prefix: &str) -> f64 {
+    body.lines()
+        .find_map(|line| line.strip_prefix(line_prefix))
+        .and_then(|rest| rest.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_latency_and_give_backs_are_counted_by_method_and_code() {
+    let s = secured_agent().await;
+    let mut gateway = s.client("gateway-eu").await;
+    gateway
+        .check(check("m1", target("atlas", "dora", "search"), 1))
+        .await
+        .expect("eu's gateway checks");
+    // Refused by the table, and a give-back of a lease never recorded.
+    let mut other = s.client("gateway-us").await;
+    assert!(other
+        .check(check("m2", target("atlas", "dora", "search"), 1))
+        .await
+        .is_err());
+    let _ = gateway
+        .return_block(pb::ReturnBlockRequest::default())
+        .await;
+
+    let (status, body) = https_get(&s, "sre", "/metrics").await.expect("sre scrapes");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        sample(
+            &body,
+            "leasehold_rpc_duration_seconds_count{code=\"OK\",method=\"Check\"} "
+        ) >= 1.0,
+        "{body}"
+    );
+    assert!(
+        sample(
+            &body,
+            "leasehold_rpc_duration_seconds_count{code=\"PERMISSION_DENIED\",method=\"Check\"} "
+        ) >= 1.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "leasehold_rpc_in_flight{method=\"Check\"} "),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "leasehold_give_backs_total{outcome=\"refused\"} "),
+        1.0,
+        "{body}"
+    );
+    s.agent.stop().await;
+}

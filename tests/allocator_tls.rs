@@ -61,6 +61,11 @@ impl Secured {
 }
 
 async fn secured_node() -> Secured {
+    secured_node_with("").await
+}
+
+/// [`secured_node`] with `extra` top-level settings in its config.
+async fn secured_node_with(extra: &str) -> Secured {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
     leasehold_tls::certs::init(&certs, TRUST_DOMAIN, &["eu".into(), "us".into()], 1)
@@ -71,7 +76,7 @@ async fn secured_node() -> Secured {
         .unwrap()
         .port();
     let text = format!(
-        "node_id = 1\nlisten = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\ntick_interval_ms = 0\n\
+        "node_id = 1\nlisten = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\ntick_interval_ms = 0\n{extra}\
          [peers]\n1 = \"127.0.0.1:{port}\"\n\
          [tls]\ntrust_domain = \"{TRUST_DOMAIN}\"\nca_file = \"certs/ca.pem\"\n\
          cert_file = \"certs/node-1.pem\"\nkey_file = \"certs/node-1.key\"\n"
@@ -505,4 +510,135 @@ fn certs_init_writes_every_identity_and_refuses_to_replace_the_ca() {
         "{}",
         String::from_utf8_lossy(&forced.stderr)
     );
+}
+
+/// `GET path` on the node's `metrics_listen` over HTTPS as `stem`
+/// (the node verified as `/node/1`): the status code and the body.
+async fn metrics_get(s: &Secured, stem: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let settings = s.settings(stem);
+    let options = leasehold_tls::ClientOptions {
+        alpn: leasehold_tls::Alpn::Http1,
+        ..Default::default()
+    };
+    let connector =
+        leasehold_tls::TlsConnector::with_options(settings.files(), TRUST_DOMAIN, options)
+            .expect("client certificate loads");
+    let address = s.node.metrics_address.expect("metrics_listen bound");
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let mut stream = connector
+        .connect_expecting(
+            tcp,
+            leasehold_tls::ExpectedPeer::Identity(leasehold_tls::Identity::Node(1)),
+        )
+        .await
+        .expect("handshake");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("writes");
+    let mut answer = Vec::new();
+    // A TLS close without close_notify still leaves the whole answer read.
+    let _ = stream.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// The value of the sample `line_prefix` (a name with its labels) in a
+/// Prometheus text body; 0 when absent.
+fn sample(body: &str, line_prefix: &str) -> f64 {
+    body.lines()
+        .find_map(|line| line.strip_prefix(line_prefix))
+        .and_then(|rest| rest.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_listen_serves_sre_and_admin_only_and_counts_a_grant() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let s = secured_node_with(&format!("metrics_listen = \"127.0.0.1:{port}\"\n")).await;
+    let window = PoolConfig::Window(leasehold_allocator::config::WindowPoolConfig {
+        capacity_millitokens_per_window: 1_000_000,
+        window_ms: 3_600_000,
+        lease_ttl_ms: 60_000,
+    });
+    s.client("admin")
+        .create_pool("win", &window)
+        .await
+        .expect("admin creates a window pool");
+    let eu = s.client("region-eu");
+    let registered = eu.register("win", "eu").await.expect("eu registers");
+
+    let (status, before) = metrics_get(&s, "sre", "/metrics").await;
+    assert_eq!(status, 200, "{before}");
+    assert_eq!(sample(&before, "leasehold_allocator_raft_is_leader "), 1.0);
+    assert!(sample(&before, "leasehold_allocator_raft_term ") >= 1.0);
+    assert_eq!(
+        sample(
+            &before,
+            "leasehold_allocator_pool_granted_in_window_millitokens{pool=\"win\"} "
+        ),
+        0.0
+    );
+    eu.grant("win", "eu", registered.incarnation, "lease-1", 5_000)
+        .await
+        .expect("eu is granted a chunk");
+    let (status, after) = metrics_get(&s, "admin", "/metrics").await;
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(
+        sample(
+            &after,
+            "leasehold_allocator_pool_granted_in_window_millitokens{pool=\"win\"} "
+        ),
+        5_000.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "leasehold_allocator_grants_total{result=\"granted\"} "
+        ),
+        1.0
+    );
+    assert!(
+        sample(
+            &after,
+            "leasehold_allocator_proposals_total{outcome=\"committed\"} "
+        ) > sample(
+            &before,
+            "leasehold_allocator_proposals_total{outcome=\"committed\"} "
+        )
+    );
+    assert!(
+        sample(
+            &after,
+            "leasehold_allocator_rpc_duration_seconds_count{code=\"OK\",method=\"Grant\"} "
+        ) >= 1.0,
+        "{after}"
+    );
+
+    for (stem, identity) in [
+        ("region-eu", "/region/eu"),
+        ("node-1", "/node/1"),
+        ("prober", "/prober"),
+        ("gateway-eu", "/gateway/eu"),
+    ] {
+        let (status, body) = metrics_get(&s, stem, "/metrics").await;
+        assert_eq!(status, 403, "{stem}: {body}");
+        assert!(
+            body.contains(identity) && body.contains("GET /metrics"),
+            "{stem}: {body}"
+        );
+    }
+    s.node.stop().await;
 }

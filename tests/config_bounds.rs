@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use leasehold_allocator::node_config::{
-    Bound, NodeConfig, GRPC_LIMITS_BOUNDS, MAX_PEERS, MAX_POOLS_IN_FILE, MAX_PROBED_REGIONS,
-    NODE_BOUNDS, POOL_BOUNDS,
+    Bound, NodeConfig, GRPC_LIMITS_BOUNDS, HTTP_LIMITS_BOUNDS, MAX_PEERS, MAX_POOLS_IN_FILE,
+    MAX_PROBED_REGIONS, NODE_BOUNDS, POOL_BOUNDS,
 };
 use leasehold_region_agent::config::{AgentConfig, AGENT_BOUNDS};
 use leasehold_region_agent::global::settings::{GLOBAL_BOUNDS, MAX_ALLOCATORS, MAX_GLOBAL_POOLS};
@@ -247,6 +247,9 @@ use Kind::*;
 
 const TWO_40: &str = "1099511627776";
 
+/// `[http_limits]` of a node config limits `metrics_listen` (refused alone).
+const METRICS_LISTEN: &[(&str, &str, &str)] = &[("", "metrics_listen", "\"127.0.0.1:0\"")];
+
 const CASES: &[Case] = &[
     // Allocator node config.
     with(
@@ -290,6 +293,22 @@ const CASES: &[Case] = &[
     case(Node, "[limits]", "max_message_bytes", 4_096, 268_435_456),
     case(Node, "[limits]", "max_header_list_bytes", 1_024, 1_048_576),
     case(Node, "[limits]", "shutdown_drain_ms", 0, 600_000),
+    with(
+        case(Node, "[http_limits]", "max_header_bytes", 1_024, 1_048_576),
+        METRICS_LISTEN,
+    ),
+    with(
+        case(Node, "[http_limits]", "max_body_bytes", 0, 16_777_216),
+        METRICS_LISTEN,
+    ),
+    with(
+        case(Node, "[http_limits]", "header_read_timeout_ms", 1, 60_000),
+        METRICS_LISTEN,
+    ),
+    with(
+        case(Node, "[http_limits]", "idle_timeout_ms", 1, 3_600_000),
+        METRICS_LISTEN,
+    ),
     // Pools file.
     case(
         WindowPool,
@@ -458,6 +477,7 @@ impl Case {
         let path = self.path();
         let table: &[Bound] = match self.kind {
             Node | Agent if path.starts_with("limits.") => GRPC_LIMITS_BOUNDS,
+            Node if path.starts_with("http_limits.") => HTTP_LIMITS_BOUNDS,
             Node => NODE_BOUNDS,
             WindowPool | TwoSignalPool | LeasePool => POOL_BOUNDS,
             Agent if path.starts_with("global.") => GLOBAL_BOUNDS,
@@ -650,6 +670,7 @@ fn the_table_covers_every_bound_the_code_checks() {
     let tables = [
         (NODE_BOUNDS, &[Node][..]),
         (GRPC_LIMITS_BOUNDS, &[Node, Agent][..]),
+        (HTTP_LIMITS_BOUNDS, &[Node, Agent][..]),
         (POOL_BOUNDS, &[WindowPool, TwoSignalPool, LeasePool][..]),
         (AGENT_BOUNDS, &[Agent][..]),
         (GLOBAL_BOUNDS, &[Agent][..]),
@@ -709,7 +730,7 @@ fn documented_ranges_are_the_enforced_ones() {
     let sections = [
         (
             "Allocator node config",
-            [NODE_BOUNDS, GRPC_LIMITS_BOUNDS].concat(),
+            [NODE_BOUNDS, GRPC_LIMITS_BOUNDS, HTTP_LIMITS_BOUNDS].concat(),
         ),
         ("Pools file", POOL_BOUNDS.to_vec()),
         (

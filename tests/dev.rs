@@ -47,9 +47,12 @@ fn leasehold() -> Command {
 
 fn all_ports(offset: u16) -> Vec<u16> {
     let agents = AGENTS.iter().flat_map(|(_, grpc, http)| [*grpc, *http]);
+    // Each node's metrics_listen is its gRPC port + 90.
+    let metrics = ALLOCATOR_PORTS.iter().map(|port| port + 90);
     ALLOCATOR_PORTS
         .iter()
         .copied()
+        .chain(metrics)
         .chain(agents)
         .map(|port| port + offset)
         .collect()
@@ -405,6 +408,13 @@ fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm()
     assert!(
         dev.stdout()
             .contains("mTLS on every listener: certificates in"),
+        "{}",
+        dev.stdout()
+    );
+    // Each node's /metrics is announced.
+    assert!(
+        dev.stdout()
+            .contains(&format!("HTTP 127.0.0.1:{} (/metrics)", 7391 + offset)),
         "{}",
         dev.stdout()
     );

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Leasehold on loopback as separate processes: three redis-servers
-# (6381-6383), three allocator nodes (allocator-{1,2,3}.toml, 7301-7303) and
+# (6381-6383), three allocator nodes (allocator-{1,2,3}.toml, 7301-7303,
+# /metrics on 7391-7393) and
 # three Region agents (agent-{eu,us,ap}.toml, each on its own Redis).
 #
 #   deploy/regions/run-local.sh up       start what is not running, wait for every /health

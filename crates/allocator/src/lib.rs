@@ -58,6 +58,8 @@
 //! - [`region`]: pool membership and health records.
 //! - [`apportion`]: the exact integer split every rounding goes through.
 //! - [`snapshot`]: the versioned, byte-deterministic snapshot format.
+//! - [`metrics`]: the node's Prometheus metrics; the pool gauges as a pure
+//!   function of the applied state (`metrics::state_gauges`).
 //!
 //! # Caps
 //! | cap | value | at the cap |
@@ -81,6 +83,7 @@ pub mod grant;
 pub mod id;
 pub mod local_cluster;
 pub mod machine;
+pub mod metrics;
 pub mod node_config;
 pub mod pool;
 pub mod prober;

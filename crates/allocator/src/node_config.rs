@@ -37,6 +37,14 @@
 //! region = "eu"
 //! health = "http://127.0.0.1:7191/health"
 //!
+//! metrics_listen = "127.0.0.1:7391"          # optional: Prometheus /metrics
+//!
+//! [http_limits]                             # optional (with metrics_listen), the defaults
+//! max_header_bytes = 16384
+//! max_body_bytes = 65536
+//! header_read_timeout_ms = 5000
+//! idle_timeout_ms = 60000
+//!
 //! [limits]                                  # optional, these are the defaults
 //! concurrency_per_connection = 256
 //! max_concurrent_streams = 256
@@ -251,6 +259,23 @@ pub const GRPC_LIMITS_BOUNDS: &[Bound] = &[
 /// Cap on `limits.shutdown_drain_ms` (10 minutes: longer than any
 /// orchestrator waits after SIGTERM).
 pub const MAX_SHUTDOWN_DRAIN_MS: u64 = 600_000;
+
+/// The ranges of an HTTP listener's `[http_limits]`, the same in the
+/// node's (`metrics_listen`) and the agent's (`http_listen`) config.
+pub const HTTP_LIMITS_BOUNDS: &[Bound] = &[
+    Bound::new(
+        "http_limits.max_header_bytes",
+        1_024,
+        leasehold_tls::http::MAX_HTTP_HEADER_BYTES,
+    ),
+    Bound::new(
+        "http_limits.max_body_bytes",
+        0,
+        leasehold_tls::http::MAX_HTTP_BODY_BYTES,
+    ),
+    Bound::new("http_limits.header_read_timeout_ms", 1, MAX_TIMEOUT_MS),
+    Bound::new("http_limits.idle_timeout_ms", 1, 3_600_000),
+];
 
 /// Cap on `limits.concurrency_per_connection` and
 /// `limits.max_concurrent_streams`.
@@ -470,6 +495,18 @@ pub struct NodeConfig {
     /// `[tls]`: serve mTLS only and dial peers over mTLS; absent →
     /// plaintext (logged at start).
     pub tls: Option<leasehold_tls::TlsSettings>,
+    /// `metrics_listen` and `[http_limits]`: Prometheus `/metrics` over
+    /// HTTPS with client certificates (`[tls]`'s identity; sre and admin
+    /// only, [`leasehold_tls::authz`]), plaintext with `plaintext = true`.
+    /// `None`: not served.
+    pub metrics: Option<MetricsListen>,
+}
+
+/// Where and how a node serves `/metrics`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsListen {
+    pub listen: SocketAddr,
+    pub limits: leasehold_tls::http::HttpLimits,
 }
 
 // Tables are never `Spanned` here: `toml` has no span for a table the text
@@ -497,6 +534,10 @@ struct RawConfig {
     /// config with no `[tls]` is refused.
     #[serde(default)]
     plaintext: bool,
+    #[serde(default)]
+    metrics_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    http_limits: Option<leasehold_tls::http::HttpLimits>,
 }
 
 fn default_tick_interval_ms() -> u64 {
@@ -599,6 +640,7 @@ impl NodeConfig {
         let here = Located::new(file, text)?;
         here.bounds(&here.tree, NODE_BOUNDS, "")?;
         here.bounds(&here.tree, GRPC_LIMITS_BOUNDS, "")?;
+        here.bounds(&here.tree, HTTP_LIMITS_BOUNDS, "")?;
         let raw: RawConfig = here.parse()?;
         let node_id = raw.node_id;
         let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|e| {
@@ -643,6 +685,29 @@ impl NodeConfig {
             }
             None => None,
         };
+        let metrics =
+            match (&raw.metrics_listen, raw.http_limits) {
+                (Some(listen), limits) => {
+                    let addr = listen.get_ref().parse::<SocketAddr>().map_err(|e| {
+                        here.at(
+                            listen.span(),
+                            format!(
+                                "metrics_listen: {} is not an ip:port address ({e})",
+                                quote(listen.get_ref())
+                            ),
+                        )
+                    })?;
+                    Some(MetricsListen {
+                        listen: addr,
+                        limits: limits.unwrap_or_default(),
+                    })
+                }
+                (None, Some(_)) => return Err(here.error(
+                    "http_limits",
+                    "http_limits: set without metrics_listen (the only HTTP listener it limits)",
+                )),
+                (None, None) => None,
+            };
         let pools = match &raw.pools_file {
             Some(pools_file) => {
                 check_path(&here, "pools_file", pools_file)?;
@@ -668,6 +733,7 @@ impl NodeConfig {
             prober,
             limits: raw.limits,
             tls,
+            metrics,
         })
     }
 
@@ -1126,6 +1192,25 @@ fallback_allowance_millitokens_per_s = 500000
 
     fn pools_error(text: &str) -> String {
         parse_pools("pools.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn metrics_listen_is_optional_and_http_limits_need_it() {
+        let config = NodeConfig::parse("n2.toml", GOOD, Path::new(".")).unwrap();
+        assert_eq!(config.metrics, None);
+        let text = format!(
+            "metrics_listen = \"127.0.0.1:7392\"\n{GOOD}\n[http_limits]\nidle_timeout_ms = 9\n"
+        );
+        let config = NodeConfig::parse("n2.toml", &text, Path::new(".")).unwrap();
+        let metrics = config.metrics.expect("metrics_listen set");
+        assert_eq!(metrics.listen, "127.0.0.1:7392".parse().unwrap());
+        assert_eq!(metrics.limits.idle_timeout_ms, 9);
+        assert_eq!(metrics.limits.max_header_bytes, 16_384);
+        let alone = format!("{GOOD}\n[http_limits]\nidle_timeout_ms = 9\n");
+        assert!(node_error(&alone).contains("http_limits: set without metrics_listen"));
+        let bad = format!("metrics_listen = \"nowhere\"\n{GOOD}");
+        let error = node_error(&bad);
+        assert!(error.contains("n2.toml:1: metrics_listen"), "{error}");
     }
 
     #[test]

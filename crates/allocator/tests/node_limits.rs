@@ -39,6 +39,7 @@ async fn messages_above_the_cap_are_refused_and_the_node_still_serves() {
             ..Default::default()
         },
         tls: None,
+        metrics: None,
     };
     let disk = MemoryDisk::new();
     let mut parts = NodeParts::real(config, InitMode::Explicit);

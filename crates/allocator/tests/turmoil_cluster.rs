@@ -57,6 +57,7 @@ fn node_config(id: u64) -> NodeConfig {
         prober: ProberSettings::default(),
         limits: Default::default(),
         tls: None,
+        metrics: None,
     }
 }
 

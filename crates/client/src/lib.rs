@@ -24,6 +24,7 @@
 //! - [`target_key`]: keyed hashes of targets: no raw id is a map key or a log field.
 //! - [`clock`], [`random`]: injected monotonic time and seedable randomness.
 //! - [`lru`]: the bounded LRU map behind the caps.
+//! - [`metrics`]: the counters, through the `metrics` facade (no recorder installed).
 //!
 //! Under mTLS (the agent's default with `[tls]`), make the limiter with
 //! [`Limiter::connect_mtls`]: it presents the `/gateway/<region>`
@@ -49,6 +50,7 @@ pub mod fail_mode;
 pub mod http;
 pub mod limiter;
 pub mod lru;
+pub mod metrics;
 pub mod negative_cache;
 pub mod random;
 pub mod target_key;

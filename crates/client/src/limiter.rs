@@ -64,6 +64,7 @@
 //! - cost 0, or INVALID_ARGUMENT from the agent: POLICY_ERROR, retry -1
 //!   (the agent was reachable: no fail mode).
 
+use crate::metrics::Counter;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -420,21 +421,41 @@ struct Shard {
     random: SplitMix64,
 }
 
-#[derive(Default)]
+/// The limiter's counts, each also a `metrics` counter ([`crate::metrics`]).
 struct Counters {
-    admissions: AtomicU64,
-    negative_cache_hits: AtomicU64,
-    block_only_admissions: AtomicU64,
-    checks: AtomicU64,
-    check_failures: AtomicU64,
-    lease_requests: AtomicU64,
-    lease_grants: AtomicU64,
-    lease_refusals: AtomicU64,
-    lease_failures: AtomicU64,
-    give_backs: AtomicU64,
-    given_back_tokens: AtomicU64,
-    fail_mode_decisions: AtomicU64,
-    negative_cache_full: AtomicU64,
+    admissions: Counter,
+    negative_cache_hits: Counter,
+    block_only_admissions: Counter,
+    checks: Counter,
+    check_failures: Counter,
+    lease_requests: Counter,
+    lease_grants: Counter,
+    lease_refusals: Counter,
+    lease_failures: Counter,
+    give_backs: Counter,
+    given_back_tokens: Counter,
+    fail_mode_decisions: Counter,
+    negative_cache_full: Counter,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            admissions: Counter::new("leasehold_client_admissions_total"),
+            negative_cache_hits: Counter::new("leasehold_client_negative_cache_hits_total"),
+            block_only_admissions: Counter::new("leasehold_client_block_only_admissions_total"),
+            checks: Counter::new("leasehold_client_checks_total"),
+            check_failures: Counter::new("leasehold_client_check_failures_total"),
+            lease_requests: Counter::new("leasehold_client_lease_requests_total"),
+            lease_grants: Counter::new("leasehold_client_lease_grants_total"),
+            lease_refusals: Counter::new("leasehold_client_lease_refusals_total"),
+            lease_failures: Counter::new("leasehold_client_lease_failures_total"),
+            give_backs: Counter::new("leasehold_client_give_backs_total"),
+            given_back_tokens: Counter::new("leasehold_client_given_back_tokens_total"),
+            fail_mode_decisions: Counter::new("leasehold_client_fail_mode_decisions_total"),
+            negative_cache_full: Counter::new("leasehold_client_negative_cache_full_total"),
+        }
+    }
 }
 
 struct Shared {
@@ -731,7 +752,7 @@ impl Shared {
     }
 
     fn stats_snapshot(&self) -> LimiterStats {
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let read = |counter: &Counter| counter.load(Ordering::Relaxed);
         let stats = &self.stats;
         let mut fail_counts = FailCounts::default();
         let (mut block_states, mut blocks_held) = (0u64, 0u64);

@@ -33,10 +33,8 @@ pub const MAX_MEMORY_KEYS: u64 = 100_000_000;
 /// The agent's default `limits.max_message_bytes`: a Check is a few KiB at
 /// most (inputs are capped far below), a Status reply smaller still.
 pub const AGENT_MAX_MESSAGE_BYTES: u64 = 1 << 20;
-/// Cap on `http_limits.max_header_bytes`.
-pub const MAX_HTTP_HEADER_BYTES: u64 = 1 << 20;
-/// Cap on `http_limits.max_body_bytes`.
-pub const MAX_HTTP_BODY_BYTES: u64 = 16 << 20;
+/// Caps on `http_limits.max_header_bytes` and `http_limits.max_body_bytes`.
+pub use leasehold_tls::http::{MAX_HTTP_BODY_BYTES, MAX_HTTP_HEADER_BYTES};
 
 /// The ranges of the agent config's numbers outside `[global]` (see
 /// [`GLOBAL_BOUNDS`] for those), paths from the file's root.
@@ -161,34 +159,9 @@ impl Default for StoreSettings {
     }
 }
 
-/// `[http_limits]`: what one caller of `/metrics` and `/health` may hold.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpLimits {
-    /// Largest request head (request line and headers); a larger one is
-    /// answered 431 and the connection closed.
-    pub max_header_bytes: u64,
-    /// Largest request body; a declared larger one is answered 413 (the
-    /// endpoints read no body).
-    pub max_body_bytes: u64,
-    /// A request head not complete this long after the server started
-    /// waiting for it (a new connection, or the next request on a kept-alive
-    /// one) closes the connection: a slow client cannot hold it.
-    pub header_read_timeout_ms: u64,
-    /// A connection on which nothing is read or written this long is closed.
-    pub idle_timeout_ms: u64,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        HttpLimits {
-            max_header_bytes: 16_384,
-            max_body_bytes: 65_536,
-            header_read_timeout_ms: 5_000,
-            idle_timeout_ms: 60_000,
-        }
-    }
-}
+/// `[http_limits]`: what one caller of `/metrics` and `/health` may hold
+/// (the listener is shared with the allocator's `metrics_listen`).
+pub use leasehold_tls::http::HttpLimits;
 
 /// Both listeners' limits, as the server applies them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -285,9 +285,47 @@ impl Decider {
         Ok(None)
     }
 
+    /// One decision in its `decision` span: `decision_id` (validated), the
+    /// `pool` of the deciding rule (empty when it has none), the agent's
+    /// `region`, and once decided `rule` and `allowed`. Never a principal,
+    /// key or address.
+    async fn check_inner(
+        &self,
+        decision_id: String,
+        target: RequestTarget,
+        cost: u64,
+        spend_leased: bool,
+    ) -> Result<pb::Decision, InvalidField> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "decision",
+            decision_id = %decision_id,
+            region = %self.region,
+            pool = tracing::field::Empty,
+            rule = tracing::field::Empty,
+            allowed = tracing::field::Empty,
+        );
+        let domain = target.domain.clone();
+        let decided = self
+            .check_decided(decision_id, target, cost, spend_leased)
+            .instrument(span.clone())
+            .await;
+        if let Ok(decision) = &decided {
+            let bundle = self.policy.current();
+            let pool = bundle
+                .rule(&domain, &decision.policy_id)
+                .and_then(|rule| rule.pool.as_deref())
+                .unwrap_or_default();
+            span.record("pool", pool);
+            span.record("rule", decision.policy_id.as_str());
+            span.record("allowed", decision.allowed);
+        }
+        decided
+    }
+
     /// `spend_leased`: the caller holds no blocks (see
     /// [`Decider::check_spending_leased`]).
-    async fn check_inner(
+    async fn check_decided(
         &self,
         decision_id: String,
         target: RequestTarget,

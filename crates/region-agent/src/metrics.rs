@@ -55,7 +55,64 @@ pub struct AgentMetrics {
     /// over_limit_with_local_cache | shadow_mode.
     pub rls_hits: IntCounterVec,
     rls_keys: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
+    /// gRPC latency by method (the Agent and RLS services' own names) and
+    /// code (gRPC's 17), and calls in flight by method.
+    pub rpc_duration: HistogramVec,
+    pub rpc_in_flight: IntGaugeVec,
+    /// Calls to the allocator: call is inspect | register | rebalance |
+    /// ack_share | grant; result is ok | refused | fenced | failed.
+    pub allocator_sync_duration: HistogramVec,
+    pub allocator_sync_failures: IntCounterVec,
+    /// Blocks given back: outcome is added | replayed | lapsed | refused.
+    pub give_backs: IntCounterVec,
+    pub given_back_tokens: prometheus::IntCounter,
+    /// Concurrency leases: op is acquire | release; outcome is acquired |
+    /// denied | released | not_held | invalid.
+    pub concurrency: IntCounterVec,
 }
+
+/// The agent's gRPC methods (the `method` label's values).
+pub const AGENT_RPC_METHODS: &[&str] = &[
+    "Check",
+    "LeaseBlock",
+    "ReturnBlock",
+    "AcquireConcurrency",
+    "ReleaseConcurrency",
+    "Health",
+    "Status",
+    "ReloadPolicy",
+    "ShouldRateLimit",
+];
+
+/// Every metric name the agent registers (with the `leasehold_` prefix),
+/// so dashboards and alert rules can be checked against the code.
+pub const METRIC_NAMES: &[&str] = &[
+    "leasehold_decisions_total",
+    "leasehold_policy_version",
+    "leasehold_store_latency_seconds",
+    "leasehold_breaker_state",
+    "leasehold_fallback_decisions_total",
+    "leasehold_shadow_denials_total",
+    "leasehold_lease_blocks_total",
+    "leasehold_local_fallback_keys",
+    "leasehold_invalid_requests_total",
+    "leasehold_global_room_millitokens",
+    "leasehold_global_mode",
+    "leasehold_allocator_reachable",
+    "leasehold_rls_hits_total",
+    "leasehold_rpc_duration_seconds",
+    "leasehold_rpc_in_flight",
+    "leasehold_allocator_sync_duration_seconds",
+    "leasehold_allocator_sync_failures_total",
+    "leasehold_give_backs_total",
+    "leasehold_given_back_tokens_total",
+    "leasehold_concurrency_total",
+];
+
+/// RPC and sync latency buckets, seconds.
+const RPC_BUCKETS_S: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0,
+];
 
 impl AgentMetrics {
     pub fn new() -> Result<Self, prometheus::Error> {
@@ -127,6 +184,55 @@ impl AgentMetrics {
             ),
             &["domain", "key", "kind"],
         )?;
+        let rpc_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rpc_duration_seconds",
+                "Agent gRPC latency by method and gRPC code",
+            )
+            .buckets(RPC_BUCKETS_S.to_vec()),
+            &["method", "code"],
+        )?;
+        let rpc_in_flight = IntGaugeVec::new(
+            Opts::new("rpc_in_flight", "Agent gRPC calls being answered"),
+            &["method"],
+        )?;
+        let allocator_sync_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "allocator_sync_duration_seconds",
+                "Calls to the allocator by call and result",
+            )
+            .buckets(RPC_BUCKETS_S.to_vec()),
+            &["call", "result"],
+        )?;
+        let allocator_sync_failures = IntCounterVec::new(
+            Opts::new(
+                "allocator_sync_failures_total",
+                "Calls to the allocator without an answer (unreachable, timed out)",
+            ),
+            &["call"],
+        )?;
+        let give_backs = IntCounterVec::new(
+            Opts::new("give_backs_total", "Blocks given back by outcome"),
+            &["outcome"],
+        )?;
+        let given_back_tokens = prometheus::IntCounter::new(
+            "given_back_tokens_total",
+            "Unused tokens added back to buckets",
+        )?;
+        let concurrency = IntCounterVec::new(
+            Opts::new(
+                "concurrency_total",
+                "Concurrency lease calls by op and outcome",
+            ),
+            &["op", "outcome"],
+        )?;
+        registry.register(Box::new(rpc_duration.clone()))?;
+        registry.register(Box::new(rpc_in_flight.clone()))?;
+        registry.register(Box::new(allocator_sync_duration.clone()))?;
+        registry.register(Box::new(allocator_sync_failures.clone()))?;
+        registry.register(Box::new(give_backs.clone()))?;
+        registry.register(Box::new(given_back_tokens.clone()))?;
+        registry.register(Box::new(concurrency.clone()))?;
         registry.register(Box::new(rls_hits.clone()))?;
         registry.register(Box::new(global_room.clone()))?;
         registry.register(Box::new(global_mode.clone()))?;
@@ -156,6 +262,13 @@ impl AgentMetrics {
             allocator_reachable,
             rls_hits,
             rls_keys: Default::default(),
+            rpc_duration,
+            rpc_in_flight,
+            allocator_sync_duration,
+            allocator_sync_failures,
+            give_backs,
+            given_back_tokens,
+            concurrency,
         })
     }
 
@@ -217,11 +330,103 @@ impl AgentMetrics {
     }
 }
 
+impl leasehold_tls::rpc_timing::RpcObserver for AgentMetrics {
+    fn started(&self, method: &'static str) {
+        self.rpc_in_flight.with_label_values(&[method]).inc();
+    }
+
+    fn finished(&self, method: &'static str, code: tonic::Code, elapsed: std::time::Duration) {
+        self.rpc_in_flight.with_label_values(&[method]).dec();
+        self.rpc_duration
+            .with_label_values(&[method, leasehold_tls::rpc_timing::code_name(code)])
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+impl AgentMetrics {
+    /// Every metric family name the registry gathers (with the prefix):
+    /// vector families appear once a label set was used.
+    pub fn registered_names(&self) -> Vec<String> {
+        self.registry
+            .gather()
+            .iter()
+            .map(|family| family.name().to_string())
+            .collect()
+    }
+
+    /// Counts one call to the allocator (`call`: one of inspect, register,
+    /// rebalance, ack_share, grant).
+    pub fn allocator_call(
+        &self,
+        call: &'static str,
+        result: &'static str,
+        elapsed: std::time::Duration,
+    ) {
+        self.allocator_sync_duration
+            .with_label_values(&[call, result])
+            .observe(elapsed.as_secs_f64());
+        if result == "failed" {
+            self.allocator_sync_failures
+                .with_label_values(&[call])
+                .inc();
+        }
+    }
+}
+
 /// Gauge value of a breaker state name.
 pub fn breaker_gauge(state: &str) -> i64 {
     match state {
         "closed" => 0,
         "half_open" => 1,
         _ => 2,
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    /// Every family registered is in [`METRIC_NAMES`] and back (vector
+    /// families are gathered once a label set is used).
+    #[test]
+    fn metric_names_list_what_the_registry_holds() {
+        let m = AgentMetrics::new().expect("registers");
+        m.decisions.with_label_values(&["allowed", "r"]).inc();
+        m.store_latency
+            .with_label_values(&["memory"])
+            .observe(0.001);
+        m.breaker_state.with_label_values(&["memory"]).set(0);
+        m.fallback_decisions.with_label_values(&["local"]).inc();
+        m.shadow_denials.with_label_values(&["r"]).inc();
+        m.lease_blocks.with_label_values(&["granted", "r"]).inc();
+        m.invalid_requests.with_label_values(&["cost"]).inc();
+        m.global_room.with_label_values(&["p", "rate"]).set(1);
+        m.global_mode.with_label_values(&["p"]).set(0);
+        m.rls_hits
+            .with_label_values(&["d", "k", "total_hits"])
+            .inc();
+        leasehold_tls::rpc_timing::RpcObserver::started(&m, "Check");
+        leasehold_tls::rpc_timing::RpcObserver::finished(
+            &m,
+            "Check",
+            tonic::Code::Ok,
+            std::time::Duration::from_millis(1),
+        );
+        m.allocator_call("grant", "failed", std::time::Duration::from_millis(1));
+        m.give_backs.with_label_values(&["added"]).inc();
+        m.concurrency
+            .with_label_values(&["acquire", "acquired"])
+            .inc();
+        let mut names = m.registered_names();
+        names.sort();
+        let mut listed: Vec<String> = METRIC_NAMES.iter().map(|n| n.to_string()).collect();
+        listed.sort();
+        assert_eq!(names, listed);
+        assert!(m
+            .render()
+            .contains("leasehold_allocator_sync_failures_total{call=\"grant\"} 1"));
+        assert!(m
+            .render()
+            .contains("leasehold_rpc_in_flight{method=\"Check\"} 0"));
     }
 }

@@ -5,7 +5,7 @@
 //! [`start`] is [`build`] (the decider and the global-pool sync, nothing
 //! running yet), [`limited_grpc_router`] and [`http_router_limited`] served
 //! on real TCP listeners with the config's `[limits]` and `[http_limits]`
-//! (the HTTP side through hyper's own connection builder, for its head-size
+//! (the HTTP side through [`leasehold_tls::http::serve`]: hyper's own connection builder, for its head-size
 //! cap and header-read timeout, plus an idle timeout), and
 //! [`Built::spawn_background`] (sync tasks, policy file watch). The
 //! simulation uses the same blocks on its own network, without listener
@@ -33,15 +33,15 @@ use crate::global::settings::GlobalSettings;
 use crate::global::sync::{GlobalSync, SyncError};
 use crate::key::{KeyBuilder, KeyError, MIN_PEPPER_LEN};
 use crate::memory::{Clock, MemoryStore, SystemClock};
-use crate::metrics::{breaker_gauge, AgentMetrics};
+use crate::metrics::{breaker_gauge, AgentMetrics, AGENT_RPC_METHODS};
 use crate::policy::{self, Bundle, PolicyHolder};
 use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::rls_engine::RlsEngine;
 use crate::service::AgentService;
 use crate::store::BucketStore;
-use leasehold_tls::authz::{self, Call, Method};
+use leasehold_tls::authz::Method;
 use leasehold_tls::gate::Gate;
-use leasehold_tls::PeerInfo;
+use leasehold_tls::rpc_timing::Timed;
 
 /// Who may reach the agent's gRPC services (ARCHITECTURE §8).
 #[derive(Clone, Debug, Default)]
@@ -353,6 +353,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
             .iter()
             .flat_map(|g| g.pools.iter().map(|p| p.id.clone())),
     ));
+    let metrics = AgentMetrics::new()?;
     let sync = match spec.global {
         Some(settings) => Some(Arc::new(GlobalSync::with_connector(
             spec.region.clone(),
@@ -365,13 +366,16 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         )?)),
         None => None,
     };
+    if let Some(sync) = &sync {
+        sync.set_metrics(metrics.clone());
+    }
     let decider = Arc::new(Decider {
         region: spec.region,
         store: spec.store,
         keys,
         policy,
         fallback: LocalFallback::new(spec.fallback_max_keys),
-        metrics: AgentMetrics::new()?,
+        metrics,
         counters: Counters::default(),
         clock: spec.clock,
         global,
@@ -408,10 +412,25 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
 /// strangers). Serve it on any listener (`serve_with_incoming…`).
 pub fn grpc_router(decider: &Arc<Decider>) -> tonic::transport::server::Router {
     tonic::transport::Server::builder()
-        .add_service(AgentServer::new(AgentService::new(decider.clone())))
-        .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(
-            decider.clone(),
-        )))
+        .add_service(timed(
+            decider,
+            AgentServer::new(AgentService::new(decider.clone())),
+        ))
+        .add_service(timed(
+            decider,
+            RateLimitServiceServer::new(EnvoyRateLimitService::new(decider.clone())),
+        ))
+}
+
+/// `service` with a span and latency per call ([`Timed`]): method and
+/// code in `leasehold_rpc_duration_seconds`, the agent's Region on the span.
+fn timed<S>(decider: &Arc<Decider>, service: S) -> Timed<S> {
+    Timed::new(
+        service,
+        AGENT_RPC_METHODS,
+        Some(&decider.region),
+        Arc::new(decider.metrics.clone()),
+    )
 }
 
 /// The same services behind `limits` (`[limits]`): concurrency per
@@ -427,12 +446,14 @@ pub fn limited_grpc_router(
     limits
         .grpc
         .server()
-        .add_service(
+        .add_service(timed(
+            decider,
             AgentServer::new(AgentService::with_gate(decider.clone(), gate))
                 .max_decoding_message_size(bytes)
                 .max_encoding_message_size(bytes),
-        )
-        .add_service(
+        ))
+        .add_service(timed(
+            decider,
             RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
                 decider.clone(),
                 gate,
@@ -440,7 +461,7 @@ pub fn limited_grpc_router(
             ))
             .max_decoding_message_size(bytes)
             .max_encoding_message_size(bytes),
-        )
+        ))
 }
 
 /// Envoy's RLS alone behind `limits`, open (the plaintext loopback
@@ -451,7 +472,8 @@ fn rls_only_router(
     limits: &ListenerLimits,
 ) -> tonic::transport::server::Router {
     let bytes = limits.grpc_message_bytes();
-    limits.grpc.server().add_service(
+    limits.grpc.server().add_service(timed(
+        decider,
         RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
             decider.clone(),
             Gate::Open,
@@ -459,7 +481,7 @@ fn rls_only_router(
         ))
         .max_decoding_message_size(bytes)
         .max_encoding_message_size(bytes),
-    )
+    ))
 }
 
 /// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`
@@ -480,7 +502,6 @@ pub fn http_router_limited(
     engine: &Arc<RlsEngine>,
     limits: &HttpLimits,
 ) -> axum::Router {
-    let body_bytes = usize::try_from(limits.max_body_bytes).unwrap_or(usize::MAX);
     let for_http = decider.clone();
     let for_health = decider.clone();
     // Authorized before it is reached (HTTPS: as ShouldRateLimit).
@@ -489,7 +510,7 @@ pub fn http_router_limited(
         Gate::Open,
         engine.clone(),
     ));
-    axum::Router::new()
+    let router = axum::Router::new()
         // upstream ratelimit's liveness probe: 200 `OK` while the agent
         // serves (it always can: from its store or by each rule's fail mode).
         .route("/healthcheck", get(|| async { "OK" }))
@@ -548,23 +569,8 @@ pub fn http_router_limited(
                     }))
                 }
             }),
-        )
-        .layer(axum::extract::DefaultBodyLimit::max(body_bytes))
-        .layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| async move {
-                let declared = request
-                    .headers()
-                    .get(axum::http::header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok());
-                match declared {
-                    Some(length) if length > body_bytes as u64 => {
-                        axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response()
-                    }
-                    _ => next.run(request).await,
-                }
-            },
-        ))
+        );
+    leasehold_tls::http::limit_body(router, limits)
 }
 
 /// Builds and serves an agent. A listener that cannot bind is refused
@@ -691,9 +697,10 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     };
     let mut router = http_router_limited(&built.decider, &built.engine, &built.limits.http);
     if http_acceptor.is_some() {
-        router = authorize_http(router, built.decider.region.clone());
+        router =
+            leasehold_tls::http::authorize(router, Some(built.decider.region.clone()), http_method);
     }
-    tasks.push(tokio::spawn(serve_http(
+    tasks.push(tokio::spawn(leasehold_tls::http::serve(
         http,
         http_acceptor,
         router,
@@ -770,246 +777,14 @@ async fn health_service(
     service
 }
 
-/// Pause after a failed accept (out of file descriptors, say), so the loop
-/// does not spin while the condition lasts.
-const ACCEPT_RETRY: Duration = Duration::from_millis(50);
-
-/// Asks the authorization table (ARCHITECTURE §8) before each HTTPS
-/// request: `/metrics` is [`Method::HttpMetrics`], every other path
-/// [`Method::HttpHealth`]; a refusal is 403 naming the identity and the
-/// method, written to the `audit` target. The caller's [`PeerInfo`] is
-/// set per connection by [`serve_http`].
-fn authorize_http(router: axum::Router, region: String) -> axum::Router {
-    let region: Arc<str> = region.into();
-    router.layer(axum::middleware::from_fn(
-        move |request: axum::extract::Request, next: axum::middleware::Next| {
-            let region = region.clone();
-            async move {
-                let method = match request.uri().path() {
-                    "/metrics" => Method::HttpMetrics,
-                    // A decision, as the gRPC RLS: the Region's gateways.
-                    "/json" => Method::ShouldRateLimit,
-                    _ => Method::HttpHealth,
-                };
-                let Some(peer) = request.extensions().get::<PeerInfo>() else {
-                    // Served only behind the TLS acceptor, which sets it.
-                    return (
-                        axum::http::StatusCode::FORBIDDEN,
-                        format!("{method}: no verified client identity"),
-                    )
-                        .into_response();
-                };
-                match authz::authorize(&peer.identity, &Call::for_region(method, &region)) {
-                    Ok(()) => next.run(request).await,
-                    Err(denied) => {
-                        authz::audit_refusal(&denied);
-                        (
-                            axum::http::StatusCode::FORBIDDEN,
-                            format!("PERMISSION_DENIED: {denied}\n"),
-                        )
-                            .into_response()
-                    }
-                }
-            }
-        },
-    ))
-}
-
-/// Serves `router` over HTTP/1.1 on `listener` with `limits`: hyper's head
-/// size cap (431) and header-read timeout, and an idle timeout on the
-/// connection's I/O ([`IdleTimeout`]). With `tls`, every connection is an
-/// mTLS handshake first (bounded like the gRPC listener's, see
-/// [`leasehold_tls::incoming`]) and its requests carry the caller's
-/// [`PeerInfo`]. Ends when `stop` turns true, closing every connection.
-async fn serve_http(
-    listener: TcpListener,
-    tls: Option<leasehold_tls::TlsAcceptor>,
-    router: axum::Router,
-    limits: HttpLimits,
-    stop: watch::Receiver<bool>,
-) {
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms.max(1)))
-        .max_header_size(usize::try_from(limits.max_header_bytes).unwrap_or(usize::MAX));
-    let idle = Duration::from_millis(limits.idle_timeout_ms.max(1));
-    match tls {
-        Some(acceptor) => {
-            use tokio_stream::StreamExt;
-            let mut incoming = std::pin::pin!(leasehold_tls::incoming(listener, acceptor));
-            loop {
-                let mut stopping = stop.clone();
-                let connection = tokio::select! {
-                    next = incoming.next() => next,
-                    _ = stopping.wait_for(|stop| *stop) => return,
-                };
-                match connection {
-                    Some(Ok(connection)) => {
-                        let peer = connection.peer().clone();
-                        serve_connection(
-                            &builder,
-                            &router,
-                            &stop,
-                            IdleTimeout::new(connection, idle),
-                            Some(peer),
-                        );
-                    }
-                    // `incoming` yields no errors; its end ends the server.
-                    Some(Err(_)) => continue,
-                    None => return,
-                }
-            }
-        }
-        None => loop {
-            let mut stopping = stop.clone();
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = stopping.wait_for(|stop| *stop) => return,
-            };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(ACCEPT_RETRY).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            serve_connection(
-                &builder,
-                &router,
-                &stop,
-                IdleTimeout::new(stream, idle),
-                None,
-            );
-        },
-    }
-}
-
-/// Serves one HTTP connection in its own task until it closes or `stop`
-/// turns true; its requests carry `peer` when it is an mTLS connection.
-fn serve_connection<S>(
-    builder: &hyper::server::conn::http1::Builder,
-    router: &axum::Router,
-    stop: &watch::Receiver<bool>,
-    io: S,
-    peer: Option<PeerInfo>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
-    let router = match peer {
-        Some(peer) => router.clone().layer(axum::Extension(peer)),
-        None => router.clone(),
-    };
-    let service = hyper_util::service::TowerToHyperService::new(router);
-    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
-    let mut stopping = stop.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            served = connection => {
-                if let Err(e) = served {
-                    tracing::debug!(error = %e, "HTTP connection closed");
-                }
-            }
-            _ = stopping.wait_for(|stop| *stop) => {}
-        }
-    });
-}
-
-/// A stream that fails with `TimedOut` once nothing was read or written on
-/// it for `timeout` while its user waits on it: hyper then drops the
-/// connection. Keeps a kept-alive or stalled client from holding a socket.
-struct IdleTimeout<S> {
-    inner: S,
-    timeout: Duration,
-    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
-}
-
-impl<S> IdleTimeout<S> {
-    fn new(inner: S, timeout: Duration) -> Self {
-        IdleTimeout {
-            inner,
-            timeout,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
-        }
-    }
-
-    fn touch(&mut self) {
-        let next = tokio::time::Instant::now() + self.timeout;
-        self.deadline.as_mut().reset(next);
-    }
-
-    /// Called when the inner stream is pending: times out past the deadline.
-    fn pending<T>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<T>> {
-        use std::future::Future;
-        match self.deadline.as_mut().poll(cx) {
-            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "HTTP connection idle past http_limits.idle_timeout_ms",
-            ))),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for IdleTimeout<S> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
-            std::task::Poll::Ready(result) => {
-                if buf.filled().len() > before {
-                    this.touch();
-                }
-                std::task::Poll::Ready(result)
-            }
-            std::task::Poll::Pending => this.pending(cx),
-        }
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for IdleTimeout<S> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        match std::pin::Pin::new(&mut this.inner).poll_write(cx, buf) {
-            std::task::Poll::Ready(result) => {
-                if matches!(result, Ok(n) if n > 0) {
-                    this.touch();
-                }
-                std::task::Poll::Ready(result)
-            }
-            std::task::Poll::Pending => this.pending(cx),
-        }
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        match std::pin::Pin::new(&mut this.inner).poll_flush(cx) {
-            std::task::Poll::Pending => this.pending(cx),
-            ready => ready,
-        }
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+/// The table's method of an HTTPS path on the agent's listener:
+/// `/metrics` is [`Method::HttpMetrics`], `/json` a decision (as the gRPC
+/// RLS: the Region's gateways), every other path [`Method::HttpHealth`].
+fn http_method(path: &str) -> Method {
+    match path {
+        "/metrics" => Method::HttpMetrics,
+        "/json" => Method::ShouldRateLimit,
+        _ => Method::HttpHealth,
     }
 }
 
@@ -1187,6 +962,7 @@ fail_mode = "closed"
             prober: ProberSettings::default(),
             limits: Default::default(),
             tls: None,
+            metrics: None,
         };
         let disk = MemoryDisk::new();
         let mut parts = NodeParts::real(config, InitMode::Explicit);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
+use tracing::{Instrument, Span};
 
 use crate::global::room::PoolView;
 
@@ -40,6 +41,32 @@ impl AgentService {
     }
 }
 
+/// The span of a lease call: its lease id as `decision_id` (the gateway's
+/// id of the block or slot, never a principal), the Region, and the pool
+/// of the rule it names (empty when none or unknown). Raw target values
+/// (principals, keys, addresses) are never fields.
+fn lease_span(
+    call: &'static str,
+    decider: &Decider,
+    lease_id: &str,
+    target: Option<&pb::Target>,
+    rule_id: &str,
+) -> Span {
+    let bundle = decider.policy.current();
+    let domain = target.map_or("", |target| target.domain.as_str());
+    let pool = bundle
+        .rule(domain, rule_id)
+        .and_then(|rule| rule.pool.clone())
+        .unwrap_or_default();
+    tracing::info_span!(
+        "decision",
+        call,
+        decision_id = %leasehold_logging::quote(lease_id),
+        pool = %pool,
+        region = %decider.region,
+    )
+}
+
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn check(
@@ -57,8 +84,16 @@ impl Agent for AgentService {
         request: Request<pb::LeaseBlockRequest>,
     ) -> Result<Response<pb::LeaseBlockResponse>, Status> {
         self.allow(&request, Method::LeaseBlock)?;
+        let req = request.into_inner();
+        let span = lease_span(
+            "lease_block",
+            &self.decider,
+            &req.lease_id,
+            req.target.as_ref(),
+            &req.rule_id,
+        );
         Ok(Response::new(
-            self.decider.lease_block(request.into_inner()).await?,
+            self.decider.lease_block(req).instrument(span).await?,
         ))
     }
 
@@ -67,9 +102,29 @@ impl Agent for AgentService {
         request: Request<pb::ReturnBlockRequest>,
     ) -> Result<Response<pb::ReturnBlockResponse>, Status> {
         self.allow(&request, Method::ReturnBlock)?;
-        Ok(Response::new(
-            self.decider.return_block(request.into_inner()).await?,
-        ))
+        let req = request.into_inner();
+        let span = lease_span(
+            "return_block",
+            &self.decider,
+            &req.lease_id,
+            req.target.as_ref(),
+            &req.rule_id,
+        );
+        let metrics = &self.decider.metrics;
+        let returned = self.decider.return_block(req).instrument(span).await;
+        let outcome = match &returned {
+            Ok(response) if response.replayed => "replayed",
+            Ok(response) if response.added_tokens > 0 => "added",
+            // The Region holds no room now, or the store did not answer:
+            // the unused tokens lapse (safe).
+            Ok(_) => "lapsed",
+            Err(_) => "refused",
+        };
+        metrics.give_backs.with_label_values(&[outcome]).inc();
+        if let Ok(response) = &returned {
+            metrics.given_back_tokens.inc_by(response.added_tokens);
+        }
+        Ok(Response::new(returned?))
     }
 
     async fn acquire_concurrency(
@@ -77,11 +132,26 @@ impl Agent for AgentService {
         request: Request<pb::AcquireConcurrencyRequest>,
     ) -> Result<Response<pb::AcquireConcurrencyResponse>, Status> {
         self.allow(&request, Method::AcquireConcurrency)?;
-        Ok(Response::new(
-            self.decider
-                .acquire_concurrency(request.into_inner())
-                .await?,
-        ))
+        let req = request.into_inner();
+        let span = lease_span(
+            "acquire_concurrency",
+            &self.decider,
+            &req.lease_id,
+            req.target.as_ref(),
+            "",
+        );
+        let acquired = self.decider.acquire_concurrency(req).instrument(span).await;
+        let outcome = match &acquired {
+            Ok(response) if response.decision.as_ref().is_some_and(|d| d.allowed) => "acquired",
+            Ok(_) => "denied",
+            Err(_) => "invalid",
+        };
+        self.decider
+            .metrics
+            .concurrency
+            .with_label_values(&["acquire", outcome])
+            .inc();
+        Ok(Response::new(acquired?))
     }
 
     async fn release_concurrency(
@@ -89,11 +159,26 @@ impl Agent for AgentService {
         request: Request<pb::ReleaseConcurrencyRequest>,
     ) -> Result<Response<pb::ReleaseConcurrencyResponse>, Status> {
         self.allow(&request, Method::ReleaseConcurrency)?;
-        Ok(Response::new(
-            self.decider
-                .release_concurrency(request.into_inner())
-                .await?,
-        ))
+        let req = request.into_inner();
+        let span = lease_span(
+            "release_concurrency",
+            &self.decider,
+            &req.lease_id,
+            req.target.as_ref(),
+            "",
+        );
+        let released = self.decider.release_concurrency(req).instrument(span).await;
+        let outcome = match &released {
+            Ok(response) if response.released => "released",
+            Ok(_) => "not_held",
+            Err(_) => "invalid",
+        };
+        self.decider
+            .metrics
+            .concurrency
+            .with_label_values(&["release", outcome])
+            .inc();
+        Ok(Response::new(released?))
     }
 
     async fn health(

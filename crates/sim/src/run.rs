@@ -305,6 +305,7 @@ fn node_config(scenario: &Scenario, id: u64) -> NodeConfig {
         prober: ProberSettings::default(),
         limits: Default::default(),
         tls: None,
+        metrics: None,
     }
 }
 

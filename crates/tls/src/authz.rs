@@ -13,8 +13,8 @@
 //! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config) |
 //! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver) |
 //! | prober | HealthReport |
-//! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus |
-//! | sre | Inspect, Status, Health, NodeStatus (read-only) |
+//! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus, `/metrics` |
+//! | sre | Inspect, Status, Health, NodeStatus, `/metrics` (read-only) |
 //! | gateway/r | the agent's Check, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
 //!
 //! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
@@ -22,6 +22,10 @@
 //! sre, admin and the Region's gateways; `/metrics` (HttpMetrics) for sre
 //! and admin (a Prometheus scraper presents the sre certificate); `/json`
 //! (upstream ratelimit's JSON RLS) as ShouldRateLimit, the gateways'.
+//!
+//! The allocator's HTTPS listener (`metrics_listen`): `/metrics`
+//! (HttpMetrics, naming no Region) for sre and admin only; a Region's, a
+//! node's, the prober's or a gateway's certificate is refused.
 
 use std::fmt;
 
@@ -484,6 +488,26 @@ mod tests {
                     "{method}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn allocator_metrics_are_read_by_sre_and_admin_only() {
+        // The allocator's listener names no Region.
+        for identity in [
+            Identity::Sre,
+            Identity::Admin,
+            region("eu"),
+            Identity::Node(1),
+            Identity::Prober,
+            gateway("eu"),
+        ] {
+            let expected = matches!(identity, Identity::Sre | Identity::Admin);
+            assert_eq!(
+                allowed(&identity, Call::new(Method::HttpMetrics)),
+                expected,
+                "{identity}"
+            );
         }
     }
 

@@ -11,6 +11,10 @@
 //! Map:
 //! - [`authz`] — [`authz::authorize`]: the table of §8, the `audit` target.
 //! - [`gate`] — [`gate::Gate`]: a service's check of each call against `authz`.
+//! - [`http`] — the HTTP(S) listener of `/metrics` and `/health` (limits,
+//!   mTLS, the table asked per request), shared by the agent and allocator.
+//! - [`rpc_timing`] — [`rpc_timing::Timed`]: a gRPC service's per-call span
+//!   and latency by method and code.
 //! - [`identity`] — [`Identity`], [`parse_spiffe`], [`identity_of`].
 //! - [`files`] — [`TlsFiles`], PEM loading whose errors name the file.
 //! - [`reload`] — [`Reloading`]: the config in force, rebuilt when a file
@@ -31,8 +35,10 @@ pub mod client;
 pub mod error;
 pub mod files;
 pub mod gate;
+pub mod http;
 pub mod identity;
 pub mod reload;
+pub mod rpc_timing;
 pub mod server;
 pub mod settings;
 mod verify;

@@ -66,6 +66,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::clock::{self, SystemClock, WallClock};
 use crate::command::{Command, CommandError, Outcome, Rejection, Reply};
 use crate::machine::{Admission, Machine};
+use crate::metrics::{AllocatorMetrics, RaftGauges};
 use crate::node_config::{NodeConfig, RaftSettings};
 use crate::pool::Pool;
 use crate::prober::{self, ProberHost};
@@ -81,7 +82,9 @@ use crate::transport::{self, Connector, Incoming, Listen};
 use crate::wire::ErrorInfo;
 use leasehold_proto::allocator::v1::allocator_server::AllocatorServer;
 use leasehold_proto::allocator::v1::raft_server::RaftServer;
+use leasehold_tls::authz::Method;
 use leasehold_tls::gate::Gate;
+use leasehold_tls::rpc_timing::Timed;
 
 mod members;
 
@@ -133,6 +136,13 @@ pub enum NodeError {
     /// A `[tls]` file that cannot serve (the error names it).
     #[error("tls: {0}")]
     Tls(#[from] leasehold_tls::TlsError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("metrics_listen = {addr}: {source}")]
+    MetricsBind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A command the state machine answered.
@@ -256,6 +266,7 @@ struct NodeInner {
     clock: Arc<dyn WallClock>,
     /// Held while a membership request is carried out (one at a time).
     membership_lock: Arc<tokio::sync::Mutex<()>>,
+    metrics: AllocatorMetrics,
 }
 
 /// A handle on a running node: cheap to clone.
@@ -283,7 +294,12 @@ fn unconfirmed(timeout: Duration) -> ProposeError {
 /// already gave up are not proposed. Ends when every queue sender is gone
 /// (after its writes finish) or when aborted (its writes are aborted too:
 /// their callers are answered "outcome unknown").
-async fn run_batcher(raft: Raft, mut queue: mpsc::Receiver<Queued>, timeout: Duration) {
+async fn run_batcher(
+    raft: Raft,
+    mut queue: mpsc::Receiver<Queued>,
+    timeout: Duration,
+    metrics: AllocatorMetrics,
+) {
     let window = Arc::new(Semaphore::new(MAX_ENTRIES_IN_FLIGHT));
     let mut writes = JoinSet::new();
     loop {
@@ -303,6 +319,7 @@ async fn run_batcher(raft: Raft, mut queue: mpsc::Receiver<Queued>, timeout: Dur
         }
         batch.retain(|queued| !queued.answer.is_closed());
         if !batch.is_empty() {
+            metrics.commands_per_entry.observe(batch.len() as f64);
             writes.spawn(write_batch(raft.clone(), batch, timeout, slot));
         }
     }
@@ -500,6 +517,33 @@ impl Node {
     /// or its own late report comes first — after an allocator outage
     /// longer than share_ttl + max_drift, every lease Region returns fenced.
     pub async fn propose(&self, command: Command) -> Result<Committed, ProposeError> {
+        let result = self.propose_counted(command).await;
+        let outcome = match &result {
+            Ok(_) => "committed",
+            Err(ProposeError::Rejected(rejection)) => {
+                if matches!(rejection.error, CommandError::Fenced { .. }) {
+                    self.inner.metrics.fenced.inc();
+                }
+                "rejected"
+            }
+            Err(ProposeError::Invalid(error)) => {
+                if matches!(error, CommandError::Fenced { .. }) {
+                    self.inner.metrics.fenced.inc();
+                }
+                "invalid"
+            }
+            Err(ProposeError::NotLeader(_)) => "not_leader",
+            Err(ProposeError::Busy(_)) => "busy",
+            Err(ProposeError::Unconfirmed(_)) => "unconfirmed",
+            Err(ProposeError::Membership(_) | ProposeError::MembershipInvalid(_)) => "membership",
+            Err(ProposeError::Fatal(_)) => "fatal",
+        };
+        self.inner.metrics.proposal(outcome);
+        result
+    }
+
+    /// [`Node::propose`] before its outcome is counted.
+    async fn propose_counted(&self, command: Command) -> Result<Committed, ProposeError> {
         if !self.is_leader() {
             return Err(ProposeError::NotLeader(self.leader()));
         }
@@ -579,18 +623,94 @@ impl Node {
             .queue
             .try_send(queued)
             .map_err(|error| match error {
-                TrySendError::Full(_) => ProposeError::Busy(format!(
-                    "{MAX_QUEUED_COMMANDS} commands already wait to be proposed; retry later"
-                )),
+                TrySendError::Full(_) => {
+                    self.inner.metrics.batcher_refusals.inc();
+                    ProposeError::Busy(format!(
+                        "{MAX_QUEUED_COMMANDS} commands already wait to be proposed; retry later"
+                    ))
+                }
                 TrySendError::Closed(_) => ProposeError::Fatal("node stopping".into()),
             })?;
         match tokio::time::timeout(timeout, answered).await {
-            Ok(Ok(answer)) => answer,
+            Ok(Ok(answer)) => {
+                if let Ok(committed) = &answer {
+                    self.count_committed(committed);
+                }
+                answer
+            }
             Ok(Err(_)) => Err(ProposeError::Unconfirmed(
                 "node stopping; the outcome is unknown, retrying is safe".into(),
             )),
             Err(_) => Err(unconfirmed(timeout)),
         }
+    }
+
+    /// Counts what a committed answer did: grants, reclaims.
+    fn count_committed(&self, committed: &Committed) {
+        let metrics = &self.inner.metrics;
+        match &committed.reply.outcome {
+            Outcome::Granted(answer) => {
+                let result = if answer.granted_millitokens > 0 {
+                    "granted"
+                } else {
+                    "empty"
+                };
+                metrics.grants.with_label_values(&[result]).inc();
+                metrics
+                    .granted_millitokens
+                    .inc_by(answer.granted_millitokens);
+            }
+            Outcome::Ticked { reclaimed, .. } if !reclaimed.is_empty() => {
+                metrics
+                    .reclaims
+                    .with_label_values(&["tick"])
+                    .inc_by(reclaimed.len() as u64);
+            }
+            Outcome::Reclaimed(_) => metrics.reclaims.with_label_values(&["admin"]).inc(),
+            _ => {}
+        }
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &AllocatorMetrics {
+        &self.inner.metrics
+    }
+
+    /// `/metrics`: the counters, raft's view, the batcher's queue depth and
+    /// the gauges of the applied state ([`crate::metrics::state_gauges`]).
+    pub async fn render_metrics(&self) -> String {
+        // Not in openraft 0.9's metrics: asked of the core, bounded; a core
+        // that does not answer shows no lag rather than holding the scrape.
+        let commit_index = tokio::time::timeout(
+            CORE_CALL_TIMEOUT,
+            self.inner
+                .raft
+                .with_raft_state(|state| state.committed.map(|log_id| log_id.index)),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+        let raft = {
+            let metrics = self.inner.raft.metrics();
+            let metrics = metrics.borrow();
+            RaftGauges {
+                term: metrics.current_term,
+                is_leader: metrics.state == ServerState::Leader
+                    && metrics.current_leader == Some(self.inner.id),
+                leader_id: metrics.current_leader.unwrap_or(0),
+                last_log_index: metrics.last_log_index.unwrap_or(0),
+                commit_index: commit_index
+                    .unwrap_or_else(|| metrics.last_applied.map_or(0, |log_id| log_id.index)),
+                applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            }
+        };
+        let queued = MAX_QUEUED_COMMANDS.saturating_sub(self.inner.queue.capacity());
+        let state = self
+            .inner
+            .state
+            .read(|state| crate::metrics::state_gauges(&state.machine));
+        self.inner.metrics.render(raft, queued as u64, &state)
     }
 
     /// A `Grant` repeating a recorded request, answered without a log entry:
@@ -732,10 +852,23 @@ impl ProberHost for Node {
     }
 
     async fn propose_verdict(&self, region: String, healthy: bool) -> Result<(), String> {
-        self.propose(Command::HealthVerdict { region, healthy })
+        let result = self
+            .propose(Command::HealthVerdict { region, healthy })
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string());
+        let verdict = if healthy { "healthy" } else { "unhealthy" };
+        let outcome = if result.is_ok() {
+            "committed"
+        } else {
+            "failed"
+        };
+        self.inner
+            .metrics
+            .prober_verdicts
+            .with_label_values(&[verdict, outcome])
+            .inc();
+        result
     }
 
     fn now_ms(&self) -> u64 {
@@ -792,6 +925,8 @@ pub struct RunningNode {
     pub node: Node,
     /// The bound listener address (resolves port 0).
     pub address: SocketAddr,
+    /// The bound `metrics_listen` address, when the config sets one.
+    pub metrics_address: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     /// The gRPC listener's task: it ends once its requests in flight do.
     server: Option<JoinHandle<()>>,
@@ -1070,10 +1205,12 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
         }
     };
     let (queue, queued) = mpsc::channel(MAX_QUEUED_COMMANDS);
+    let metrics = AllocatorMetrics::new()?;
     let batcher = tokio::spawn(run_batcher(
         raft.clone(),
         queued,
         config.raft.write_timeout(),
+        metrics.clone(),
     ));
     let node = Node {
         inner: Arc::new(NodeInner {
@@ -1086,6 +1223,7 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
             connector: Arc::clone(&connector),
             clock,
             membership_lock: Arc::default(),
+            metrics,
         }),
     };
     let (bound, address) = match listen {
@@ -1112,6 +1250,14 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
     let (shutdown, stop) = watch::channel(false);
     let server = serve(&node, &config, bound, stop.clone());
     let mut tasks = vec![batcher];
+    let metrics_address = match &config.metrics {
+        Some(metrics) => {
+            let (address, task) = serve_metrics(&node, &config, metrics, stop.clone()).await?;
+            tasks.push(task);
+            Some(address)
+        }
+        None => None,
+    };
     tasks.push(tokio::spawn(initialize(
         node.clone(),
         config.clone(),
@@ -1133,6 +1279,7 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
     Ok(RunningNode {
         node,
         address,
+        metrics_address,
         shutdown,
         server: Some(server),
         tasks,
@@ -1206,19 +1353,31 @@ fn serve(
         Bound::Tls(..) => Gate::Enforced,
         Bound::Tcp(_) | Bound::Incoming(_) => Gate::Open,
     };
-    let allocator = AllocatorServer::new(AllocatorService::new(node.clone(), gate))
-        .max_decoding_message_size(api_bytes)
-        .max_encoding_message_size(api_bytes);
-    let raft = RaftServer::new(RaftRpcService {
-        raft: node.inner.raft.clone(),
-        node_id: config.node_id,
-        configured_peers: config.peer_list(),
-        gate,
-        take_over_pending: Default::default(),
-        take_over_floor: handover::take_over_delay(&config.raft),
-    })
-    .max_decoding_message_size(raft_bytes)
-    .max_encoding_message_size(raft_bytes);
+    let observer: Arc<dyn leasehold_tls::rpc_timing::RpcObserver> =
+        Arc::new(node.inner.metrics.clone());
+    let allocator = Timed::new(
+        AllocatorServer::new(AllocatorService::new(node.clone(), gate))
+            .max_decoding_message_size(api_bytes)
+            .max_encoding_message_size(api_bytes),
+        crate::metrics::ALLOCATOR_METHODS,
+        None,
+        observer.clone(),
+    );
+    let raft = Timed::new(
+        RaftServer::new(RaftRpcService {
+            raft: node.inner.raft.clone(),
+            node_id: config.node_id,
+            configured_peers: config.peer_list(),
+            gate,
+            take_over_pending: Default::default(),
+            take_over_floor: handover::take_over_delay(&config.raft),
+        })
+        .max_decoding_message_size(raft_bytes)
+        .max_encoding_message_size(raft_bytes),
+        crate::metrics::RAFT_METHODS,
+        None,
+        observer,
+    );
     let (health, health_service) = tonic_health::server::health_reporter();
     let router = config
         .limits
@@ -1251,6 +1410,61 @@ fn serve(
             tracing::error!(%error, "gRPC server stopped");
         }
     })
+}
+
+/// Serves `/metrics` on `metrics_listen` ([`leasehold_tls::http`], with the
+/// config's `[http_limits]`): HTTPS with client certificates under the
+/// node's `[tls]` identity, each request authorized as
+/// [`Method::HttpMetrics`] (sre and admin); plaintext only without `[tls]`
+/// (the config's `plaintext = true`), logged.
+async fn serve_metrics(
+    node: &Node,
+    config: &NodeConfig,
+    metrics: &crate::node_config::MetricsListen,
+    stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<()>), NodeError> {
+    let addr = metrics.listen;
+    let bind_error = |source| NodeError::MetricsBind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let address = listener.local_addr().map_err(bind_error)?;
+    let acceptor = match &config.tls {
+        Some(tls) => {
+            let options = leasehold_tls::ServerOptions {
+                alpn: leasehold_tls::Alpn::Http1,
+                ..Default::default()
+            };
+            Some(leasehold_tls::TlsAcceptor::with_options(
+                tls.files(),
+                &tls.trust_domain,
+                options,
+            )?)
+        }
+        None => {
+            leasehold_tls::warn_plaintext("allocator metrics listener (/metrics)");
+            None
+        }
+    };
+    let scraped = node.clone();
+    let mut router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let node = scraped.clone();
+            async move { node.render_metrics().await }
+        }),
+    );
+    router = leasehold_tls::http::limit_body(router, &metrics.limits);
+    if acceptor.is_some() {
+        router = leasehold_tls::http::authorize(router, None, |_| Method::HttpMetrics);
+    }
+    let task = tokio::spawn(leasehold_tls::http::serve(
+        listener,
+        acceptor,
+        router,
+        metrics.limits.clone(),
+        stop,
+    ));
+    tracing::info!(node = config.node_id, %address, "allocator metrics serving");
+    Ok((address, task))
 }
 
 /// Initializes the cluster if this node's log is empty and `mode` allows.

@@ -74,6 +74,8 @@ pub struct GlobalSync {
     pub boot_id: u64,
     started: Instant,
     observer: RwLock<Option<Arc<dyn SyncObserver>>>,
+    /// The agent's metrics (allocator call latency and failures), once set.
+    metrics: std::sync::OnceLock<crate::metrics::AgentMetrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +127,7 @@ impl GlobalSync {
             boot_id,
             started: Instant::now(),
             observer: RwLock::new(None),
+            metrics: std::sync::OnceLock::new(),
         })
     }
 
@@ -174,6 +177,30 @@ impl GlobalSync {
             .collect()
     }
 
+    /// Counts the agent's allocator calls in `metrics` from now on (the
+    /// first call sets them; later ones change nothing).
+    pub fn set_metrics(&self, metrics: crate::metrics::AgentMetrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// [`GlobalSync::reached`], and the call counted in the metrics:
+    /// `call` names it, `started` is when it was sent.
+    fn answered<T>(&self, call: &'static str, started: Instant, result: &Result<T, ClientError>) {
+        self.reached(result);
+        if let Some(metrics) = self.metrics.get() {
+            let outcome = match result {
+                Ok(_) => "ok",
+                Err(ClientError::Refused { code, .. }) if *code == tonic::Code::Unavailable => {
+                    "failed"
+                }
+                Err(error) if fenced(error).is_some() => "fenced",
+                Err(ClientError::Refused { .. }) => "refused",
+                Err(_) => "failed",
+            };
+            metrics.allocator_call(call, outcome, started.elapsed());
+        }
+    }
+
     fn reached<T>(&self, result: &Result<T, ClientError>) {
         let reachable = match result {
             Ok(_) => true,
@@ -201,6 +228,7 @@ impl GlobalSync {
         };
         let mut backoff = Backoff::default();
         let config = loop {
+            let call_started = Instant::now();
             let result = self
                 .client
                 .inspect(pb::InspectRequest {
@@ -209,7 +237,7 @@ impl GlobalSync {
                     allow_stale: true,
                 })
                 .await;
-            self.reached(&result);
+            self.answered("inspect", call_started, &result);
             let found = result.map(|reply| {
                 reply
                     .state
@@ -253,8 +281,9 @@ impl GlobalSync {
         let mut backoff = Backoff::default();
         loop {
             let sent = self.mono_ms();
+            let call_started = Instant::now();
             let result = self.client.register(pool, &self.region).await;
-            self.reached(&result);
+            self.answered("register", call_started, &result);
             match result {
                 Ok(reply) => {
                     tracing::info!(pool, region = %self.region, incarnation = reply.incarnation, epoch = reply.epoch, "registered");
@@ -338,6 +367,7 @@ impl GlobalSync {
             let Some(request) = sync.poll(now) else {
                 continue;
             };
+            let call_started = Instant::now();
             let call = self.client.rebalance(pb::RebalanceRequest {
                 pool: pool.id.clone(),
                 region: self.region.clone(),
@@ -347,7 +377,7 @@ impl GlobalSync {
                 applied_share_version: request.applied_share_version,
             });
             let result = self.publishing(call, slot, &sync, epoch).await;
-            self.reached(&result);
+            self.answered("rebalance", call_started, &result);
             match result {
                 Ok(reply) => {
                     epoch = epoch.max(reply.epoch);
@@ -412,6 +442,7 @@ impl GlobalSync {
             return;
         }
         let sent = self.mono_ms();
+        let call_started = Instant::now();
         let call = self.client.ack_share(pb::AckShareRequest {
             pool: pool.to_string(),
             region: self.region.clone(),
@@ -420,7 +451,7 @@ impl GlobalSync {
             applied_share_version: ack.applied_share_version,
         });
         let result = self.publishing(call, slot, sync, epoch).await;
-        self.reached(&result);
+        self.answered("ack_share", call_started, &result);
         match result {
             Ok(reply) => {
                 if let Some(share) = reply.share {
@@ -546,6 +577,7 @@ impl GlobalSync {
                 // spends are drained and the view republished every tick.
                 tokio::pin!(call);
                 let out_since = Instant::now();
+                let call_started = out_since;
                 let result = loop {
                     tokio::select! {
                         out = &mut call => break out,
@@ -556,7 +588,7 @@ impl GlobalSync {
                         }
                     }
                 };
-                self.reached(&result);
+                self.answered("grant", call_started, &result);
                 match result {
                     Ok(reply) => {
                         let received = self.wall_ms();
