@@ -103,6 +103,7 @@ impl RatePool {
         account.pooled_millitokens_per_s = 0;
         account.granted_not_taken_millitokens_per_s = 0;
         account.demand_requests = 0;
+        account.demand_reported = false;
         account.share_version += 1;
         account.lowered_at_version = account.share_version;
         fence::bump(&mut member.member);

@@ -183,6 +183,7 @@ impl RatePool {
         account.pooled_millitokens_per_s = 0;
         account.granted_not_taken_millitokens_per_s = 0;
         account.demand_requests = 0;
+        account.demand_reported = false;
         self.release_to_unassigned(free);
         self.settle_debt();
         free

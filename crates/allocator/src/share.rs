@@ -46,11 +46,17 @@
 //! reclaimed or removed member (its share, pending release, pool and granted
 //! room: the reclaim rule or the acked removal proved its agent no longer
 //! enforces it) — is the allocator's **unassigned** room. It is never named
-//! to anyone: at each of its calls (`Rebalance`, `AckShare`) a counted member R takes `min(target_R − s_R, unassigned)`
-//! straight into its share, at once, not at the `max_raise` pace. Its target
-//! is the split rule of step 3 (floors, then demand, equal split when no
-//! demand is known), so no member is raised above its target and the raises
-//! of one round sum to at most the unassigned room. `RegisterRegion` hands
+//! to anyone: at each of its calls (`Rebalance`, `AckShare`) a counted
+//! member R takes `min(cap_R − s_R, unassigned)` straight into its share,
+//! at once, not at the `max_raise` pace, before the paced raise from its
+//! pool. `cap_R` is R's target by the split rule of step 3 (floors, then
+//! demand, equal split when no demand is known) with every counted member
+//! that has not reported a demand yet counted at the largest reported one,
+//! and never above R's target: no member is raised above its target, the
+//! raises of one round sum to at most the unassigned room, and the first
+//! Region to report in a fresh pool leaves the others' likely parts
+//! unassigned for them to take at their first `Rebalance` (instead of taking
+//! them and handing them back through the paced handoff).
 //! out nothing (share 0, as before): a Region's target there counts only the
 //! members registered so far — the first Region of a fresh pool would get
 //! all of L — and room it holds beyond its final target could reach the
@@ -145,6 +151,11 @@ pub struct ShareAccount {
     pub lowered_at_version: u64,
     /// The latest committed demand.
     pub demand_requests: u64,
+    /// True once the member reported a demand (a `Rebalance`) since it
+    /// joined; absent (false) in snapshots written before the cold-start
+    /// rule, which only makes their first raise from unassigned room smaller.
+    #[serde(default)]
+    pub demand_reported: bool,
     /// The latest report (highest version) of what the Region enforces.
     pub applied_share_millitokens_per_s: u64,
     pub applied_share_version: u64,
@@ -350,6 +361,8 @@ impl RatePool {
         self.settle_debt();
         let targets = self.targets_now();
         let target = targets.get(region).copied().unwrap_or(0);
+        let cap = self.unassigned_cap(region, target);
+        self.raise_from_unassigned(region, cap);
         self.move_share_toward(region, target);
         self.grant_by_need(region, &targets);
         debug_assert_eq!(self.check(), Ok(()));
@@ -371,7 +384,8 @@ impl RatePool {
         self.settle_debt();
         let targets = self.targets_now();
         let target = targets.get(region).copied().unwrap_or(0);
-        self.raise_from_unassigned(region, target);
+        let cap = self.unassigned_cap(region, target);
+        self.raise_from_unassigned(region, cap);
         self.grant_by_need(region, &targets);
         debug_assert_eq!(self.check(), Ok(()));
         Ok(self.reply(region, target))
@@ -468,6 +482,7 @@ impl RatePool {
             let account = &mut member.account;
             if let Some(demand) = report.demand_requests {
                 account.demand_requests = demand;
+                account.demand_reported = true;
             }
             if report.applied_share_version >= account.applied_share_version {
                 account.applied_share_version = report.applied_share_version;
@@ -497,12 +512,10 @@ impl RatePool {
         }
     }
 
-    /// Steps 4 and 5: lower at once; raise first from unassigned room at
-    /// once (no Region holds it), then from R's pool by at most `max_raise`.
-    /// The share version grows by one when the share changes.
+    /// Steps 4 and 5 (the raise from R's pool, at most `max_raise`; the
+    /// raise from unassigned room is [`RatePool::raise_from_unassigned`]).
     pub(crate) fn move_share_toward(&mut self, region: &RegionId, target: u64) {
         let max_raise = self.config.max_raise_millitokens_per_s();
-        let unassigned = self.unassigned_millitokens_per_s;
         let Some(account) = self.account_mut(region) else {
             return;
         };
@@ -513,17 +526,54 @@ impl RatePool {
             account.share_version += 1;
             account.lowered_at_version = account.share_version;
         } else if target > share {
-            let free = (target - share).min(unassigned);
-            let paced = (target - share - free)
+            let raise = (target - share)
                 .min(account.pooled_millitokens_per_s)
                 .min(max_raise);
-            if free + paced > 0 {
-                account.share_millitokens_per_s += free + paced;
-                account.pooled_millitokens_per_s -= paced;
+            if raise > 0 {
+                account.share_millitokens_per_s += raise;
+                account.pooled_millitokens_per_s -= raise;
                 account.share_version += 1;
-                self.unassigned_millitokens_per_s -= free;
             }
         }
+    }
+
+    /// How far `region` may rise from unassigned room: its target computed
+    /// with every counted member that has not reported a demand yet counted
+    /// at the largest reported demand (all equal when none is known). A
+    /// Region reporting first thus leaves the silent members' likely part
+    /// unassigned — they take it at once at their first Rebalance — instead
+    /// of taking it and handing it back through the paced handoff. Never
+    /// above `target`.
+    fn unassigned_cap(&self, region: &RegionId, target: u64) -> u64 {
+        let counted: Vec<(&RegionId, &ShareAccount)> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.is_counted())
+            .map(|(r, m)| (r, &m.account))
+            .collect();
+        let largest_known = counted
+            .iter()
+            .filter(|(_, a)| a.demand_reported)
+            .map(|(_, a)| a.demand_requests)
+            .max()
+            .unwrap_or(0);
+        let demands: Vec<u64> = counted
+            .iter()
+            .map(|(_, a)| {
+                if a.demand_reported {
+                    a.demand_requests
+                } else {
+                    largest_known
+                }
+            })
+            .collect();
+        let limit = self.config.limit_millitokens_per_s;
+        let floor = self.config.floor_millitokens_per_s();
+        counted
+            .iter()
+            .zip(targets(limit, floor, &demands))
+            .find(|((r, _), _)| *r == region)
+            .map_or(0, |(_, cold)| cold.min(target))
     }
 
     /// The cold-start raise: `region`'s share rises at once toward `cap`

@@ -119,9 +119,38 @@ fn a_fresh_pool_of_three_regions_hands_out_all_of_l_within_one_round() {
 }
 
 #[test]
+fn a_fresh_pool_with_uneven_demands_needs_no_handoff_to_reach_its_targets() {
+    let (mut harness, mut models) = pool_with(&["r1", "r2", "r3"]);
+    let demands = [7_200, 3_600, 1_200];
+    let finals = vec![5_600_000, 3_050_000, 1_350_000];
+    for round in 0..2u64 {
+        for (index, &demand) in demands.iter().enumerate() {
+            rebalance_now(
+                &mut harness,
+                &mut models,
+                index,
+                demand,
+                1_000 + round * 5_000 + index as u64,
+            );
+            // The first to report does not take the silent Regions' parts:
+            // nobody is ever above its final target, so nothing is lowered.
+            for (model, &target) in models.iter().zip(&finals) {
+                assert!(harness.share_of(POOL, &model.id) <= target, "round {round}");
+            }
+        }
+    }
+    assert_eq!(shares(&harness, &models), finals);
+    let rate = harness.rate(POOL);
+    assert!(rate
+        .members
+        .values()
+        .all(|m| m.account.pending_release_millitokens_per_s == 0));
+}
+
+#[test]
 fn a_move_between_two_holding_regions_still_takes_the_paced_handoff() {
     let (mut harness, mut models) = pool_with(&["a", "b"]);
-    converge(&mut harness, &mut models, &[1, 1], 12);
+    converge(&mut harness, &mut models, &[1, 1], 1);
     assert_eq!(shares(&harness, &models), vec![L / 2, L / 2]);
     // Demand moves to b: its target rises but the room is a's.
     let max_raise = harness.rate(POOL).config.max_raise_millitokens_per_s();
