@@ -392,7 +392,8 @@ impl RatePool {
     }
 
     /// `RegisterRegion`: a new or returning member starts at share 0 and
-    /// rises only by named grants; a live member gets its state back.
+    /// rises at its own calls — at once from unassigned room, through named
+    /// grants from room others held; a live member gets its state back.
     pub(crate) fn register(
         &mut self,
         pool: &PoolId,
