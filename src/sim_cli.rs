@@ -28,7 +28,7 @@ pub struct RunArgs {
     /// Write per-second admissions and shares as CSV (first seed).
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// Write a chart of shares and admissions (first seed).
+    /// Write a chart of shares, admissions, demand, Σ admitted vs L and faults (first seed).
     #[arg(long)]
     svg: Option<PathBuf>,
 }

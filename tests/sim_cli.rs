@@ -39,7 +39,10 @@ fn a_run_prints_its_verdict_and_writes_csv_and_svg() {
     assert_eq!(csv.lines().count(), 1 + 20 * 3, "{csv}");
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(
-        svg.contains("<svg") && svg.contains("eu share"),
+        svg.contains("<svg")
+            && svg.contains("eu share")
+            && svg.contains("eu demand/s")
+            && svg.contains("Σ admitted/s"),
         "{}",
         &svg[..200.min(svg.len())]
     );

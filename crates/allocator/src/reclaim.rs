@@ -14,10 +14,11 @@
 //!   signal, so a cut-off but healthy Region, still enforcing its share, is
 //!   reclaimed and its room handed out a second time.
 //!
-//! Reclaiming (automatic or `AdminReclaim`) splits the member's share,
-//! pending release, pool and granted-not-taken equally (largest remainder,
-//! ties to the lowest Region id) into the live members' pools — unassigned
-//! room when none is left — zeroes its account and fences it (§4.1). It
+//! Reclaiming (automatic or `AdminReclaim`) returns the member's share,
+//! pending release, pool and granted-not-taken to the pool's unassigned
+//! room — which no Region holds, so every live member takes it at once up to
+//! its target at its next call (the cold-start rule of [`crate::share`]) —
+//! zeroes its account and fences it (§4.1). It
 //! returns at share 0 by registering again. In a window pool a reclaim only
 //! fences: granted chunks expire with their window.
 //!
@@ -82,8 +83,8 @@ impl RatePool {
             .collect()
     }
 
-    /// Takes back all of `region`'s room into the counted live members'
-    /// pools ([`RatePool::spread_to_counted`]) and fences it. Returns the
+    /// Takes back all of `region`'s room into the unassigned room
+    /// ([`RatePool::release_to_unassigned`]) and fences it. Returns the
     /// room freed (0 if it was not live). Keeps Σ = L in force.
     pub(crate) fn reclaim(&mut self, region: &RegionId) -> u64 {
         let Some(member) = self.members.get_mut(region) else {
@@ -102,11 +103,12 @@ impl RatePool {
         account.pooled_millitokens_per_s = 0;
         account.granted_not_taken_millitokens_per_s = 0;
         account.demand_requests = 0;
+        account.demand_reported = false;
         account.share_version += 1;
         account.lowered_at_version = account.share_version;
         fence::bump(&mut member.member);
 
-        self.spread_to_counted(freed);
+        self.release_to_unassigned(freed);
         self.settle_debt();
         debug_assert_eq!(self.check(), Ok(()));
         freed

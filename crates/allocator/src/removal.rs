@@ -15,7 +15,8 @@
 //! - it counts in no target and receives no named grant; its `Rebalance` and
 //!   `AckShare` are answered share 0 (target 0);
 //! - its pool and its granted-not-taken room, which its agent does not
-//!   enforce, go to the counted live members' pools at once;
+//!   enforce, go to the unassigned room at once (the counted members take
+//!   it up to their targets at their next calls);
 //! - its pending release stays its own, unassignable, until the ordinary
 //!   release confirmation (step 2: a report of an applied share ≤ 0 from a
 //!   reply at or after the lowering) or until the pool's reclaim rule takes
@@ -27,7 +28,7 @@
 //!
 //! In the command that confirms the release, or reclaims the member, the
 //! removal finishes ([`RatePool::finish_removals`]): the rest of its room is
-//! reclaimed into the live members' pools, the member deleted and its
+//! returned to the unassigned room, the member deleted and its
 //! incarnation and share version tombstoned ([`crate::region::Retired`]),
 //! exactly as an immediate removal does. A member with nothing its agent may
 //! enforce (reclaimed, or live at share 0 with nothing pending) is removed at
@@ -38,7 +39,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::apportion::apportion;
 use crate::config::ReclaimPolicy;
 use crate::id::RegionId;
 use crate::share::{RateMember, RatePool};
@@ -54,7 +54,7 @@ pub struct PendingRemoval {
 /// What removing a member did to its pool ([`crate::pool::Pool::remove`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Removal {
-    /// Room released into the live members' pools now, millitokens per
+    /// Room returned to the unassigned room now, millitokens per
     /// second (0 in a window pool, when the member was already reclaimed,
     /// or by a repeated `RemoveRegion` of a pending removal).
     pub released_millitokens_per_s: u64,
@@ -183,7 +183,8 @@ impl RatePool {
         account.pooled_millitokens_per_s = 0;
         account.granted_not_taken_millitokens_per_s = 0;
         account.demand_requests = 0;
-        self.spread_to_counted(free);
+        account.demand_reported = false;
+        self.release_to_unassigned(free);
         self.settle_debt();
         free
     }
@@ -230,25 +231,12 @@ impl RatePool {
         incarnation
     }
 
-    /// Splits `room` equally (largest remainder, ties to the lowest Region
-    /// id) into the counted members' pools; unassigned when there are none.
-    pub(crate) fn spread_to_counted(&mut self, room: u64) {
-        let counted: Vec<RegionId> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.is_counted())
-            .map(|(region, _)| region.clone())
-            .collect();
-        if counted.is_empty() {
-            self.unassigned_millitokens_per_s += room;
-            return;
-        }
-        let parts = apportion(room, &vec![1; counted.len()]);
-        for (region, part) in counted.iter().zip(parts) {
-            if let Some(member) = self.members.get_mut(region) {
-                member.account.pooled_millitokens_per_s += part;
-            }
-        }
+    /// Returns room no Region may enforce any more (a reclaimed or removed
+    /// member's) to the unassigned room: no Region holds it, so each counted
+    /// member takes it at once, up to its target, at its next call (§4.3
+    /// cold start), instead of through paced named handoffs.
+    pub(crate) fn release_to_unassigned(&mut self, room: u64) {
+        self.unassigned_millitokens_per_s += room;
     }
 
     /// The pending removal of `region` as `RemoveRegion` answers it.

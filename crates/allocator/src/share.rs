@@ -28,16 +28,48 @@
 //!    (`applied_share_version ≥ lowered_at_version`);
 //! 3. targets: [`targets`] over the live Regions' latest demands;
 //! 4. target < s_R: lower s_R at once, the difference to pending release;
-//! 5. target > s_R: raise from R's pool only, by at most `max_raise` (10% of L);
-//! 6. grant R's pool beyond R's own unmet need, and any unassigned room, to
-//!    the live Regions by name, in proportion to their unmet need
+//! 5. target > s_R: raise at once from unassigned room (cold start, below),
+//!    then from R's pool by at most `max_raise` (10% of L);
+//! 6. grant R's pool beyond R's own unmet need to the live Regions by name,
+//!    in proportion to their unmet need
 //!    `need_Q = max(0, target_Q − s_Q − pool_Q − granted_Q)`, never more than
 //!    it ([`crate::apportion`] rounding); keep the rest when nobody needs it.
 //!
-//! `AckShare` runs steps 2 and 6. Raising only from confirmed room keeps the
-//! *enforced* sum ≤ L even when replies are lost, delayed or reordered, as
-//! long as a Region applies a reply only if its `share_version` is above the
-//! last one it applied (versions grow by one at every change of the share).
+//! `AckShare` runs steps 2 and 6 and the cold-start raise. Raising only from
+//! confirmed or unassigned room keeps the *enforced* sum ≤ L even when
+//! replies are lost, delayed or reordered, as long as a Region applies a
+//! reply only if its `share_version` is above the last one it applied
+//! (versions grow by one at every change of the share).
+//!
+//! # Cold start: unassigned room is handed out at once
+//! Room no Region holds — a new pool's L, an increase of L, the room of a
+//! reclaimed or removed member (its share, pending release, pool and granted
+//! room: the reclaim rule or the acked removal proved its agent no longer
+//! enforces it) — is the allocator's **unassigned** room. It is never named
+//! to anyone: at each of its calls (`Rebalance`, `AckShare`) a counted
+//! member R takes `min(cap_R − s_R, unassigned)` straight into its share,
+//! at once, not at the `max_raise` pace, before the paced raise from its
+//! pool. `cap_R` is R's target by the split rule of step 3 (floors, then
+//! demand, equal split when no demand is known) with every counted member
+//! that has not reported a demand yet counted at the largest reported one,
+//! and never above R's target: no member is raised above its target, the
+//! raises of one round sum to at most the unassigned room, and the first
+//! Region to report in a fresh pool leaves the others' likely parts
+//! unassigned for them to take at their first `Rebalance` (instead of taking
+//! them and handing them back through the paced handoff).
+//! out nothing (share 0, as before): a Region's target there counts only the
+//! members registered so far — the first Region of a fresh pool would get
+//! all of L — and room it holds beyond its final target could reach the
+//! others only through the handoff. Its first `Rebalance` takes its whole
+//! target at once, so a fresh pool whose Regions all registered hands out
+//! all of L within one round of Rebalances.
+//!
+//! Room a Region holds (its share, its pending release) and room it owns
+//! (its pool, room granted to it by name) still moves only by the six steps:
+//! lowered at once, confirmed by the Region's report, named to a needer,
+//! taken at the needer's next call and raised by at most `max_raise` a step.
+//! Handing out unassigned room cannot raise the enforced sum: Σ enforced ≤
+//! Σ (shares + pending releases) ≤ L − unassigned before the raise.
 //!
 //! # Convergence bound
 //! Let demands be constant from time T0 (every `Rebalance` from T0 on carries
@@ -49,9 +81,11 @@
 //!   (step 4) and its ack confirms the release; every Region with room beyond
 //!   its own need hands it out (step 6). Since Σ targets = L, Σ unmet need =
 //!   Σ surplus + unassigned, and a grant never exceeds a need, so by
-//!   T0 + 2I + a every unmet need is covered by room granted to it or in its pool;
+//!   T0 + 2I + a every unmet need is covered by room granted to it, in its
+//!   pool or unassigned;
 //! - at each of its following rebalances (the first by T0 + 3I + a) a Region
-//!   below target takes that room and raises by `min(gap, max_raise)`.
+//!   below target takes the unassigned room it needs at once, and raises
+//!   from its pool by `min(gap, max_raise)`.
 //!
 //! So every share is **within 1% of its target (in fact equal to it) by
 //! T0 + (2 + ⌈0.99 × (L − (n − 1) × floor) / max_raise⌉) × I + a**, `n` live
@@ -117,6 +151,11 @@ pub struct ShareAccount {
     pub lowered_at_version: u64,
     /// The latest committed demand.
     pub demand_requests: u64,
+    /// True once the member reported a demand (a `Rebalance`) since it
+    /// joined; absent (false) in snapshots written before the cold-start
+    /// rule, which only makes their first raise from unassigned room smaller.
+    #[serde(default)]
+    pub demand_reported: bool,
     /// The latest report (highest version) of what the Region enforces.
     pub applied_share_millitokens_per_s: u64,
     pub applied_share_version: u64,
@@ -322,14 +361,16 @@ impl RatePool {
         self.settle_debt();
         let targets = self.targets_now();
         let target = targets.get(region).copied().unwrap_or(0);
+        let cap = self.unassigned_cap(region, target);
+        self.raise_from_unassigned(region, cap);
         self.move_share_toward(region, target);
-        self.grant_by_need(Some(region), &targets);
-        self.grant_by_need(None, &targets);
+        self.grant_by_need(region, &targets);
         debug_assert_eq!(self.check(), Ok(()));
         Ok(self.reply(region, target))
     }
 
-    /// §4.3 `AckShare`: steps 2 and 6 without waiting for the next interval.
+    /// §4.3 `AckShare`: steps 2 and 6 without waiting for the next interval,
+    /// and the cold-start raise from unassigned room.
     pub(crate) fn ack_share(
         &mut self,
         pool: &PoolId,
@@ -343,14 +384,16 @@ impl RatePool {
         self.settle_debt();
         let targets = self.targets_now();
         let target = targets.get(region).copied().unwrap_or(0);
-        self.grant_by_need(Some(region), &targets);
-        self.grant_by_need(None, &targets);
+        let cap = self.unassigned_cap(region, target);
+        self.raise_from_unassigned(region, cap);
+        self.grant_by_need(region, &targets);
         debug_assert_eq!(self.check(), Ok(()));
         Ok(self.reply(region, target))
     }
 
     /// `RegisterRegion`: a new or returning member starts at share 0 and
-    /// rises only by named grants; a live member gets its state back.
+    /// rises at its own calls — at once from unassigned room, through named
+    /// grants from room others held; a live member gets its state back.
     pub(crate) fn register(
         &mut self,
         pool: &PoolId,
@@ -389,9 +432,13 @@ impl RatePool {
         }
         let targets = self.targets_now();
         self.settle_debt();
-        self.grant_by_need(None, &targets);
-        debug_assert_eq!(self.check(), Ok(()));
         let target = targets.get(region).copied().unwrap_or(0);
+        // Registration hands out nothing: the member's target counts only
+        // the Regions registered so far (the first of a fresh pool: all of
+        // L), and room it took beyond its final target would reach the
+        // others only through the handoff. Its first Rebalance takes its
+        // target from unassigned room at once.
+        debug_assert_eq!(self.check(), Ok(()));
         let reply = self.reply(region, target);
         Ok(Outcome::Registered {
             incarnation: reply.incarnation,
@@ -420,7 +467,6 @@ impl RatePool {
             }
         }
         self.settle_debt();
-        self.grant_by_need(None, &targets);
         debug_assert_eq!(self.check(), Ok(()));
         debug_assert!(self.committed_shares() <= u128::from(limit));
     }
@@ -437,6 +483,7 @@ impl RatePool {
             let account = &mut member.account;
             if let Some(demand) = report.demand_requests {
                 account.demand_requests = demand;
+                account.demand_reported = true;
             }
             if report.applied_share_version >= account.applied_share_version {
                 account.applied_share_version = report.applied_share_version;
@@ -466,7 +513,8 @@ impl RatePool {
         }
     }
 
-    /// Steps 4 and 5.
+    /// Steps 4 and 5 (the raise from R's pool, at most `max_raise`; the
+    /// raise from unassigned room is [`RatePool::raise_from_unassigned`]).
     pub(crate) fn move_share_toward(&mut self, region: &RegionId, target: u64) {
         let max_raise = self.config.max_raise_millitokens_per_s();
         let Some(account) = self.account_mut(region) else {
@@ -490,22 +538,78 @@ impl RatePool {
         }
     }
 
-    /// Step 6 from `giver`'s pool (beyond its own need), or from unassigned
-    /// room when `giver` is `None`.
-    fn grant_by_need(&mut self, giver: Option<&RegionId>, targets: &BTreeMap<RegionId, u64>) {
-        let available = match giver {
-            Some(region) => match (self.members.get(region), targets.get(region)) {
-                (Some(member), Some(&target)) => member.account.surplus(target),
-                _ => 0,
-            },
-            None => self.unassigned_millitokens_per_s,
+    /// How far `region` may rise from unassigned room: its target computed
+    /// with every counted member that has not reported a demand yet counted
+    /// at the largest reported demand (all equal when none is known). A
+    /// Region reporting first thus leaves the silent members' likely part
+    /// unassigned — they take it at once at their first Rebalance — instead
+    /// of taking it and handing it back through the paced handoff. Never
+    /// above `target`.
+    fn unassigned_cap(&self, region: &RegionId, target: u64) -> u64 {
+        let counted: Vec<(&RegionId, &ShareAccount)> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.is_counted())
+            .map(|(r, m)| (r, &m.account))
+            .collect();
+        let largest_known = counted
+            .iter()
+            .filter(|(_, a)| a.demand_reported)
+            .map(|(_, a)| a.demand_requests)
+            .max()
+            .unwrap_or(0);
+        let demands: Vec<u64> = counted
+            .iter()
+            .map(|(_, a)| {
+                if a.demand_reported {
+                    a.demand_requests
+                } else {
+                    largest_known
+                }
+            })
+            .collect();
+        let limit = self.config.limit_millitokens_per_s;
+        let floor = self.config.floor_millitokens_per_s();
+        counted
+            .iter()
+            .zip(targets(limit, floor, &demands))
+            .find(|((r, _), _)| *r == region)
+            .map_or(0, |(_, cold)| cold.min(target))
+    }
+
+    /// The cold-start raise: `region`'s share rises at once toward `cap`
+    /// (never above it) from the allocator's unassigned room — room no
+    /// Region holds, owns or was granted, so handing it out cannot raise the
+    /// enforced sum above L. Returns the raise.
+    pub(crate) fn raise_from_unassigned(&mut self, region: &RegionId, cap: u64) -> u64 {
+        let unassigned = self.unassigned_millitokens_per_s;
+        let Some(account) = self.account_mut(region) else {
+            return 0;
+        };
+        let raise = cap
+            .saturating_sub(account.share_millitokens_per_s)
+            .min(unassigned);
+        if raise > 0 {
+            account.share_millitokens_per_s += raise;
+            account.share_version += 1;
+            self.unassigned_millitokens_per_s -= raise;
+        }
+        raise
+    }
+
+    /// Step 6 from `giver`'s pool (beyond its own need). Unassigned room is
+    /// never named: each member takes it at its own next call.
+    fn grant_by_need(&mut self, giver: &RegionId, targets: &BTreeMap<RegionId, u64>) {
+        let available = match (self.members.get(giver), targets.get(giver)) {
+            (Some(member), Some(&target)) => member.account.surplus(target),
+            _ => 0,
         };
         if available == 0 {
             return;
         }
         let needers: Vec<(RegionId, u64)> = targets
             .iter()
-            .filter(|&(region, _)| Some(region) != giver)
+            .filter(|&(region, _)| region != giver)
             .filter_map(|(region, &target)| {
                 let need = self.members.get(region)?.account.unmet_need(target);
                 (need > 0).then(|| (region.clone(), need))
@@ -526,9 +630,8 @@ impl RatePool {
                 given += give;
             }
         }
-        match giver.and_then(|region| self.account_mut(region)) {
-            Some(account) => account.pooled_millitokens_per_s -= given,
-            None => self.unassigned_millitokens_per_s -= given,
+        if let Some(account) = self.account_mut(giver) {
+            account.pooled_millitokens_per_s -= given;
         }
     }
 

@@ -93,17 +93,83 @@ fn all_zero_demand_splits_equally_with_the_odd_millitoken_to_the_first_region() 
 }
 
 #[test]
-fn raise_is_capped_at_a_tenth_of_l_per_step() {
+fn a_lone_region_of_a_fresh_pool_takes_all_of_l_at_its_first_rebalance() {
     let (mut harness, mut models) = pool_with(&["r1"]);
-    // Alone, r1's target is L; the unassigned L was granted to it by name.
-    let mut previous = 0;
-    for step in 1..=10u64 {
-        rebalance_now(&mut harness, &mut models, 0, 1, step * 5_000);
-        let share = harness.share_of(POOL, "r1");
-        assert_eq!(share - previous, 1_000_000, "step {step}");
-        previous = share;
+    // Registration hands out nothing; the first Rebalance takes the whole
+    // target from unassigned room at once, not 10% of L.
+    assert_eq!(harness.share_of(POOL, "r1"), 0);
+    rebalance_now(&mut harness, &mut models, 0, 1, 5_000);
+    assert_eq!(harness.share_of(POOL, "r1"), L);
+    assert_eq!(harness.rate(POOL).unassigned_millitokens_per_s, 0);
+}
+
+#[test]
+fn a_fresh_pool_of_three_regions_hands_out_all_of_l_within_one_round() {
+    let (mut harness, mut models) = pool_with(&["r1", "r2", "r3"]);
+    for index in 0..3 {
+        rebalance_now(&mut harness, &mut models, index, 0, 1_000 + index as u64);
     }
-    assert_eq!(previous, L);
+    assert_eq!(
+        shares(&harness, &models),
+        vec![3_333_334, 3_333_333, 3_333_333]
+    );
+    let enforced: u64 = models.iter().map(|m| m.bucket_share).sum();
+    assert_eq!(enforced, L);
+    assert_eq!(harness.rate(POOL).committed_shares(), u128::from(L));
+}
+
+#[test]
+fn a_fresh_pool_with_uneven_demands_needs_no_handoff_to_reach_its_targets() {
+    let (mut harness, mut models) = pool_with(&["r1", "r2", "r3"]);
+    let demands = [7_200, 3_600, 1_200];
+    let finals = vec![5_600_000, 3_050_000, 1_350_000];
+    for round in 0..2u64 {
+        for (index, &demand) in demands.iter().enumerate() {
+            rebalance_now(
+                &mut harness,
+                &mut models,
+                index,
+                demand,
+                1_000 + round * 5_000 + index as u64,
+            );
+            // The first to report does not take the silent Regions' parts:
+            // nobody is ever above its final target, so nothing is lowered.
+            for (model, &target) in models.iter().zip(&finals) {
+                assert!(harness.share_of(POOL, &model.id) <= target, "round {round}");
+            }
+        }
+    }
+    assert_eq!(shares(&harness, &models), finals);
+    let rate = harness.rate(POOL);
+    assert!(rate
+        .members
+        .values()
+        .all(|m| m.account.pending_release_millitokens_per_s == 0));
+}
+
+#[test]
+fn a_move_between_two_holding_regions_still_takes_the_paced_handoff() {
+    let (mut harness, mut models) = pool_with(&["a", "b"]);
+    converge(&mut harness, &mut models, &[1, 1], 1);
+    assert_eq!(shares(&harness, &models), vec![L / 2, L / 2]);
+    // Demand moves to b: its target rises but the room is a's.
+    let max_raise = harness.rate(POOL).config.max_raise_millitokens_per_s();
+    rebalance_now(&mut harness, &mut models, 1, 1_000, 100_000);
+    assert_eq!(harness.share_of(POOL, "b"), L / 2, "a has not lowered yet");
+    // a lowers; until it acks b gains nothing, then b rises by max_raise a step.
+    let outcome = harness.ok(100_100, rebalance(POOL, &models[0], 0));
+    let reply = share_reply(&outcome).clone();
+    assert!(reply.share_millitokens_per_s < L / 2);
+    rebalance_now(&mut harness, &mut models, 1, 1_000, 100_200);
+    assert_eq!(
+        harness.share_of(POOL, "b"),
+        L / 2,
+        "a's lowering is not acked"
+    );
+    assert!(models[0].apply(&reply));
+    harness.ok(100_300, ack(POOL, &models[0]));
+    rebalance_now(&mut harness, &mut models, 1, 1_000, 105_000);
+    assert_eq!(harness.share_of(POOL, "b"), L / 2 + max_raise);
 }
 
 #[test]
@@ -252,7 +318,7 @@ fn lowering_l_lowers_shares_at_once_and_pays_the_debt_only_from_released_room() 
 }
 
 #[test]
-fn raising_l_becomes_room_granted_by_need() {
+fn raising_l_becomes_unassigned_room_taken_at_once() {
     let (mut harness, mut models) = pool_with(&["a", "b"]);
     converge(&mut harness, &mut models, &[1, 1], 12);
     let mut config = rate_config(2 * L);
@@ -265,14 +331,16 @@ fn raising_l_becomes_room_granted_by_need() {
         },
     );
     let rate = harness.rate(POOL);
-    assert_eq!(rate.unassigned_millitokens_per_s, 0);
+    // Nobody holds the new room: it is not named to anyone, and one round
+    // of Rebalances hands it out at once.
+    assert_eq!(rate.unassigned_millitokens_per_s, L);
     assert_eq!(
         rate.members["a"]
             .account
             .granted_not_taken_millitokens_per_s,
-        5_000_000
+        0
     );
-    converge(&mut harness, &mut models, &[1, 1], 6);
+    converge(&mut harness, &mut models, &[1, 1], 1);
     assert_eq!(shares(&harness, &models), vec![10_000_000, 10_000_000]);
 }
 

@@ -97,10 +97,8 @@ fn silence_only_frees_a_silent_but_healthy_region_after_three_intervals() {
     assert_eq!(reclaimed, vec![format!("a@{due_ms}")]);
     let rate = harness.rate(POOL);
     assert_eq!(rate.members["a"].account.share_millitokens_per_s, 0);
-    assert_eq!(
-        rate.members["b"].account.pooled_millitokens_per_s,
-        5_000_000
-    );
+    assert_eq!(rate.members["b"].account.pooled_millitokens_per_s, 0);
+    assert_eq!(rate.unassigned_millitokens_per_s, 5_000_000);
     assert_eq!(harness.incarnation_of(POOL, "a"), 2);
 }
 
@@ -127,13 +125,11 @@ fn two_signal_frees_after_three_silent_intervals_once_unhealthy() {
     assert!(a_silent_until(&mut harness, &models, due_ms - 1).is_empty());
     let reclaimed = a_silent_until(&mut harness, &models, due_ms);
     assert_eq!(reclaimed, vec![format!("a@{due_ms}")]);
-    // Its room went to b's pool; its incarnation is bumped.
+    // Its room went to the unassigned room; its incarnation is bumped.
     let rate = harness.rate(POOL);
     assert_eq!(rate.members["a"].account.share_millitokens_per_s, 0);
-    assert_eq!(
-        rate.members["b"].account.pooled_millitokens_per_s,
-        5_000_000
-    );
+    assert_eq!(rate.members["b"].account.pooled_millitokens_per_s, 0);
+    assert_eq!(rate.unassigned_millitokens_per_s, 5_000_000);
     assert_eq!(harness.incarnation_of(POOL, "a"), 2);
 }
 
@@ -202,7 +198,7 @@ fn admin_freeze_holds_a_member_whatever_the_policy() {
 }
 
 #[test]
-fn admin_reclaim_frees_even_under_freeze_and_splits_equally() {
+fn admin_reclaim_frees_even_under_freeze_and_hands_the_room_out_at_once() {
     let mut config = rate_config(L);
     config.reclaim = ReclaimPolicy::Freeze;
     let mut harness = Harness::default();
@@ -210,7 +206,10 @@ fn admin_reclaim_frees_even_under_freeze_and_splits_equally() {
     for region in ["a", "b", "c", "d"] {
         harness.ok(0, register(POOL, region));
     }
-    // All of L was granted by name to a (alone when it registered).
+    // a takes its target (a quarter of L) from the unassigned room at once.
+    let model = RegionModel::registered("a", &harness.ok(0, register(POOL, "a")));
+    harness.ok(500, rebalance(POOL, &model, 0));
+    assert_eq!(harness.share_of(POOL, "a"), L / 4);
     let outcome = harness.ok(
         1_000,
         Command::AdminReclaim {
@@ -221,13 +220,23 @@ fn admin_reclaim_frees_even_under_freeze_and_splits_equally() {
     let Outcome::Reclaimed(report) = outcome else {
         panic!("{outcome:?}")
     };
-    assert_eq!((report.incarnation, report.freed_millitokens_per_s), (2, L));
+    assert_eq!(
+        (report.incarnation, report.freed_millitokens_per_s),
+        (2, L / 4)
+    );
+    // Back to the unassigned room, which b, c and d take at once, each up
+    // to its target (a third of L), at their next Rebalance.
     let rate = harness.rate(POOL);
-    let pools: Vec<u64> = ["b", "c", "d"]
+    assert_eq!(rate.unassigned_millitokens_per_s, L);
+    for region in ["b", "c", "d"] {
+        let model = RegionModel::registered(region, &harness.ok(0, register(POOL, region)));
+        harness.ok(1_500, rebalance(POOL, &model, 0));
+    }
+    let shares: Vec<u64> = ["b", "c", "d"]
         .iter()
-        .map(|r| rate.members[*r].account.pooled_millitokens_per_s)
+        .map(|r| harness.share_of(POOL, r))
         .collect();
-    assert_eq!(pools, vec![3_333_334, 3_333_333, 3_333_333]);
+    assert_eq!(shares, vec![3_333_334, 3_333_333, 3_333_333]);
     // Reclaiming it again frees nothing and bumps nothing.
     let outcome = harness.ok(
         2_000,

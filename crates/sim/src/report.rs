@@ -1,6 +1,9 @@
 //! What a run tells a reader: a verdict line, violations with their terms,
-//! per-second admissions and shares per Region (`--csv`), and a chart of
-//! shares and admissions over time (`--svg`, plotters).
+//! the time each Region reached its target after each fault, per-second
+//! admissions and shares per Region (`--csv`), and a chart (`--svg`,
+//! plotters) of shares, admissions and demand per Region, Σ admitted against
+//! L and L + the fallback allowances in force, with a marker per fault.
+//! Everything here is a function of the scenario and the trace.
 
 use std::fmt::Write as _;
 
@@ -42,6 +45,24 @@ pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
     }
     for (t, event) in &outcome.trace.events {
         let _ = writeln!(out, "  event at {t} ms: {event}");
+    }
+    for recovery in time_to_target(scenario, outcome) {
+        let reached: Vec<String> = recovery
+            .regions
+            .iter()
+            .map(|(region, after)| match after {
+                Some(ms) => format!("{region} +{:.1} s", *ms as f64 / 1_000.0),
+                None => format!("{region} not reached"),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  to target after {} at {} ms, pool {}: {}",
+            recovery.event,
+            recovery.t_ms,
+            recovery.pool,
+            reached.join(", ")
+        );
     }
     for (pool, interval, most, bound) in crate::checker::rate_margins(scenario, &outcome.trace) {
         let _ = writeln!(
@@ -104,16 +125,108 @@ fn kind(pool: &PoolSpec) -> &'static str {
     }
 }
 
+/// How long after one fault each Region of one rate pool took to reach its
+/// target (see [`time_to_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    pub t_ms: u64,
+    pub event: String,
+    pub pool: String,
+    /// Per Region (scenario order): ms from the fault until it was on target
+    /// (within 5%, enforcing its share) to stay (until the next fault or the end of the run); `None`: not
+    /// reached within that span.
+    pub regions: Vec<(String, Option<u64>)>,
+}
+
+/// On target: enforcing (mode normal) within 5% of the committed target
+/// (targets follow measured demand, which moves a little every interval).
+fn on_target(enforced: u64, mode: RoomMode, target: u64) -> bool {
+    mode == RoomMode::Normal && enforced.abs_diff(target) <= target / 20
+}
+
+/// For each fault of the trace and each rate pool: when each Region reached
+/// its committed target, to stay until the next fault (or the end of the
+/// run), counted from the fault.
+pub fn time_to_target(scenario: &Scenario, outcome: &Outcome) -> Vec<Recovery> {
+    let trace = &outcome.trace;
+    let mut out = Vec::new();
+    for (e, (t_ms, event)) in trace.events.iter().enumerate() {
+        let until = trace.events.get(e + 1).map_or(u64::MAX, |(t, _)| *t);
+        let span: Vec<_> = trace
+            .samples
+            .iter()
+            .filter(|s| s.t_ms >= *t_ms && s.t_ms < until)
+            .collect();
+        for (p, pool) in scenario.pools.iter().enumerate() {
+            let PoolSpec::Rate(_) = pool else { continue };
+            let regions = scenario
+                .regions
+                .iter()
+                .enumerate()
+                .map(|(r, region)| {
+                    let mut since = None;
+                    for sample in &span {
+                        let room = sample.rooms.get(r).and_then(|rooms| rooms.get(p));
+                        let target = sample
+                            .committed
+                            .get(p)
+                            .and_then(|c| c.as_ref())
+                            .and_then(|c| c.get(r))
+                            .map(|c| c.target);
+                        let ok = match (room, target) {
+                            (Some(room), Some(target)) => {
+                                on_target(room.enforced_millitokens_per_s, room.mode, target)
+                            }
+                            _ => false,
+                        };
+                        since = match (ok, since) {
+                            (false, _) => None,
+                            (true, None) => Some(sample.t_ms - t_ms),
+                            (true, since) => since,
+                        };
+                    }
+                    (region.name.clone(), since)
+                })
+                .collect();
+            out.push(Recovery {
+                t_ms: *t_ms,
+                event: event.clone(),
+                pool: pool.id().to_string(),
+                regions,
+            });
+        }
+    }
+    out
+}
+
 struct Second {
     t_s: u64,
     /// (admitted in the second, enforced share at its end, mode at its end).
     regions: Vec<(u64, u64, RoomMode)>,
+    /// Each Region's demand at the second's end (requests/s, scenario).
+    demand: Vec<u64>,
+    /// Fallback allowances in force at the second's end (tokens/s): the
+    /// pool's allowance per Region enforcing it.
+    allowances: u64,
     /// The allocator's committed account per Region at the second's end.
     committed: Option<Vec<crate::trace::Committed>>,
 }
 
 fn per_second(scenario: &Scenario, outcome: &Outcome, p: usize) -> Vec<Second> {
     let per = (1_000 / scenario.sample_ms).max(1) as usize;
+    let pool_id = scenario.pools.get(p).map_or("", |pool| pool.id());
+    let allowance = match scenario.pools.get(p) {
+        Some(PoolSpec::Rate(rate)) => rate.fallback_allowance_per_s(),
+        _ => 0,
+    };
+    let demand_at = |r: usize, t_ms: u64| -> u64 {
+        scenario
+            .demands
+            .iter()
+            .filter(|d| d.pool == pool_id && d.region == scenario.regions[r].name)
+            .map(|d| d.rate_at(t_ms))
+            .sum()
+    };
     outcome
         .trace
         .samples
@@ -128,6 +241,20 @@ fn per_second(scenario: &Scenario, outcome: &Outcome, p: usize) -> Vec<Second> {
                     (admitted, last.enforced_millitokens_per_s, last.mode)
                 })
                 .collect(),
+            demand: (0..scenario.regions.len())
+                .map(|r| demand_at(r, chunk.last().map_or(0, |s| s.t_ms)))
+                .collect(),
+            allowances: chunk.last().map_or(0, |s| {
+                s.rooms
+                    .iter()
+                    .filter(|rooms| {
+                        rooms
+                            .get(p)
+                            .is_some_and(|room| room.mode == RoomMode::Fallback)
+                    })
+                    .count() as u64
+                    * allowance
+            }),
             committed: chunk
                 .last()
                 .and_then(|s| s.committed.get(p).cloned().flatten()),
@@ -164,8 +291,10 @@ pub fn csv(scenario: &Scenario, outcome: &Outcome) -> String {
     out
 }
 
-/// A chart per pool, stacked: enforced shares (solid) and admissions per
-/// second (dashed) per Region, with L for rate pools.
+/// A chart per pool, stacked: per Region its enforced share (solid),
+/// admissions per second (dashed) and demand (dotted); Σ admitted per second
+/// (thick), L and L + the fallback allowances in force for rate pools; a
+/// red vertical marker, labelled, at each fault.
 pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
     let mut text = String::new();
     {
@@ -182,7 +311,14 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
             };
             let y_max = rows
                 .iter()
-                .flat_map(|row| row.regions.iter().map(|(a, s, _)| (*a).max(s / 1_000)))
+                .flat_map(|row| {
+                    let total: u64 = row.regions.iter().map(|(a, _, _)| *a).sum();
+                    row.regions
+                        .iter()
+                        .map(|(a, s, _)| (*a).max(s / 1_000))
+                        .chain(row.demand.iter().copied())
+                        .chain([total, limit + row.allowances])
+                })
                 .max()
                 .unwrap_or(0)
                 .max(limit)
@@ -218,7 +354,43 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                         BLACK.stroke_width(1),
                     ))
                     .map_err(|e| e.to_string())?
-                    .label("L");
+                    .label("L")
+                    .legend(|(x, y)| {
+                        PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(1))
+                    });
+                let grey = RGBColor(128, 128, 128);
+                chart
+                    .draw_series(LineSeries::new(
+                        rows.iter().map(|row| (row.t_s, limit + row.allowances)),
+                        grey.stroke_width(1),
+                    ))
+                    .map_err(|e| e.to_string())?
+                    .label("L + allowances in force")
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 16, y)], grey.stroke_width(1))
+                    });
+            }
+            chart
+                .draw_series(LineSeries::new(
+                    rows.iter()
+                        .map(|row| (row.t_s, row.regions.iter().map(|(a, _, _)| *a).sum::<u64>())),
+                    BLACK.stroke_width(3),
+                ))
+                .map_err(|e| e.to_string())?
+                .label("Σ admitted/s")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(3)));
+            for (t_ms, event) in &outcome.trace.events {
+                let x = t_ms / 1_000;
+                chart
+                    .draw_series(LineSeries::new([(x, 0), (x, y_max)], RED.stroke_width(1)))
+                    .map_err(|e| e.to_string())?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("fault: {event}"),
+                        (x, y_max - y_max / 20),
+                        ("sans-serif", 11).into_font().color(&RED),
+                    )))
+                    .map_err(|e| e.to_string())?;
             }
             for (r, region) in scenario.regions.iter().enumerate() {
                 let color = Palette99::pick(r).to_rgba();
@@ -246,6 +418,18 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                     .legend(move |(x, y)| {
                         PathElement::new([(x, y), (x + 16, y)], color.stroke_width(1))
                     });
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        rows.iter().map(|row| (row.t_s, row.demand[r])),
+                        1,
+                        3,
+                        color.stroke_width(1),
+                    ))
+                    .map_err(|e| e.to_string())?
+                    .label(format!("{} demand/s", region.name))
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(1))
+                    });
             }
             chart
                 .configure_series_labels()
@@ -257,4 +441,150 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Committed, RegionPool, Sample, Trace};
+
+    const SCENARIO: &str = r#"
+name = "tiny"
+duration_ms = 10000
+sample_ms = 1000
+
+[[region]]
+name = "eu"
+[[region]]
+name = "us"
+
+[[pool]]
+kind = "rate"
+id = "api"
+limit_per_s = 100
+fallback_allowance_per_s = 7
+reclaim = { policy = "lease" }
+
+[[demand]]
+region = "eu"
+pool = "api"
+steps = [[0, 60], [5, 90]]
+[[demand]]
+region = "us"
+pool = "api"
+steps = [[0, 20]]
+"#;
+
+    /// Ten one-second samples; a fault at 3 s. eu is on its target (60/s)
+    /// from 5 s on, us never (it falls back at 4 s and stays there).
+    fn tiny() -> (Scenario, Outcome) {
+        let scenario = Scenario::parse("tiny.toml", SCENARIO).expect("parses");
+        let samples = (1..=10u64)
+            .map(|i| {
+                let eu_share = if i >= 5 { 60_000 } else { 30_000 };
+                let us_mode = if i >= 4 {
+                    RoomMode::Fallback
+                } else {
+                    RoomMode::Normal
+                };
+                let room = |admitted, enforced, mode| RegionPool {
+                    admitted,
+                    refused: 0,
+                    enforced_millitokens_per_s: enforced,
+                    block_tokens: 0,
+                    mode,
+                };
+                let committed = |share, target| Committed {
+                    share,
+                    target,
+                    ..Committed::default()
+                };
+                Sample {
+                    t_ms: i * 1_000,
+                    rooms: vec![
+                        vec![room(eu_share / 1_000, eu_share, RoomMode::Normal)],
+                        vec![room(20, 40_000, us_mode)],
+                    ],
+                    committed: vec![Some(vec![
+                        committed(eu_share, 60_000),
+                        committed(40_000, 40_000),
+                    ])],
+                }
+            })
+            .collect();
+        let trace = Trace {
+            samples,
+            events: vec![(3_000, "partition us".to_string())],
+            ..Trace::default()
+        };
+        let outcome = Outcome {
+            seed: 1,
+            hash: "0".repeat(64),
+            trace,
+            violations: Vec::new(),
+            wall: std::time::Duration::from_secs(1),
+        };
+        (scenario, outcome)
+    }
+
+    #[test]
+    fn time_to_target_per_region_per_fault() {
+        let (scenario, outcome) = tiny();
+        let recoveries = time_to_target(&scenario, &outcome);
+        assert_eq!(
+            recoveries,
+            vec![Recovery {
+                t_ms: 3_000,
+                event: "partition us".to_string(),
+                pool: "api".to_string(),
+                regions: vec![("eu".to_string(), Some(2_000)), ("us".to_string(), None)],
+            }]
+        );
+        let text = text(&scenario, &outcome);
+        assert!(
+            text.contains(
+                "to target after partition us at 3000 ms, pool api: eu +2.0 s, us not reached"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_chart_has_sum_admitted_demand_allowances_and_fault_markers() {
+        let (scenario, outcome) = tiny();
+        let svg = svg(&scenario, &outcome).expect("draws");
+        for label in [
+            "Σ admitted/s",
+            "L + allowances in force",
+            "eu demand/s",
+            "us demand/s",
+            "fault: partition us",
+        ] {
+            assert!(svg.contains(label), "no {label:?} in the chart");
+        }
+        // Without faults there is no marker.
+        let (scenario, mut quiet) = tiny();
+        quiet.trace.events.clear();
+        let svg = super::svg(&scenario, &quiet).expect("draws");
+        assert!(!svg.contains("fault:"));
+    }
+
+    #[test]
+    fn per_second_rows_carry_demand_and_allowances_in_force() {
+        let (scenario, outcome) = tiny();
+        let rows = per_second(&scenario, &outcome, 0);
+        assert_eq!(rows[0].demand, vec![60, 20]);
+        assert_eq!(rows[5].demand, vec![90, 20]);
+        // us enforces its fallback allowance from 4 s on: 7 tokens/s.
+        assert_eq!(rows[2].allowances, 0);
+        assert_eq!(rows[3].allowances, 7);
+    }
+
+    #[test]
+    fn on_target_is_within_five_percent_and_only_when_enforcing() {
+        assert!(on_target(52_000, RoomMode::Normal, 54_000));
+        assert!(!on_target(51_000, RoomMode::Normal, 54_000));
+        assert!(!on_target(54_000, RoomMode::Fallback, 54_000));
+        assert!(on_target(0, RoomMode::Normal, 0));
+    }
 }

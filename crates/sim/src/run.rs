@@ -661,7 +661,8 @@ fn sample(
             let disk = disks.values().next()?;
             disk.state()
                 .read(|state| match state.machine.pool(pool.id()) {
-                    Some(Pool::Rate(rate)) => Some(
+                    Some(Pool::Rate(rate)) => Some({
+                        let targets = rate.targets_now();
                         scenario
                             .regions
                             .iter()
@@ -669,7 +670,8 @@ fn sample(
                                 rate.members
                                     .iter()
                                     .find(|(id, _)| id.as_str() == region.name)
-                                    .map_or(Committed::default(), |(_, m)| Committed {
+                                    .map_or(Committed::default(), |(id, m)| Committed {
+                                        target: targets.get(id).copied().unwrap_or(0),
                                         share: m.account.share_millitokens_per_s,
                                         pending_release: m
                                             .account
@@ -680,8 +682,8 @@ fn sample(
                                             .granted_not_taken_millitokens_per_s,
                                     })
                             })
-                            .collect(),
-                    ),
+                            .collect()
+                    }),
                     _ => None,
                 })
         })

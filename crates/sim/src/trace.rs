@@ -56,6 +56,8 @@ pub struct Committed {
     pub pending_release: u64,
     pub pooled: u64,
     pub granted_not_taken: u64,
+    /// The Region's target now (§4.3 step 3; 0 when it is not counted).
+    pub target: u64,
 }
 
 /// A chunk grant a Region's agent took.
