@@ -624,7 +624,7 @@ pub fn reclaimed(reply: &pb::ReclaimReply, view: &View) -> String {
     }
     let unit = if view.human() { " tokens/s" } else { " mt/s" };
     format!(
-        "reclaimed region {} in pool {} (epoch {}): freed {}{unit} into the live members' pools; its agent is fenced until it registers again (incarnation {})\n",
+        "reclaimed region {} in pool {} (epoch {}): freed {}{unit} into the unassigned room (live members take it at their next rebalance); its agent is fenced until it registers again (incarnation {})\n",
         report.region,
         report.pool,
         reply.epoch,
@@ -807,7 +807,7 @@ pub fn removal(reply: &pb::RemoveRegionReply, view: &View) -> String {
         format!("region {} stays a member of its other pools", reply.region)
     };
     format!(
-        "removed region {} from pool {} (epoch {}, {})\n  released {} {rate_unit} into the live members' pools (taken by their own rebalance steps)\n  retired incarnation {}: a new registration joins above it, at share 0\n  {} members left; {}\n",
+        "removed region {} from pool {} (epoch {}, {})\n  released {} {rate_unit} into the unassigned room (live members take it at their next rebalance)\n  retired incarnation {}: a new registration joins above it, at share 0\n  {} members left; {}\n",
         reply.region,
         reply.pool,
         reply.epoch,
@@ -841,7 +841,7 @@ fn removal_pending(
         }
     };
     format!(
-        "removing region {region} from pool {} (epoch {}, {}): pending\n  waiting for {region} to ack share 0 (share version {}) or {lapse}\n  {} {rate_unit} it may still enforce stay unassignable until then; released {} {rate_unit} (its pool and named grants) into the live members' pools\n  meanwhile {region} is answered share 0 and its registration is refused; run the same command again to see whether it is done\n",
+        "removing region {region} from pool {} (epoch {}, {}): pending\n  waiting for {region} to ack share 0 (share version {}) or {lapse}\n  {} {rate_unit} it may still enforce stay unassignable until then; released {} {rate_unit} (its pool and named grants) into the unassigned room\n  meanwhile {region} is answered share 0 and its registration is refused; run the same command again to see whether it is done\n",
         reply.pool,
         reply.epoch,
         at(reply.applied_time_ms),
