@@ -725,10 +725,10 @@ mod tests {
             + rate.pooled_millitokens_per_s
             + rate.granted_not_taken_millitokens_per_s;
         assert_eq!(sum, rate.limit_in_force_millitokens_per_s);
-        // Cold start hands all of L out at once (§4.4), by name: granted,
-        // not yet taken until each Region's next report.
-        assert_eq!(rate.unassigned_millitokens_per_s, 0, "{rate:?}");
-        assert_eq!(rate.granted_not_taken_millitokens_per_s, 10_000_000);
+        // Cold start: nobody holds any of L yet; it stays unassigned until
+        // each Region takes its part at its own next report (at once).
+        assert_eq!(rate.unassigned_millitokens_per_s, 10_000_000, "{rate:?}");
+        assert_eq!(rate.granted_not_taken_millitokens_per_s, 0);
         let shares: u64 = gauges
             .members
             .iter()
