@@ -64,10 +64,11 @@ async fn should_rate_limit_answers_ok_then_over_limit_from_the_same_bucket() {
         let status = &r.statuses[0];
         let limit = status.current_limit.as_ref().unwrap();
         assert_eq!(limit.name, "p-read");
-        // The refill (1 per 1,000 s), not the capacity: 3.6/hour, floored.
+        // The refill (1 per 1,000 s), not the capacity, in the smallest
+        // unit where it is whole: 3.6/hour is not, 2,592/month is.
         assert_eq!(
             (limit.requests_per_unit, limit.unit),
-            (3, Unit::Hour as i32)
+            (2_592, Unit::Month as i32)
         );
         let reset = status.duration_until_reset.unwrap();
         codes.push((r.overall_code, status.limit_remaining, reset.seconds));

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit as ProtoUnit, Code, DescriptorStatus, RateLimit,
+    Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::google::protobuf::Duration;
 use leasehold_proto::agent::v1 as pb;
@@ -40,7 +40,6 @@ use tonic::{Request, Response, Status};
 use crate::decide::Decider;
 use crate::request::InvalidField;
 use crate::rls::answer::{self, CurrentLimit};
-use crate::rls::unit::Unit;
 use crate::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
 use crate::{envoy_status, envoy_target};
 
@@ -191,19 +190,6 @@ pub fn response_of(answer: &crate::rls_engine::RlsAnswer) -> rls::RateLimitRespo
     }
 }
 
-fn rls_unit(unit: ProtoUnit) -> Option<Unit> {
-    Unit::from_proto(unit as i32)
-}
-
-fn proto_unit(unit: envoy_status::RateUnit) -> ProtoUnit {
-    match unit {
-        envoy_status::RateUnit::Second => ProtoUnit::Second,
-        envoy_status::RateUnit::Minute => ProtoUnit::Minute,
-        envoy_status::RateUnit::Hour => ProtoUnit::Hour,
-        envoy_status::RateUnit::Day => ProtoUnit::Day,
-    }
-}
-
 impl EnvoyRateLimitService {
     /// A TOML-policy domain: one native Check per descriptor.
     async fn answer_policy(
@@ -211,24 +197,15 @@ impl EnvoyRateLimitService {
         req: &rls::RateLimitRequest,
     ) -> Result<rls::RateLimitResponse, Status> {
         let hits = u64::from(req.hits_addend.max(1));
-        let mut response = rls::RateLimitResponse {
-            overall_code: Code::Ok as i32,
-            ..Default::default()
-        };
+        let no_limit = || answer::status(&answer::Outcome::NoLimit);
         let bundle = self.decider.policy.current();
         let Some(domain) = bundle.domains.get(&req.domain) else {
             // Only asked for a domain of the bundle; a reload in between
             // removed it: unknown, so OK as upstream.
-            response.statuses = vec![
-                DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..Default::default()
-                };
-                req.descriptors.len()
-            ];
-            return Ok(response);
+            let statuses = vec![no_limit(); req.descriptors.len()];
+            return Ok(response_of(&self.engine.finish(statuses)));
         };
-        let mut seen = Vec::with_capacity(req.descriptors.len());
+        let mut statuses = Vec::with_capacity(req.descriptors.len());
         for descriptor in &req.descriptors {
             let entries: Vec<(&str, &str)> = descriptor
                 .entries
@@ -236,11 +213,7 @@ impl EnvoyRateLimitService {
                 .map(|e| (e.key.as_str(), e.value.as_str()))
                 .collect();
             let Some(target) = envoy_target::target_of(domain, &entries, &self.decider.keys) else {
-                response.statuses.push(DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..Default::default()
-                });
-                seen.push(answer::status(&answer::Outcome::NoLimit));
+                statuses.push(no_limit());
                 continue;
             };
             let cost = descriptor
@@ -258,96 +231,71 @@ impl EnvoyRateLimitService {
                     "limiter unavailable and the rule fails closed",
                 ));
             }
-            let code = if decision.allowed {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            };
-            if code == Code::OverLimit {
-                response.overall_code = Code::OverLimit as i32;
-            }
-            // The store's clock when it decided (windows are aligned to
-            // it), else the agent's.
-            let now_ms = if decision.store_now_ms > 0 {
-                decision.store_now_ms
-            } else {
-                self.decider.clock.now_ms()
-            };
-            let now_ms = u64::try_from(now_ms).unwrap_or(0);
-            let shape = domain
-                .rules
-                .iter()
-                .find(|r| r.id.as_str() == decision.policy_id)
-                .and_then(|rule| envoy_status::shape(rule, self.decider.bucket_params(rule)));
-            let limit = u64::try_from(decision.limit.max(0)).unwrap_or(0);
-            let remaining = u64::try_from(decision.remaining.max(0)).unwrap_or(0);
-            let (rate, reset_ms) = match shape {
-                Some(shape) => (
-                    shape.rate.map(|(n, unit)| (n, proto_unit(unit))),
-                    envoy_status::reset_ms(
-                        shape.reset,
-                        decision.allowed,
-                        limit,
-                        remaining,
-                        decision.retry_after_ms,
-                        now_ms,
-                    ),
-                ),
-                None => (
-                    Some((limit, ProtoUnit::Unknown)),
-                    u64::try_from(decision.retry_after_ms.max(0)).unwrap_or(0),
-                ),
-            };
-            // The same status in the engine's terms, for the headers.
-            seen.push(answer::Status {
-                code: if decision.allowed {
-                    answer::Code::Ok
-                } else {
-                    answer::Code::OverLimit
-                },
-                current_limit: rate.and_then(|(n, unit)| {
-                    Some(CurrentLimit {
-                        requests_per_unit: u32::try_from(n).unwrap_or(u32::MAX),
-                        unit: rls_unit(unit)?,
-                        name: decision.policy_id.clone(),
-                    })
-                }),
-                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-                duration_until_reset_s: Some(reset_ms.div_ceil(1_000)),
-                shadowed: false,
-                quota_mode: false,
-            });
-            response.statuses.push(DescriptorStatus {
-                code: code as i32,
-                current_limit: (!decision.policy_id.is_empty()).then(|| RateLimit {
-                    name: decision.policy_id.clone(),
-                    requests_per_unit: rate
-                        .map(|(n, _)| u32::try_from(n).unwrap_or(u32::MAX))
-                        .unwrap_or(0),
-                    unit: rate.map(|(_, unit)| unit).unwrap_or(ProtoUnit::Unknown) as i32,
-                }),
-                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-                duration_until_reset: (!decision.policy_id.is_empty()).then(|| Duration {
-                    seconds: i64::try_from(reset_ms / 1_000).unwrap_or(i64::MAX),
-                    nanos: ((reset_ms % 1_000) * 1_000_000) as i32,
-                }),
-                ..Default::default()
-            });
+            statuses.push(self.policy_status(domain, &decision));
         }
         // The engine's options hold for TOML domains too: upstream's
         // SHADOW_MODE and response headers.
-        if self.engine.options.global_shadow_mode {
-            response.overall_code = Code::Ok as i32;
+        Ok(response_of(&self.engine.finish(statuses)))
+    }
+
+    /// A TOML domain's decision as the engine's status (see
+    /// [`envoy_status`]).
+    fn policy_status(
+        &self,
+        domain: &crate::policy::Domain,
+        decision: &pb::Decision,
+    ) -> answer::Status {
+        let code = if decision.allowed {
+            answer::Code::Ok
+        } else {
+            answer::Code::OverLimit
+        };
+        let remaining = u64::try_from(decision.remaining.max(0)).unwrap_or(0);
+        let limit_remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+        if decision.policy_id.is_empty() {
+            // No rule decided (none matched): OK, no limit.
+            return answer::Status {
+                code,
+                limit_remaining,
+                ..answer::status(&answer::Outcome::NoLimit)
+            };
         }
-        response.response_headers_to_add = answer::headers(&seen, &self.engine.options.headers)
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key,
-                value,
-                ..Default::default()
-            })
-            .collect();
-        Ok(response)
+        // The store's clock when it decided (windows are aligned to it),
+        // else the agent's.
+        let now_ms = if decision.store_now_ms > 0 {
+            decision.store_now_ms
+        } else {
+            self.decider.clock.now_ms()
+        };
+        let limit = u64::try_from(decision.limit.max(0)).unwrap_or(0);
+        let shape = domain
+            .rules
+            .iter()
+            .find(|r| r.id.as_str() == decision.policy_id)
+            .and_then(|rule| envoy_status::shape(rule, self.decider.bucket_params(rule)));
+        let reset_ms = match shape {
+            Some(shape) => envoy_status::reset_ms(
+                shape.reset,
+                decision.allowed,
+                limit,
+                remaining,
+                decision.retry_after_ms,
+                u64::try_from(now_ms).unwrap_or(0),
+            ),
+            None => u64::try_from(decision.retry_after_ms.max(0)).unwrap_or(0),
+        };
+        answer::Status {
+            code,
+            current_limit: shape.and_then(|s| s.rate).map(|(n, unit)| CurrentLimit {
+                requests_per_unit: u32::try_from(n).unwrap_or(u32::MAX),
+                unit,
+                name: decision.policy_id.clone(),
+            }),
+            limit_remaining,
+            duration_until_reset_s: Some(reset_ms.div_ceil(1_000)),
+            shadowed: false,
+            quota_mode: false,
+        }
     }
 
     /// A TOML domain's statistics, as upstream's per key: under the rule

@@ -3,12 +3,13 @@
 //!
 //! - `current_limit`: the rule's rate in Envoy's units. A bucket (token
 //!   bucket, GCRA) reports its refill, a window rule its limit per window,
-//!   each in the smallest unit (second, minute, hour, day) in which the
+//!   each in the smallest of Envoy's units (second … year) in which the
 //!   rate is a whole number ≥ 1 (2 per 1,000 ms → 2/SECOND; 5 per 90 s →
 //!   200/HOUR), else floored in the smallest unit where it reaches 1. A
-//!   rate-pool rule reports the Region's share; a window-pool rule its
-//!   chunk room as the limit, unit UNKNOWN (no [`Shape`]).
-//! - `duration_until_reset`: a bucket's time until full again (from the
+//!   rate-pool rule reports the Region's share; a window-pool rule (its
+//!   room is chunks, no rate: no [`Shape`]) reports no `current_limit`.
+//! - `duration_until_reset` (whole seconds, rounded up, as upstream's): a
+//!   bucket's time until full again (from the
 //!   tokens remaining, rounded up); a fixed window's time to its end (the
 //!   window is aligned to the epoch of the store's clock, which the
 //!   decision carries); a sliding window's period (all counted now has
@@ -16,45 +17,19 @@
 
 use crate::algorithm::bucket::BucketParams;
 use crate::policy::{Algorithm, Rule};
-
-/// Envoy's units this module reports, with their length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RateUnit {
-    Second,
-    Minute,
-    Hour,
-    Day,
-}
-
-impl RateUnit {
-    pub const ALL: [RateUnit; 4] = [
-        RateUnit::Second,
-        RateUnit::Minute,
-        RateUnit::Hour,
-        RateUnit::Day,
-    ];
-
-    pub fn millis(self) -> u64 {
-        match self {
-            RateUnit::Second => 1_000,
-            RateUnit::Minute => 60_000,
-            RateUnit::Hour => 3_600_000,
-            RateUnit::Day => 86_400_000,
-        }
-    }
-}
+use crate::rls::unit::Unit;
 
 /// `amount` per `period_ms` as requests per one of Envoy's units (see the
-/// module doc); None when it is below 1 per day. (Millitokens per
+/// module doc); None when it is below 1 per year. (Millitokens per
 /// microsecond-thousands work alike: scale both by 1,000.)
-pub fn per_unit(amount: u64, period_ms: u64) -> Option<(u64, RateUnit)> {
+pub fn per_unit(amount: u64, period_ms: u64) -> Option<(u64, Unit)> {
     let period_ms = u128::from(period_ms.max(1));
-    let scaled = |unit: RateUnit| u128::from(amount) * u128::from(unit.millis());
-    let exact = RateUnit::ALL
+    let scaled = |unit: Unit| u128::from(amount) * u128::from(unit.millis());
+    let exact = Unit::ALL
         .into_iter()
         .find(|&unit| scaled(unit) % period_ms == 0 && scaled(unit) >= period_ms);
     let unit = exact.or_else(|| {
-        RateUnit::ALL
+        Unit::ALL
             .into_iter()
             .find(|&unit| scaled(unit) >= period_ms)
     })?;
@@ -68,7 +43,7 @@ pub fn per_unit(amount: u64, period_ms: u64) -> Option<(u64, RateUnit)> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     /// Requests per unit; None below 1 per day.
-    pub rate: Option<(u64, RateUnit)>,
+    pub rate: Option<(u64, Unit)>,
     pub reset: Reset,
 }
 
@@ -162,14 +137,15 @@ mod tests {
 
     #[test]
     fn rates_are_reported_in_the_smallest_whole_unit() {
-        assert_eq!(per_unit(2, 1_000), Some((2, RateUnit::Second)));
-        assert_eq!(per_unit(100, 60_000), Some((100, RateUnit::Minute)));
-        assert_eq!(per_unit(5, 90_000), Some((200, RateUnit::Hour)));
-        assert_eq!(per_unit(3, 1_500), Some((2, RateUnit::Second)));
-        assert_eq!(per_unit(7, 3_000), Some((140, RateUnit::Minute)));
-        assert_eq!(per_unit(1, 7 * 86_400_000), None);
+        assert_eq!(per_unit(2, 1_000), Some((2, Unit::Second)));
+        assert_eq!(per_unit(100, 60_000), Some((100, Unit::Minute)));
+        assert_eq!(per_unit(5, 90_000), Some((200, Unit::Hour)));
+        assert_eq!(per_unit(3, 1_500), Some((2, Unit::Second)));
+        assert_eq!(per_unit(7, 3_000), Some((140, Unit::Minute)));
+        assert_eq!(per_unit(1, 7 * 86_400_000), Some((1, Unit::Week)));
+        assert_eq!(per_unit(1, 2 * 31_536_000_000), None);
         // Not whole in any unit: floored where it reaches 1.
-        assert_eq!(per_unit(1, 86_399_999), Some((1, RateUnit::Day)));
+        assert_eq!(per_unit(1, 86_399_999), Some((1, Unit::Day)));
     }
 
     fn own_bucket(rule: &Rule) -> Option<BucketParams> {
@@ -185,7 +161,7 @@ mod tests {
         // 20 tokens, 2 per second: full in 10 s.
         let r = rule("token_bucket", 20, 2, 1_000);
         let shape = shape(&r, own_bucket(&r)).unwrap();
-        assert_eq!(shape.rate, Some((2, RateUnit::Second)));
+        assert_eq!(shape.rate, Some((2, Unit::Second)));
         let full_refill_ms = 10_000;
         assert_eq!(shape.reset, Reset::Bucket { full_refill_ms });
         assert_eq!(reset_ms(shape.reset, true, 20, 20, 0, 0), 0);
@@ -199,7 +175,7 @@ mod tests {
         };
         assert_eq!(
             super::shape(&r, Some(share)).unwrap().rate,
-            Some((30, RateUnit::Minute))
+            Some((30, Unit::Minute))
         );
         assert_eq!(super::shape(&r, None), None);
     }
@@ -208,7 +184,7 @@ mod tests {
     fn a_fixed_window_resets_at_its_epoch_aligned_end() {
         let r = rule("fixed_window", 10, 10, 60_000);
         let shape = shape(&r, None).unwrap();
-        assert_eq!(shape.rate, Some((10, RateUnit::Minute)));
+        assert_eq!(shape.rate, Some((10, Unit::Minute)));
         assert_eq!(
             reset_ms(shape.reset, true, 10, 3, 0, 120_000 + 59_000),
             1_000
@@ -216,7 +192,7 @@ mod tests {
         assert_eq!(reset_ms(shape.reset, false, 10, 0, 4_000, 0), 4_000);
         let sliding = rule("sliding_log", 5, 5, 3_600_000);
         let sliding = super::shape(&sliding, None).unwrap();
-        assert_eq!(sliding.rate, Some((5, RateUnit::Hour)));
+        assert_eq!(sliding.rate, Some((5, Unit::Hour)));
         assert_eq!(reset_ms(sliding.reset, true, 5, 4, 0, 7), 3_600_000);
     }
 

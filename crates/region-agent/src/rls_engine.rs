@@ -486,7 +486,9 @@ impl RlsEngine {
         }
     }
 
-    fn finish(&self, statuses: Vec<Status>) -> RlsAnswer {
+    /// The answer of `statuses` under the options: the overall code
+    /// (global shadow) and the response headers.
+    pub fn finish(&self, statuses: Vec<Status>) -> RlsAnswer {
         RlsAnswer {
             overall: answer::overall(&statuses, self.options.global_shadow_mode),
             headers: answer::headers(&statuses, &self.options.headers),
