@@ -269,9 +269,7 @@ impl EnvoyRateLimitService {
         };
         let limit = u64::try_from(decision.limit.max(0)).unwrap_or(0);
         let shape = domain
-            .rules
-            .iter()
-            .find(|r| r.id.as_str() == decision.policy_id)
+            .rule(&decision.policy_id)
             .and_then(|rule| envoy_status::shape(rule, self.decider.bucket_params(rule)));
         let reset_ms = match shape {
             Some(shape) => envoy_status::reset_ms(

@@ -55,11 +55,10 @@ pub struct Follower {
     pub current_leader: Option<NodeId>,
     pub current_term: u64,
     pub is_voter: bool,
-    /// A takeover is already scheduled here.
-    pub pending: bool,
 }
 
-/// The delay to elect after, or why this node refuses to take over.
+/// The delay to elect after, or why this node refuses to take over (one
+/// already scheduled is refused by the service, which holds that flag).
 pub fn check_take_over(
     me: Follower,
     from_node: NodeId,
@@ -77,9 +76,6 @@ pub fn check_take_over(
     }
     if me.current_leader != Some(from_node) || me.current_term != term {
         return Err("the sender is not the leader this node follows in that term");
-    }
-    if me.pending {
-        return Err("a takeover is already scheduled");
     }
     Ok(Duration::from_millis(after_ms))
 }
@@ -108,7 +104,6 @@ mod tests {
             current_leader: Some(1),
             current_term: 7,
             is_voter: true,
-            pending: false,
         };
         assert_eq!(
             check_take_over(me, 1, 7, 1_300),
@@ -122,11 +117,6 @@ mod tests {
             ..me
         };
         assert!(check_take_over(learner, 1, 7, 1_300).is_err());
-        let pending = Follower {
-            pending: true,
-            ..me
-        };
-        assert!(check_take_over(pending, 1, 7, 1_300).is_err());
         let itself = Follower { id: 1, ..me };
         assert!(check_take_over(itself, 1, 7, 1_300).is_err());
     }

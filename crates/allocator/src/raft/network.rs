@@ -451,7 +451,6 @@ impl pb::raft_server::Raft for RaftRpcService {
                     .membership()
                     .voter_ids()
                     .any(|id| id == self.node_id),
-                pending: self.take_over_pending.load(Ordering::SeqCst),
             }
         };
         let delay =
