@@ -259,3 +259,69 @@ async fn reused_request_id_with_other_content_is_refused_and_charges_nothing() {
     assert_eq!((t.tokens(&alice), t.tokens(&plan), t.dbsize()), before);
     t.agent.stop().await;
 }
+
+#[tokio::test]
+async fn check_batch_answers_each_check_as_check_would_alone() {
+    let mut t = start(&policy_without_read_refill()).await;
+    // Dora's P-READ bucket holds 20: a batch of 22 of her Checks, one of
+    // them invalid, admits exactly 20 and charges exactly 20.
+    let mut checks: Vec<pb::CheckRequest> = (0..22)
+        .map(|i| check(&format!("b{i}"), target("atlas", "dora", "read"), 1))
+        .collect();
+    checks[5].cost = 0;
+    let results = t
+        .client
+        .check_batch(pb::CheckBatchRequest {
+            checks: checks.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(results.len(), 22, "one result per Check, in order");
+    let mut allowed = 0;
+    for (i, result) in results.iter().enumerate() {
+        match result.result.as_ref().unwrap() {
+            pb::check_result::Result::Decision(d) => {
+                assert_ne!(i, 5);
+                assert_eq!(d.decision_id, format!("b{i}"));
+                if d.allowed {
+                    allowed += 1;
+                } else {
+                    assert_eq!(d.policy_id, "p-read");
+                }
+            }
+            pb::check_result::Result::Error(e) => {
+                assert_eq!(i, 5, "only the invalid Check fails");
+                assert_eq!(e.code, tonic::Code::InvalidArgument as i32);
+                assert!(e.message.contains("cost"), "{}", e.message);
+            }
+        }
+    }
+    assert_eq!(allowed, 20, "exactly the bucket's 20");
+    let plan_key = t.shared_key("atlas", "p-plan");
+    assert_eq!(
+        t.tokens(&plan_key).unwrap(),
+        (1_000 - 20) * 1_000,
+        "the plan is charged for the 20 admitted only"
+    );
+
+    // Bounds: an empty batch and one over 256 are refused whole.
+    for n in [0, 257] {
+        let status = t
+            .client
+            .check_batch(pb::CheckBatchRequest {
+                checks: vec![checks[0].clone(); n],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{n}");
+        assert!(status.message().contains("checks"), "{}", status.message());
+    }
+    assert_eq!(
+        t.tokens(&plan_key).unwrap(),
+        (1_000 - 20) * 1_000,
+        "a refused batch charges nothing"
+    );
+    t.agent.stop().await;
+}

@@ -130,6 +130,15 @@ async fn only_gateways_of_its_region_decide() {
             identity,
             "LeaseBlock",
         );
+        assert_denied(
+            client
+                .check_batch(pb::CheckBatchRequest {
+                    checks: vec![check("x", target("atlas", "dora", "search"), 1)],
+                })
+                .await,
+            identity,
+            "CheckBatch",
+        );
     }
     s.agent.stop().await;
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::check_batch::{BatchSettings, AGENT_BATCH_MAX};
 use crate::clock::{Clock, MonotonicClock};
 use crate::fail_mode::{FailMode, LOCAL_FALLBACK_KEYS_MAX};
 use crate::negative_cache::NEGATIVE_CACHE_ENTRIES_MAX;
@@ -19,6 +20,12 @@ pub const PROFILE_TTL_MS: u64 = 10_000;
 pub const SHARDS: usize = 16;
 /// Default period of the background sweep (expired blocks, stale entries).
 pub const SWEEP_INTERVAL_MS: u64 = 1_000;
+/// Default most Checks in one CheckBatch call.
+pub const CHECK_BATCH_MAX: usize = 64;
+/// Default most Checks waiting to be sent.
+pub const CHECK_QUEUE_MAX: usize = 4_096;
+/// Default most CheckBatch calls awaiting their answer at once.
+pub const CHECK_BATCHES_IN_FLIGHT: usize = 4;
 const SHARDS_MAX: usize = 1_024;
 
 /// A configuration value the limiter cannot run with.
@@ -32,6 +39,8 @@ pub enum ConfigError {
     Zero { field: &'static str },
     #[error("shards = {0} is outside [1, 1024]")]
     Shards(usize),
+    #[error("check_batch_max = {0} is outside [1, 256]")]
+    CheckBatchMax(usize),
 }
 
 /// How a [`crate::Limiter`] behaves. Every map it keeps is capped; the caps
@@ -62,6 +71,15 @@ pub struct LimiterConfig {
     pub random_seed: Option<u64>,
     /// The monotonic clock blocks, caches and buckets are timed by.
     pub clock: Arc<dyn Clock>,
+    /// Most Checks sent in one `CheckBatch` call, in [1, 256]; 1 sends each
+    /// as its own `Check` (see [`crate::check_batch`]).
+    pub check_batch_max: usize,
+    /// Most Checks queued for sending; one more is refused at once and the
+    /// fail mode decides it.
+    pub check_queue_max: usize,
+    /// Most CheckBatch calls awaiting their answer at once; Checks arriving
+    /// meanwhile queue and go together in the next call.
+    pub check_batches_in_flight: usize,
 }
 
 impl Default for LimiterConfig {
@@ -78,6 +96,9 @@ impl Default for LimiterConfig {
             sweep_interval_ms: SWEEP_INTERVAL_MS,
             random_seed: None,
             clock: Arc::new(MonotonicClock::new()),
+            check_batch_max: CHECK_BATCH_MAX,
+            check_queue_max: CHECK_QUEUE_MAX,
+            check_batches_in_flight: CHECK_BATCHES_IN_FLIGHT,
         }
     }
 }
@@ -100,6 +121,9 @@ impl fmt::Debug for LimiterConfig {
             .field("sweep_interval_ms", &self.sweep_interval_ms)
             .field("random_seed", &self.random_seed)
             .field("clock", &self.clock)
+            .field("check_batch_max", &self.check_batch_max)
+            .field("check_queue_max", &self.check_queue_max)
+            .field("check_batches_in_flight", &self.check_batches_in_flight)
             .finish()
     }
 }
@@ -112,6 +136,9 @@ impl LimiterConfig {
         if !(1..=SHARDS_MAX).contains(&self.shards) {
             return Err(ConfigError::Shards(self.shards));
         }
+        if !(1..=AGENT_BATCH_MAX).contains(&self.check_batch_max) {
+            return Err(ConfigError::CheckBatchMax(self.check_batch_max));
+        }
         let at_least_one = [
             ("deadline_ms", self.deadline_ms),
             ("profile_ttl_ms", self.profile_ttl_ms),
@@ -121,6 +148,11 @@ impl LimiterConfig {
                 self.negative_cache_entries_max as u64,
             ),
             ("blocks_max", self.blocks_max as u64),
+            ("check_queue_max", self.check_queue_max as u64),
+            (
+                "check_batches_in_flight",
+                self.check_batches_in_flight as u64,
+            ),
             ("profiles_max", self.profiles_max as u64),
             (
                 "local_fallback_keys_max",
@@ -130,6 +162,15 @@ impl LimiterConfig {
         match at_least_one.iter().find(|(_, value)| *value == 0) {
             Some((field, _)) => Err(ConfigError::Zero { field }),
             None => Ok(()),
+        }
+    }
+
+    /// The Check batching settings.
+    pub(crate) fn check_batching(&self) -> BatchSettings {
+        BatchSettings {
+            batch_max: self.check_batch_max,
+            queue_max: self.check_queue_max,
+            batches_in_flight: self.check_batches_in_flight,
         }
     }
 

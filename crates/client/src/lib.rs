@@ -20,6 +20,8 @@
 //! - [`fail_mode`]: open / closed / local bucket when the agent cannot answer (§3.4).
 //! - [`http`]: decision → pass / 429 / 503 / 500, headers and body (§2, §3.7).
 //! - [`limiter`]: [`Limiter`], the tonic shell tying them together.
+//! - [`check_batch`]: concurrent Checks sent together as `CheckBatch` calls
+//!   (bounded queue, bounded batches in flight, per-caller deadlines).
 //! - [`config`]: [`LimiterConfig`], defaults and caps.
 //! - [`target_key`]: keyed hashes of targets: no raw id is a map key or a log field.
 //! - [`clock`], [`random`]: injected monotonic time and seedable randomness.
@@ -44,6 +46,7 @@
 //! ```
 
 pub mod block;
+pub mod check_batch;
 pub mod clock;
 pub mod config;
 pub mod fail_mode;

@@ -79,6 +79,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::block::{BlockAction, BlockState, Draws, LeaseAnswer, SpendOutcome};
+use crate::check_batch::CheckBatcher;
 use crate::clock::Clock;
 use crate::config::{ConfigError, LimiterConfig};
 use crate::fail_mode::{FailCounts, FailSafe};
@@ -161,6 +162,8 @@ pub struct LimiterStats {
     pub given_back_tokens: u64,
     pub fail_mode_decisions: u64,
     pub negative_cache_full: u64,
+    /// Checks refused before sending: the check queue was full.
+    pub check_queue_full: u64,
     /// Block states now kept: one per leased (bucket, rule) in use (per
     /// target and rule when the agent names no bucket).
     pub block_states: u64,
@@ -436,6 +439,7 @@ struct Counters {
     given_back_tokens: Counter,
     fail_mode_decisions: Counter,
     negative_cache_full: Counter,
+    check_queue_full: Counter,
 }
 
 impl Default for Counters {
@@ -454,12 +458,15 @@ impl Default for Counters {
             given_back_tokens: Counter::new("leasehold_client_given_back_tokens_total"),
             fail_mode_decisions: Counter::new("leasehold_client_fail_mode_decisions_total"),
             negative_cache_full: Counter::new("leasehold_client_negative_cache_full_total"),
+            check_queue_full: Counter::new("leasehold_client_check_queue_full_total"),
         }
     }
 }
 
 struct Shared {
     client: AgentClient<Channel>,
+    /// Checks go through it: concurrent ones share a CheckBatch call.
+    checks: CheckBatcher,
     deadline: Duration,
     profile_ttl_ms: u64,
     clock: Arc<dyn Clock>,
@@ -492,8 +499,10 @@ impl Shared {
                 })
             })
             .collect();
+        let checks = CheckBatcher::start(client.clone(), config.check_batching());
         Self {
             client,
+            checks,
             deadline: Duration::from_millis(config.deadline_ms),
             profile_ttl_ms: config.profile_ttl_ms,
             clock: Arc::clone(&config.clock),
@@ -785,6 +794,7 @@ impl Shared {
             given_back_tokens: read(&stats.given_back_tokens),
             fail_mode_decisions: read(&stats.fail_mode_decisions),
             negative_cache_full: read(&stats.negative_cache_full),
+            check_queue_full: read(&stats.check_queue_full),
             block_states,
             blocks_held,
             fail_counts,
@@ -1085,19 +1095,22 @@ impl Admission<'_> {
 
     async fn check(&self) -> Result<Decision, tonic::Status> {
         self.shared.stats.checks.fetch_add(1, Ordering::Relaxed);
-        let mut request = tonic::Request::new(CheckRequest {
+        let request = CheckRequest {
             request_id: self.request_id.clone(),
             target: Some((*self.target).clone()),
             cost: self.cost,
             policy_version_seen: self.shared.policy_version_seen.load(Ordering::Relaxed),
-        });
-        request.set_timeout(self.deadline_at.saturating_duration_since(Instant::now()));
-        let mut client = self.shared.client.clone();
-        let call = client.check(request);
-        match tokio::time::timeout_at(self.deadline_at, call).await {
-            Ok(result) => result.map(tonic::Response::into_inner),
-            Err(_) => Err(tonic::Status::deadline_exceeded("agent deadline passed")),
+        };
+        let answer = self.shared.checks.check(request, self.deadline_at).await;
+        if let Err(status) = &answer {
+            if CheckBatcher::is_full(status) {
+                self.shared
+                    .stats
+                    .check_queue_full
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
+        answer
     }
 
     fn after_check_error(&self, status: &tonic::Status) -> Decision {

@@ -21,11 +21,12 @@
 //! | `leasehold_client_given_back_tokens_total` | unused tokens given back |
 //! | `leasehold_client_fail_mode_decisions_total` | decisions made by a rule's fail mode |
 //! | `leasehold_client_negative_cache_full_total` | denials not cached: the cache was full |
+//! | `leasehold_client_check_queue_full_total` | Checks refused unsent: the check queue was full (fail modes applied) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Every counter name the library emits.
-pub const COUNTER_NAMES: [&str; 13] = [
+pub const COUNTER_NAMES: [&str; 14] = [
     "leasehold_client_admissions_total",
     "leasehold_client_negative_cache_hits_total",
     "leasehold_client_block_only_admissions_total",
@@ -39,6 +40,7 @@ pub const COUNTER_NAMES: [&str; 13] = [
     "leasehold_client_given_back_tokens_total",
     "leasehold_client_fail_mode_decisions_total",
     "leasehold_client_negative_cache_full_total",
+    "leasehold_client_check_queue_full_total",
 ];
 
 /// A count kept in the limiter (for [`crate::LimiterStats`]) and sent to

@@ -667,3 +667,151 @@ fn limiter_and_its_futures_can_cross_threads() {
     assert_send(&limiter.admit(AdmitRequest::new(target("U-17"), 1)));
     assert_send(&limiter.give_back_all());
 }
+
+// Concurrent Checks travel together as CheckBatch calls; the check queue
+// is bounded and refuses at once when full.
+
+fn allowing_agent() -> FakeAgent {
+    FakeAgent::new(
+        CheckScript::Allow {
+            leased: Vec::new(),
+            leased_only: false,
+        },
+        LeaseScript::Grant { tokens: 10 },
+    )
+}
+
+fn batching_config(deadline_ms: u64) -> LimiterConfig {
+    LimiterConfig {
+        fail_mode: FailMode::Closed,
+        deadline_ms,
+        clock: Arc::new(ManualClock::new(0)) as Arc<dyn leasehold_client::Clock>,
+        random_seed: Some(7),
+        check_batches_in_flight: 1,
+        ..LimiterConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn concurrent_checks_share_calls_and_each_gets_its_own_decision() {
+    let agent = allowing_agent();
+    let endpoint = agent.serve().await;
+    let limiter = Limiter::connect_lazy(endpoint, batching_config(5_000)).unwrap();
+    // Connects the channel: a lone Check goes as a plain Check.
+    let first = bounded(limiter.admit(AdmitRequest::new(target("warm"), 1))).await;
+    assert!(first.allowed);
+    assert_eq!(
+        agent
+            .calls
+            .check_batches
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+
+    let callers = 40;
+    let tasks: Vec<_> = (0..callers)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let id = format!("req-{i}");
+                let request = AdmitRequest::new(target(&format!("U-{i}")), 1).with_request_id(&id);
+                (id, limiter.admit(request).await)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (id, decision) = bounded(task).await.unwrap();
+        assert!(decision.allowed, "{decision:?}");
+        assert_eq!(decision.decision_id, id, "each caller gets its own answer");
+    }
+    assert_eq!(
+        agent.calls.checks.load(std::sync::atomic::Ordering::SeqCst),
+        callers + 1,
+        "every Check reached the agent once"
+    );
+    // With one call in flight, Checks queued behind it went together.
+    assert!(
+        agent
+            .calls
+            .check_batches
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 1
+    );
+    assert!(
+        agent
+            .calls
+            .batched_checks
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2,
+        "some Checks shared a call"
+    );
+    assert_eq!(limiter.stats().checks, callers + 1);
+}
+
+#[tokio::test]
+async fn a_full_check_queue_refuses_at_once_and_the_fail_mode_decides() {
+    let agent = allowing_agent();
+    let endpoint = agent.serve().await;
+    let limiter = Limiter::connect_lazy(
+        endpoint,
+        LimiterConfig {
+            check_queue_max: 1,
+            ..batching_config(300)
+        },
+    )
+    .unwrap();
+    // Warm the channel (a slow machine may need more than one try).
+    bounded(async {
+        while !limiter
+            .admit(AdmitRequest::new(target("warm"), 1))
+            .await
+            .allowed
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    agent.set_check(CheckScript::Hang);
+
+    // `held` takes the one call slot and hangs until its deadline.
+    let held = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = AdmitRequest::new(target("U-1"), 1).with_request_id("held");
+            limiter.admit(request).await
+        })
+    };
+    assert!(
+        agent
+            .calls
+            .wait_for_check("held", Duration::from_secs(20))
+            .await,
+        "the first Check reached the agent"
+    );
+    // Polled in order on this task: `queued` fills the queue of one, then
+    // `refused` finds it full.
+    let queued = AdmitRequest::new(target("U-2"), 1).with_request_id("queued");
+    let refused = AdmitRequest::new(target("U-3"), 1).with_request_id("refused");
+    let (queued, refused) =
+        bounded(async { tokio::join!(limiter.admit(queued), limiter.admit(refused)) }).await;
+    assert_eq!(refused.reason(), Reason::LimiterUnavailable);
+    assert!(!refused.allowed, "fail closed");
+    assert_eq!(limiter.stats().check_queue_full, 1);
+    assert_eq!(agent.calls.checks_with_id("refused"), 0, "never sent");
+    assert!(!queued.allowed, "the agent hangs: the fail mode decides");
+    assert!(!bounded(held).await.unwrap().allowed);
+}
+
+#[test]
+fn a_batch_bound_outside_the_agents_is_refused() {
+    for bad in [0, 257] {
+        let config = LimiterConfig {
+            check_batch_max: bad,
+            ..LimiterConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(leasehold_client::ConfigError::CheckBatchMax(bad))
+        );
+    }
+}

@@ -74,6 +74,7 @@ pub struct AgentMetrics {
 /// The agent's gRPC methods (the `method` label's values).
 pub const AGENT_RPC_METHODS: &[&str] = &[
     "Check",
+    "CheckBatch",
     "LeaseBlock",
     "ReturnBlock",
     "AcquireConcurrency",

@@ -17,6 +17,10 @@ use leasehold_tls::authz::{Call, Method};
 use leasehold_tls::gate::{audit_admin, Gate};
 use leasehold_tls::Identity;
 
+/// Most Checks in one CheckBatch: a bound on the work one call can ask for
+/// (and on the reply's size); more is INVALID_ARGUMENT `checks`.
+pub const MAX_CHECKS_PER_BATCH: usize = 256;
+
 pub struct AgentService {
     decider: Arc<Decider>,
     gate: Gate,
@@ -77,6 +81,40 @@ impl Agent for AgentService {
         Ok(Response::new(
             self.decider.check(request.into_inner()).await?,
         ))
+    }
+
+    async fn check_batch(
+        &self,
+        request: Request<pb::CheckBatchRequest>,
+    ) -> Result<Response<pb::CheckBatchResponse>, Status> {
+        self.allow(&request, Method::CheckBatch)?;
+        let checks = request.into_inner().checks;
+        if checks.is_empty() || checks.len() > MAX_CHECKS_PER_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "invalid field checks: {} checks, expected 1..={MAX_CHECKS_PER_BATCH}",
+                checks.len()
+            )));
+        }
+        // One task, every Check in flight at once: their store calls meet
+        // in the same coalesced script call instead of queueing one by one.
+        let decided =
+            futures_util::future::join_all(checks.into_iter().map(|c| self.decider.check(c))).await;
+        let results = decided
+            .into_iter()
+            .map(|decided| pb::CheckResult {
+                result: Some(match decided {
+                    Ok(decision) => pb::check_result::Result::Decision(decision),
+                    Err(invalid) => {
+                        let status = Status::from(invalid);
+                        pb::check_result::Result::Error(pb::CheckError {
+                            code: status.code() as i32,
+                            message: status.message().to_string(),
+                        })
+                    }
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::CheckBatchResponse { results }))
     }
 
     async fn lease_block(

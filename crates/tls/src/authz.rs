@@ -15,7 +15,7 @@
 //! | prober | HealthReport |
 //! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus, `/metrics` |
 //! | sre | Inspect, Status, Health, NodeStatus, `/metrics` (read-only) |
-//! | gateway/r | the agent's Check, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
+//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
 //!
 //! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
 //! for the prober (it runs on the leader node, so `node/id` and `prober`),
@@ -60,6 +60,7 @@ pub enum Method {
     TakeOver,
     // Agent.
     Check,
+    CheckBatch,
     LeaseBlock,
     ReturnBlock,
     AcquireConcurrency,
@@ -75,7 +76,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 29] = [
+    pub const ALL: [Method; 30] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -95,6 +96,7 @@ impl Method {
         Method::NodeStatus,
         Method::TakeOver,
         Method::Check,
+        Method::CheckBatch,
         Method::LeaseBlock,
         Method::ReturnBlock,
         Method::AcquireConcurrency,
@@ -128,6 +130,7 @@ impl Method {
             Method::NodeStatus => "NodeStatus",
             Method::TakeOver => "TakeOver",
             Method::Check => "Check",
+            Method::CheckBatch => "CheckBatch",
             Method::LeaseBlock => "LeaseBlock",
             Method::ReturnBlock => "ReturnBlock",
             Method::AcquireConcurrency => "AcquireConcurrency",
@@ -260,7 +263,7 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
         }
         (
             Identity::Gateway(own),
-            Check | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
+            Check | CheckBatch | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
             | ShouldRateLimit | Health | HttpHealth,
         ) => match call.region {
             Some(region) if region == own.as_str() => Ok(()),
@@ -338,8 +341,9 @@ mod tests {
         Method::RemoveRegion,
         Method::ReloadPolicy,
     ];
-    const GATEWAY_CALLS: [Method; 8] = [
+    const GATEWAY_CALLS: [Method; 9] = [
         Method::Check,
+        Method::CheckBatch,
         Method::LeaseBlock,
         Method::ReturnBlock,
         Method::AcquireConcurrency,
@@ -442,7 +446,7 @@ mod tests {
         // Admin is not a Region, a node or a gateway.
         for method in REGION_CALLS
             .iter()
-            .chain(&GATEWAY_CALLS[..6])
+            .chain(&GATEWAY_CALLS[..7])
             .chain(&RAFT[..3])
         {
             assert!(

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use leasehold_proto::agent::v1::agent_server::{Agent, AgentServer};
 use leasehold_proto::agent::v1::{
-    AcquireConcurrencyRequest, AcquireConcurrencyResponse, CheckRequest, Decision, HealthRequest,
-    HealthResponse, LeaseBlockRequest, LeaseBlockResponse, LeasedRule, Reason,
-    ReleaseConcurrencyRequest, ReleaseConcurrencyResponse, ReloadPolicyRequest,
-    ReloadPolicyResponse, ReturnBlockRequest, ReturnBlockResponse, StatusRequest, StatusResponse,
+    check_result, AcquireConcurrencyRequest, AcquireConcurrencyResponse, CheckBatchRequest,
+    CheckBatchResponse, CheckRequest, CheckResult, Decision, HealthRequest, HealthResponse,
+    LeaseBlockRequest, LeaseBlockResponse, LeasedRule, Reason, ReleaseConcurrencyRequest,
+    ReleaseConcurrencyResponse, ReloadPolicyRequest, ReloadPolicyResponse, ReturnBlockRequest,
+    ReturnBlockResponse, StatusRequest, StatusResponse,
 };
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
@@ -62,6 +63,10 @@ pub enum LeaseScript {
 #[derive(Debug, Default)]
 pub struct Calls {
     pub checks: AtomicU64,
+    /// CheckBatch calls (their Checks count in `checks` too).
+    pub check_batches: AtomicU64,
+    /// Checks that came inside a CheckBatch.
+    pub batched_checks: AtomicU64,
     pub lease_blocks: AtomicU64,
     pub granted_tokens: AtomicU64,
     pub return_blocks: AtomicU64,
@@ -204,6 +209,22 @@ impl Agent for FakeAgent {
             CheckScript::Hang => std::future::pending::<()>().await,
         }
         Ok(Response::new(decision))
+    }
+
+    async fn check_batch(
+        &self,
+        request: Request<CheckBatchRequest>,
+    ) -> Result<Response<CheckBatchResponse>, Status> {
+        self.calls.check_batches.fetch_add(1, Ordering::SeqCst);
+        let mut results = Vec::new();
+        for check in request.into_inner().checks {
+            self.calls.batched_checks.fetch_add(1, Ordering::SeqCst);
+            let decision = self.check(Request::new(check)).await?.into_inner();
+            results.push(CheckResult {
+                result: Some(check_result::Result::Decision(decision)),
+            });
+        }
+        Ok(Response::new(CheckBatchResponse { results }))
     }
 
     async fn lease_block(
