@@ -1,11 +1,14 @@
-//! `leasehold bench agent`: Check decisions/s and p50/p99 through a real
-//! agent over loopback gRPC, beside the same `multi_rule` EVALSHA sent raw
-//! through redis-rs to the same redis-server in the same run.
+//! `leasehold bench agent`: decisions/s, p50/p99/p999 and Redis CPU per
+//! decision through a real agent over loopback gRPC — unary Check, and the
+//! client library's `Limiter` (concurrent Checks as CheckBatch calls) —
+//! beside the same `multi_rule` EVALSHA sent raw through redis-rs to the
+//! same redis-server, at each caller count, in one run.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
+use leasehold_client::{AdmitRequest, FailMode, Limiter, LimiterConfig};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_region_agent::memory::SystemClock;
@@ -17,7 +20,12 @@ use leasehold_region_agent::testing::RedisServer;
 use leasehold_tls::TlsSettings;
 use tonic::transport::Channel;
 
-/// One user rule that never runs dry: every decision takes the allow path.
+pub(crate) use crate::bench_measure::{measure, Run};
+use crate::bench_measure::{per_cpu_second, RedisCpu};
+
+/// One user rule that never runs dry during a run (10^6 tokens, 1 token
+/// per 1,000 s): every decision takes the allow-and-write path, and each
+/// bucket's key lives for the whole run, as a busy bucket does.
 const POLICY: &str = r#"
 version = 1
 [[domain]]
@@ -26,41 +34,36 @@ name = "bench"
 id = "b-user"
 scope = "user"
 algorithm = "token_bucket"
-capacity = 1000000000
-refill = 1000000000
-period_ms = 1
+capacity = 1000000
+refill = 1
+period_ms = 1000000
 fail_mode = "open"
 "#;
+
+/// The same bucket in the script's units (millitokens, ms).
+const RAW_BUCKET: [u64; 3] = [1_000_000_000, 1_000, 1_000_000];
+/// Users the decisions spread over, uniformly.
+const USERS: u64 = 10_000;
 
 /// POLICY with decision records and a shadow rule (`--shadow`): the shadow
 /// tenant bucket rides in the same multi_rule call as the user rule.
 fn shadow_policy() -> String {
-    let user = "period_ms = 1\nfail_mode = \"open\"\n";
+    let user = "period_ms = 1000000\nfail_mode = \"open\"\n";
     assert!(POLICY.contains(user));
     POLICY.replacen(
         user,
-        "period_ms = 1\nidempotent_ttl_ms = 60000\nfail_mode = \"open\"\n",
+        "period_ms = 1000000\nidempotent_ttl_ms = 60000\nfail_mode = \"open\"\n",
         1,
     ) + r#"[[domain.rule]]
 id = "b-shadow"
 scope = "tenant"
 algorithm = "token_bucket"
-capacity = 1000000000
-refill = 1000000000
-period_ms = 1
+capacity = 1000000
+refill = 1
+period_ms = 1000000
 shadow = true
 fail_mode = "open"
 "#
-}
-
-/// Most latency samples kept per measurement (bounded memory).
-const MAX_SAMPLES: usize = 2_000_000;
-
-pub(crate) struct Run {
-    pub(crate) rate: f64,
-    pub(crate) p50_us: u64,
-    pub(crate) p99_us: u64,
-    pub(crate) errors: u64,
 }
 
 /// The bench agent on `store`: Region `bench`, one user rule (with
@@ -107,14 +110,14 @@ pub(crate) async fn checks(
                     tenant: "bench".into(),
                     principal: Some(pb::Principal {
                         r#type: "user".into(),
-                        id: format!("u{}", i % 10_000),
+                        id: format!("u{}", i % USERS),
                     }),
                     ..Default::default()
                 }),
                 cost: 1,
                 policy_version_seen: 0,
             };
-            matches!(client.check(request).await, Ok(r) if r.get_ref().allowed)
+            u64::from(matches!(client.check(request).await, Ok(r) if r.get_ref().allowed))
         }
     })
     .await
@@ -154,52 +157,145 @@ async fn checks_over_mtls(
     Ok(run)
 }
 
-pub async fn run(concurrency: usize, seconds: u64, tls: bool, shadow: bool) -> anyhow::Result<()> {
+/// Admissions through the client library (no leased rule applies, so each
+/// is a Check; concurrent ones travel as CheckBatch calls).
+async fn limiter_checks(limiter: Limiter, concurrency: usize, duration: Duration) -> Run {
+    measure(concurrency, duration, move |task, i| {
+        let limiter = limiter.clone();
+        async move {
+            let target = pb::Target {
+                domain: "bench".into(),
+                tenant: "bench".into(),
+                principal: Some(pb::Principal {
+                    r#type: "user".into(),
+                    id: format!("u{}", i % USERS),
+                }),
+                ..Default::default()
+            };
+            let request = AdmitRequest::new(target, 1).with_request_id(format!("l{task}-{i}"));
+            let decision = limiter.admit(request).await;
+            u64::from(decision.allowed && !decision.fallback)
+        }
+    })
+    .await
+}
+
+/// One priced line of the table.
+struct Line {
+    label: &'static str,
+    run: Run,
+    cpu_s: f64,
+}
+
+pub async fn run(callers: &[usize], seconds: u64, tls: bool, shadow: bool) -> anyhow::Result<()> {
+    if callers.is_empty() || callers.contains(&0) {
+        anyhow::bail!("--callers needs caller counts of at least 1");
+    }
     let redis = RedisServer::start().context("starting a private redis-server")?;
+    let cpu = RedisCpu::new(&redis.url())?;
     let store = Arc::new(RedisStore::new(RedisStoreConfig {
         call_deadline: Duration::from_secs(1),
         ..RedisStoreConfig::new(redis.url())
     })?);
     let agent = server::start(bench_spec(store.clone(), shadow)?).await?;
-    let client = AgentClient::connect(format!("http://{}", agent.grpc_addr)).await?;
+    let endpoint = format!("http://{}", agent.grpc_addr);
+    let client = AgentClient::connect(endpoint.clone()).await?;
+    let limiter = Limiter::connect_lazy(
+        endpoint,
+        LimiterConfig {
+            deadline_ms: 1_000,
+            fail_mode: FailMode::Closed,
+            ..LimiterConfig::default()
+        },
+    )?;
     let duration = Duration::from_secs(seconds);
-
-    let baseline = raw_evalsha(&redis.url(), concurrency, duration).await?;
-    let through_agent = checks(client, concurrency, duration).await;
-    agent.stop().await;
     let rules = if shadow {
         "one recorded user rule + one shadow rule"
     } else {
         "one user rule"
     };
     println!(
-        "leasehold bench agent ({rules}, allow path, {concurrency} callers, same redis-server)"
+        "leasehold bench agent ({rules}, allow path, {USERS} users, one agent, one redis-server)"
     );
-    print_run("baseline raw multi_rule EVALSHA via redis-rs", &baseline);
-    print_run("agent Check over loopback gRPC            ", &through_agent);
-    println!(
-        "  ratio agent / raw EVALSHA: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
-        through_agent.rate / baseline.rate,
-        through_agent.p50_us as f64 / baseline.p50_us.max(1) as f64,
-        through_agent.p99_us as f64 / baseline.p99_us.max(1) as f64,
-    );
-    if tls {
-        let over_mtls = checks_over_mtls(store, concurrency, duration).await?;
-        print_run("agent Check over loopback gRPC + mTLS     ", &over_mtls);
-        println!(
-            "  ratio mTLS / plaintext: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
-            over_mtls.rate / through_agent.rate,
-            over_mtls.p50_us as f64 / through_agent.p50_us.max(1) as f64,
-            over_mtls.p99_us as f64 / through_agent.p99_us.max(1) as f64,
-        );
+    for &concurrency in callers {
+        let url = redis.url();
+        let (baseline, cpu_raw) = cpu.priced(raw_evalsha(&url, concurrency, duration)).await?;
+        let (unary, cpu_unary) = cpu
+            .priced(async { Ok(checks(client.clone(), concurrency, duration).await) })
+            .await?;
+        let (batched, cpu_batched) = cpu
+            .priced(async { Ok(limiter_checks(limiter.clone(), concurrency, duration).await) })
+            .await?;
+        println!("  {concurrency} callers:");
+        let lines = [
+            Line {
+                label: "raw multi_rule EVALSHA via redis-rs",
+                run: baseline,
+                cpu_s: cpu_raw,
+            },
+            Line {
+                label: "agent Check (unary gRPC)",
+                run: unary,
+                cpu_s: cpu_unary,
+            },
+            Line {
+                label: "agent via Limiter (CheckBatch)",
+                run: batched,
+                cpu_s: cpu_batched,
+            },
+        ];
+        for line in &lines {
+            print_priced(line);
+        }
+        let raw = &lines[0].run;
+        for line in &lines[1..] {
+            println!(
+                "    ratio {} / raw EVALSHA: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
+                line.label,
+                line.run.rate / raw.rate.max(f64::MIN_POSITIVE),
+                line.run.p50_us as f64 / raw.p50_us.max(1) as f64,
+                line.run.p99_us as f64 / raw.p99_us.max(1) as f64,
+            );
+        }
+        if tls {
+            let over_mtls = checks_over_mtls(store.clone(), concurrency, duration).await?;
+            print_run("agent Check over loopback gRPC + mTLS", &over_mtls);
+            println!(
+                "    ratio mTLS / plaintext: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
+                over_mtls.rate / lines[1].run.rate.max(f64::MIN_POSITIVE),
+                over_mtls.p50_us as f64 / lines[1].run.p50_us.max(1) as f64,
+                over_mtls.p99_us as f64 / lines[1].run.p99_us.max(1) as f64,
+            );
+        }
     }
+    agent.stop().await;
     Ok(())
+}
+
+fn print_priced(line: &Line) {
+    let per_decision_us = if line.run.decisions > 0 {
+        line.cpu_s * 1e6 / line.run.decisions as f64
+    } else {
+        0.0
+    };
+    println!(
+        "    {:<38}: {:>9.0} decisions/s  p50 {:>6} us  p99 {:>6} us  p999 {:>6} us  \
+         Redis CPU {:>5.2} us/decision ({:.0}/CPU-s)  ({} errors)",
+        line.label,
+        line.run.rate,
+        line.run.p50_us,
+        line.run.p99_us,
+        line.run.p999_us,
+        per_decision_us,
+        per_cpu_second(line.run.decisions as f64, line.cpu_s),
+        line.run.errors
+    );
 }
 
 pub(crate) fn print_run(label: &str, run: &Run) {
     println!(
-        "  {label}: {:>9.0} decisions/s  p50 {:>6} us  p99 {:>6} us  ({} errors)",
-        run.rate, run.p50_us, run.p99_us, run.errors
+        "    {label:<38}: {:>9.0} decisions/s  p50 {:>6} us  p99 {:>6} us  p999 {:>6} us  ({} errors)",
+        run.rate, run.p50_us, run.p99_us, run.p999_us, run.errors
     );
 }
 
@@ -215,73 +311,21 @@ async fn raw_evalsha(url: &str, concurrency: usize, duration: Duration) -> anyho
         async move {
             let reply: redis::RedisResult<Vec<i64>> = script
                 .key(format!("lh:v1:{{bench}}:_decision:raw{task}-{i}"))
-                .key(format!("lh:v1:{{bench}}:b-user:raw{}", i % 10_000))
+                .key(format!("lh:v1:{{bench}}:b-user:raw{}", i % USERS))
                 .arg(1000)
                 .arg(0)
                 // No record (decision_ttl_ms 0): the digest is only checked for shape.
                 .arg("00000000000000000000000000000000")
                 // No shadow rule.
                 .arg(0)
-                .arg(1_000_000_000_000u64)
-                .arg(1_000_000_000_000u64)
-                .arg(1)
+                .arg(RAW_BUCKET[0])
+                .arg(RAW_BUCKET[1])
+                .arg(RAW_BUCKET[2])
                 .arg(1_000)
                 .invoke_async(&mut conn)
                 .await;
-            matches!(reply, Ok(v) if v.first() == Some(&1))
+            u64::from(matches!(reply, Ok(v) if v.first() == Some(&1)))
         }
     })
     .await)
-}
-
-pub(crate) async fn measure<F, Fut>(concurrency: usize, duration: Duration, call: F) -> Run
-where
-    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    let call = Arc::new(call);
-    let until = Instant::now() + duration;
-    let started = Instant::now();
-    let per_task = MAX_SAMPLES / concurrency.max(1);
-    let mut tasks = Vec::new();
-    for task in 0..concurrency {
-        let call = call.clone();
-        tasks.push(tokio::spawn(async move {
-            let (mut samples, mut ok, mut errors, mut i) = (Vec::new(), 0u64, 0u64, 0u64);
-            while Instant::now() < until {
-                let t0 = Instant::now();
-                let good = call(task, i).await;
-                if samples.len() < per_task {
-                    samples.push(t0.elapsed().as_micros() as u64);
-                }
-                if good {
-                    ok += 1
-                } else {
-                    errors += 1
-                }
-                i += 1;
-            }
-            (samples, ok, errors)
-        }));
-    }
-    let (mut all, mut ok, mut errors) = (Vec::new(), 0, 0);
-    for task in tasks {
-        if let Ok((samples, o, e)) = task.await {
-            all.extend(samples);
-            ok += o;
-            errors += e;
-        }
-    }
-    all.sort_unstable();
-    let pick = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0)
-    };
-    Run {
-        rate: ok as f64 / started.elapsed().as_secs_f64(),
-        p50_us: pick(0.50),
-        p99_us: pick(0.99),
-        errors,
-    }
 }

@@ -61,8 +61,8 @@ async fn should_rate_limit(
             } else {
                 request("bench", &[("tenant", "bench".into()), ("user", user)])
             };
-            matches!(client.should_rate_limit(request).await,
-                Ok(r) if r.get_ref().overall_code == Code::Ok as i32)
+            u64::from(matches!(client.should_rate_limit(request).await,
+                Ok(r) if r.get_ref().overall_code == Code::Ok as i32))
         }
     })
     .await

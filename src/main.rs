@@ -7,6 +7,8 @@ mod bench;
 mod bench_agent;
 mod bench_allocator;
 mod bench_envoy;
+mod bench_measure;
+mod bench_store;
 mod dev;
 mod signals;
 mod sim_cli;

@@ -61,7 +61,20 @@ impl RedisServer {
         Self::start_inner(Some(secure))
     }
 
+    /// Starts a fresh server with extra `redis-server` arguments (e.g.
+    /// `--loadmodule PATH` for a benchmark's baseline).
+    pub fn start_with_args(args: &[String]) -> Result<Self, HarnessError> {
+        Self::start_inner_with(None, args)
+    }
+
     fn start_inner(secure: Option<&SecureRedis>) -> Result<Self, HarnessError> {
+        Self::start_inner_with(secure, &[])
+    }
+
+    fn start_inner_with(
+        secure: Option<&SecureRedis>,
+        args: &[String],
+    ) -> Result<Self, HarnessError> {
         let mut server = RedisServer {
             child: None,
             port: 0,
@@ -69,12 +82,12 @@ impl RedisServer {
                 .prefix("leasehold-redis-")
                 .tempdir()?,
             tls_port: None,
-            extra_args: Vec::new(),
+            extra_args: args.to_vec(),
         };
         if let Some(secure) = secure {
             let acl = server.dir.path().join("users.acl");
             std::fs::write(&acl, secure.acl_lines.join("\n") + "\n")?;
-            server.extra_args = vec![
+            server.extra_args.extend([
                 "--tls-cert-file".into(),
                 secure.cert_file.display().to_string(),
                 "--tls-key-file".into(),
@@ -85,7 +98,7 @@ impl RedisServer {
                 "optional".into(),
                 "--aclfile".into(),
                 acl.display().to_string(),
-            ];
+            ]);
         }
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {

@@ -1,0 +1,361 @@
+//! `leasehold bench store`: token-bucket decisions on one redis-server, in
+//! one run, priced in throughput **and** decisions per Redis CPU-second
+//! (Redis's own `INFO CPU`, before and after each measurement):
+//!
+//! - `RedisStore`, one script call per decision, and caller-side batches;
+//! - raw `redis-benchmark` EVALSHA of the same script, `-P 1` and `-P N`;
+//! - `HINCRBY` with `-P N`: one plain write command, the ceiling of a core;
+//! - redis-cell's `CL.THROTTLE` (`-P 1` and `-P N`) when
+//!   `--redis-cell-module PATH` names a module built by the operator (the
+//!   module is never part of this repository).
+//!
+//! Every workload spreads over `--keys` buckets, uniformly, and never runs a
+//! bucket dry: every decision takes the allow-and-write path. A benchmark,
+//! never a test.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::script::{ScriptCall, ScriptKind};
+use leasehold_region_agent::store::BucketStore;
+use leasehold_region_agent::testing::RedisServer;
+
+use crate::bench_measure::{per_cpu_second, RedisCpu};
+
+#[derive(Args)]
+pub struct StoreBench {
+    /// Concurrent tasks calling the store (and redis-benchmark clients).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Calls per caller-side RedisStore batch.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Seconds to drive each RedisStore measurement.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Pipeline depth of the pipelined redis-benchmark runs.
+    #[arg(long, default_value_t = 16)]
+    pipeline: usize,
+    /// Requests per redis-benchmark run.
+    #[arg(long, default_value_t = 200_000)]
+    baseline_requests: u64,
+    /// Distinct buckets the decisions spread over, uniformly.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// A redis-cell module (`libredis_cell.so`) to load into the private
+    /// redis-server, for `CL.THROTTLE` on the same server in the same run.
+    #[arg(long)]
+    redis_cell_module: Option<std::path::PathBuf>,
+    /// Use this Redis instead of starting a private redis-server.
+    #[arg(long, conflicts_with = "redis_cell_module")]
+    redis_url: Option<String>,
+}
+
+/// A bucket of 10^6 tokens refilling 1 token per 1,000 s, cost 1 token: it
+/// never runs dry during a bench and its key lives for the whole run (as a
+/// busy production bucket does). Millitokens on the wire.
+const BUCKET_ARGS: [&str; 5] = ["1000000000", "1000", "1000000", "1000", "0"];
+
+/// redis-cell's equivalent: burst 10^6, 1 per 1,000 s, quantity 1.
+const CELL_ARGS: [&str; 4] = ["1000000", "1", "1000", "1"];
+
+/// One measured line of the table.
+struct Line {
+    label: String,
+    decisions_per_s: f64,
+    per_cpu_s: f64,
+    errors: u64,
+}
+
+pub async fn run(args: StoreBench) -> anyhow::Result<()> {
+    if args.concurrency == 0 || args.batch == 0 || args.keys == 0 || args.pipeline == 0 {
+        anyhow::bail!("--concurrency, --batch, --keys and --pipeline must be at least 1");
+    }
+    // The private server (if any) lives until the bench ends.
+    let (_private, url, port) = match &args.redis_url {
+        Some(url) => (None, url.clone(), port_of(url)?),
+        None => {
+            let extra = match &args.redis_cell_module {
+                Some(path) => {
+                    let path = std::fs::canonicalize(path)
+                        .with_context(|| format!("--redis-cell-module {}", path.display()))?;
+                    vec!["--loadmodule".to_string(), path.display().to_string()]
+                }
+                None => Vec::new(),
+            };
+            let server = RedisServer::start_with_args(&extra)
+                .context("starting a private redis-server (with the module, if given)")?;
+            let (url, port) = (server.url(), server.port());
+            (Some(server), url, port)
+        }
+    };
+    let cpu = RedisCpu::new(&url)?;
+    let store = Arc::new(RedisStore::new(RedisStoreConfig {
+        call_deadline: Duration::from_secs(1),
+        ..RedisStoreConfig::new(url.clone())
+    })?);
+    // Warm up: connects and loads the scripts.
+    store
+        .run(&call("warm", 0, args.keys))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let sha = ScriptKind::TokenBucket.script().get_hash().to_string();
+    let mut lines = Vec::new();
+    let mut cell = None;
+    if args.redis_cell_module.is_some() {
+        for pipeline in [1, args.pipeline] {
+            let command = cell_command(&args, port, pipeline);
+            let line = benchmark_line(
+                &cpu,
+                format!("redis-cell CL.THROTTLE -P {pipeline}"),
+                command,
+                args.baseline_requests,
+            )?;
+            if pipeline == args.pipeline {
+                cell = Some(line.per_cpu_s);
+            }
+            lines.push(line);
+        }
+    }
+    for pipeline in [1, args.pipeline] {
+        let command = evalsha_command(&args, port, pipeline, &sha);
+        lines.push(benchmark_line(
+            &cpu,
+            format!("redis-benchmark EVALSHA token_bucket -P {pipeline}"),
+            command,
+            args.baseline_requests,
+        )?);
+    }
+    lines.push(benchmark_line(
+        &cpu,
+        format!("redis-benchmark HINCRBY -P {} (ceiling)", args.pipeline),
+        hincrby_command(&args, port),
+        args.baseline_requests * 4,
+    )?);
+    for batch in [1, args.batch] {
+        let label = if batch == 1 {
+            format!("RedisStore, {} tasks, one call each", args.concurrency)
+        } else {
+            format!("RedisStore, {} tasks, batches of {batch}", args.concurrency)
+        };
+        let store = Arc::clone(&store);
+        let (measured, cpu_s) = cpu
+            .priced(async { Ok(drive(store, &args, batch).await) })
+            .await?;
+        lines.push(Line {
+            label,
+            decisions_per_s: measured.rate,
+            per_cpu_s: per_cpu_second(measured.decisions as f64, cpu_s),
+            errors: measured.errors,
+        });
+    }
+    print_table(&args, &lines, cell);
+    Ok(())
+}
+
+fn print_table(args: &StoreBench, lines: &[Line], cell: Option<f64>) {
+    println!(
+        "leasehold bench store (token bucket, allow path, {} keys, {} clients, one redis-server)",
+        args.keys, args.concurrency
+    );
+    let reference = cell.unwrap_or_else(|| {
+        lines
+            .iter()
+            .find(|l| l.label.contains("EVALSHA") && !l.label.ends_with("-P 1"))
+            .map_or(0.0, |l| l.per_cpu_s)
+    });
+    let against = if cell.is_some() {
+        format!("redis-cell -P {}", args.pipeline)
+    } else {
+        format!("EVALSHA -P {}", args.pipeline)
+    };
+    println!(
+        "  {:<52} {:>12} {:>16} {:>10}",
+        "path",
+        "decisions/s",
+        "per Redis CPU-s",
+        format!("÷ {against}")
+    );
+    for line in lines {
+        let ratio = if reference > 0.0 {
+            line.per_cpu_s / reference
+        } else {
+            0.0
+        };
+        let errors = if line.errors > 0 {
+            format!("  ({} errors)", line.errors)
+        } else {
+            String::new()
+        };
+        println!(
+            "  {:<52} {:>12.0} {:>16.0} {:>9.2}x{errors}",
+            line.label, line.decisions_per_s, line.per_cpu_s, ratio
+        );
+    }
+    println!("  (the ratio column compares decisions per Redis CPU-second)");
+}
+
+/// Runs one redis-benchmark command and prices it.
+fn benchmark_line(
+    cpu: &RedisCpu,
+    label: String,
+    mut command: Command,
+    requests: u64,
+) -> anyhow::Result<Line> {
+    let before = cpu.seconds()?;
+    let output = command
+        .output()
+        .context("running redis-benchmark (apt-get install redis-tools)")?;
+    let after = cpu.seconds()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let rate = parse_csv_rps(&text)
+        .with_context(|| format!("unexpected redis-benchmark output: {text}"))?;
+    Ok(Line {
+        label,
+        decisions_per_s: rate,
+        per_cpu_s: per_cpu_second(requests as f64, after - before),
+        errors: 0,
+    })
+}
+
+/// redis-benchmark's options; the command and its arguments come last.
+fn redis_benchmark(args: &StoreBench, port: u16, pipeline: usize, requests: u64) -> Command {
+    let mut command = Command::new("redis-benchmark");
+    command
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-n", &requests.to_string(), "--csv"])
+        .args(["-c", &args.concurrency.to_string()])
+        .args(["-P", &pipeline.to_string()])
+        .args(["-r", &args.keys.to_string()]);
+    command
+}
+
+fn evalsha_command(args: &StoreBench, port: u16, pipeline: usize, sha: &str) -> Command {
+    let mut command = redis_benchmark(args, port, pipeline, args.baseline_requests);
+    command
+        .args(["EVALSHA", sha, "1", "lh:v1:{bench}:rb:__rand_int__"])
+        .args(BUCKET_ARGS);
+    command
+}
+
+fn hincrby_command(args: &StoreBench, port: u16) -> Command {
+    let mut command = redis_benchmark(args, port, args.pipeline, args.baseline_requests * 4);
+    command.args(["HINCRBY", "lh:v1:{bench}:hi:__rand_int__", "tokens", "1"]);
+    command
+}
+
+fn cell_command(args: &StoreBench, port: u16, pipeline: usize) -> Command {
+    let mut command = redis_benchmark(args, port, pipeline, args.baseline_requests);
+    command
+        .args(["CL.THROTTLE", "lh:v1:{bench}:cell:__rand_int__"])
+        .args(CELL_ARGS);
+    command
+}
+
+/// One token_bucket call on bucket `i % keys` of the workload `name`.
+fn call(name: &str, i: u64, keys: u64) -> ScriptCall {
+    let mut call = ScriptCall::new(ScriptKind::TokenBucket)
+        .key(format!("lh:v1:{{bench}}:{name}:{}", i % keys));
+    for arg in BUCKET_ARGS {
+        call = call.arg(arg);
+    }
+    call
+}
+
+struct Measured {
+    rate: f64,
+    decisions: u64,
+    errors: u64,
+}
+
+/// `concurrency` tasks, each sending batches of `batch` calls for
+/// `seconds`.
+async fn drive(store: Arc<RedisStore>, args: &StoreBench, batch: usize) -> Measured {
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let name = format!("rs{batch}");
+    let mut tasks = Vec::new();
+    for task in 0..args.concurrency as u64 {
+        let (store, done, errors, name) =
+            (store.clone(), done.clone(), errors.clone(), name.clone());
+        let (batch, keys) = (batch as u64, args.keys);
+        tasks.push(tokio::spawn(async move {
+            let mut i = task.wrapping_mul(1_000_003);
+            while Instant::now() < until {
+                let calls: Vec<ScriptCall> = (0..batch).map(|b| call(&name, i + b, keys)).collect();
+                i += batch;
+                for reply in store.run_batch(&calls).await {
+                    match reply {
+                        Ok(_) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    let decisions = done.load(Ordering::Relaxed);
+    Measured {
+        rate: decisions as f64 / started.elapsed().as_secs_f64(),
+        decisions,
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
+
+/// redis-benchmark --csv: a header line, then `"EVALSHA ...","<rps>",...`.
+fn parse_csv_rps(text: &str) -> Option<f64> {
+    let line = text
+        .lines()
+        .find(|l| !l.starts_with("\"test\"") && l.contains(','))?;
+    let field = line.split("\",\"").nth(1)?;
+    field.trim_matches('"').parse().ok()
+}
+
+fn port_of(url: &str) -> anyhow::Result<u16> {
+    let rest = url.rsplit(':').next().unwrap_or_default();
+    rest.trim_end_matches('/')
+        .split('/')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .with_context(|| format!("no port in Redis URL {url}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redis_benchmark_csv() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\"\n\"EVALSHA x\",\"88105.73\",\"0.3\"\n";
+        assert_eq!(parse_csv_rps(text), Some(88105.73));
+        assert_eq!(parse_csv_rps("garbage"), None);
+    }
+
+    #[test]
+    fn finds_the_port_in_a_url() {
+        assert_eq!(port_of("redis://127.0.0.1:6390/").unwrap(), 6390);
+        assert_eq!(port_of("redis://127.0.0.1:6390/0").unwrap(), 6390);
+    }
+
+    #[test]
+    fn bench_buckets_are_valid_and_never_run_dry_in_a_run() {
+        let n: Vec<u64> = BUCKET_ARGS.iter().map(|a| a.parse().unwrap()).collect();
+        let (capacity, refill, period, cost) = (n[0], n[1], n[2], n[3]);
+        // The scripts' own bound: capacity × period ≤ 2^52.
+        assert!(capacity * period <= 1 << 52);
+        // 10^6 decisions per bucket before it runs dry.
+        assert_eq!(capacity / cost, 1_000_000);
+        // Its key lives ≈ 11.6 days: longer than any run.
+        assert!(capacity * period / refill > 86_400_000);
+    }
+}
