@@ -32,6 +32,7 @@
 pub mod algorithm;
 pub mod args;
 pub mod breaker;
+pub mod coalesce;
 pub mod config;
 pub mod decide;
 pub mod envoy;

@@ -25,6 +25,14 @@ pub enum NotSent {
         "in-memory store full: it holds its cap of {max_keys} keys and the call would add one"
     )]
     KeyCapReached { max_keys: usize },
+    /// The coalescer's queue holds its cap of calls: refused at once rather
+    /// than queued without bound (`store.max_queue`).
+    #[error("coalescing queue full: it holds its cap of {max_queue} calls")]
+    QueueFull { max_queue: usize },
+    /// The call's deadline passed while it waited in the coalescer's queue:
+    /// dropped there, never sent.
+    #[error("deadline passed while queued")]
+    QueuedPastDeadline,
 }
 
 /// The outcome of one call that did not produce a reply.
