@@ -123,7 +123,8 @@ impl Ticket {
 pub struct CoalescingStore {
     inner: Arc<RedisStore>,
     config: CoalesceConfig,
-    metrics: Option<CoalesceMetrics>,
+    /// Set once (constructor or `attach_metrics`), read by the driver.
+    metrics: Arc<OnceLock<CoalesceMetrics>>,
     /// The driver's inbox; the driver starts on the first call (inside the
     /// caller's Tokio runtime) and ends when this store is dropped.
     driver: OnceLock<mpsc::Sender<Request>>,
@@ -143,15 +144,16 @@ impl CoalescingStore {
         CoalescingStore {
             inner,
             config,
-            metrics: None,
+            metrics: Arc::default(),
             driver: OnceLock::new(),
             gauges: Arc::default(),
         }
     }
 
     /// Reports batch sizes and queue refusals to `metrics`.
-    pub fn with_metrics(mut self, metrics: CoalesceMetrics) -> Self {
-        self.metrics = Some(metrics);
+    pub fn with_metrics(self, metrics: CoalesceMetrics) -> Self {
+        // A fresh store's slot is empty: this sets it.
+        let _ = self.metrics.set(metrics);
         self
     }
 
@@ -195,7 +197,7 @@ impl CoalescingStore {
     }
 
     fn refuse_full(&self) -> StoreError {
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = self.metrics.get() {
             metrics.queue_refusals.inc();
         }
         NotSent::QueueFull {
@@ -212,6 +214,14 @@ impl BucketStore for CoalescingStore {
 
     fn breaker_state(&self) -> &'static str {
         self.inner.breaker_state()
+    }
+
+    fn attach_metrics(&self, metrics: &crate::metrics::AgentMetrics) {
+        // The first registry wins; an agent has one.
+        let _ = self.metrics.set(CoalesceMetrics {
+            batch_calls: metrics.store_batch_calls.clone(),
+            queue_refusals: metrics.store_queue_refusals.clone(),
+        });
     }
 
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
@@ -255,7 +265,7 @@ fn duration_us(duration: Duration) -> u64 {
 /// The I/O loop around the gatherer.
 struct Driver {
     inner: Arc<RedisStore>,
-    metrics: Option<CoalesceMetrics>,
+    metrics: Arc<OnceLock<CoalesceMetrics>>,
     /// Time zero of the gatherer's microsecond clock.
     origin: Instant,
     gauges: Arc<Gauges>,
@@ -331,7 +341,7 @@ impl Driver {
         if let Err((ticket, full)) =
             gatherer.submit(ticket, request.calls, self.now_us(), deadline_us)
         {
-            if let Some(metrics) = &self.metrics {
+            if let Some(metrics) = self.metrics.get() {
                 metrics.queue_refusals.inc();
             }
             ticket.fail(
@@ -349,7 +359,7 @@ impl Driver {
         let metrics = self.metrics.clone();
         let deadline = self.at(flush.deadline_us);
         async move {
-            if let Some(metrics) = &metrics {
+            if let Some(metrics) = metrics.get() {
                 for pack in &flush.packs {
                     metrics.batch_calls.observe(pack.len() as f64);
                 }

@@ -68,6 +68,10 @@ pub trait BucketStore: Send + Sync {
         "closed"
     }
 
+    /// Lets a store report its own metrics (the coalescer's batch sizes and
+    /// queue refusals) once the agent's registry exists; most have none.
+    fn attach_metrics(&self, _metrics: &crate::metrics::AgentMetrics) {}
+
     /// Runs every call, each atomically, and answers in the same order.
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>>;
 
