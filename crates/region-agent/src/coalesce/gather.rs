@@ -420,12 +420,13 @@ mod tests {
             let mut g = Gatherer::new(limits);
             let mut now = 0u64;
             let mut next_id = 0usize;
-            let mut submitted: HashMap<usize, Vec<ScriptCall>> = HashMap::new();
+            // id → (deadline, calls)
+            let mut submitted: HashMap<usize, (u64, Vec<ScriptCall>)> = HashMap::new();
             let mut answered: HashMap<usize, &'static str> = HashMap::new();
             let mut in_flight = 0usize;
             let check = |g: &mut Gatherer<usize>, now: u64, in_flight: &mut usize,
                              answered: &mut HashMap<usize, &'static str>,
-                             submitted: &HashMap<usize, Vec<ScriptCall>>| -> Result<(), TestCaseError> {
+                             submitted: &HashMap<usize, (u64, Vec<ScriptCall>)>| -> Result<(), TestCaseError> {
                 let step = g.step(now, grouping);
                 for t in step.expired {
                     prop_assert!(answered.insert(t, "expired").is_none());
@@ -444,7 +445,8 @@ mod tests {
                     let mut used = std::collections::HashSet::new();
                     for (t, route) in &flush.routes {
                         prop_assert!(answered.insert(*t, "sent").is_none());
-                        let calls = &submitted[t];
+                        let (deadline, calls) = &submitted[t];
+                        prop_assert!(*deadline > now, "an overdue request was sent");
                         prop_assert_eq!(route.len(), calls.len());
                         for (&(p, i), c) in route.iter().zip(calls) {
                             prop_assert_eq!(&flush.packs[p][i], c);
@@ -463,7 +465,7 @@ mod tests {
                         let id = next_id;
                         next_id += 1;
                         let calls: Vec<ScriptCall> = tags.iter().map(|&t| tagged(t, id)).collect();
-                        submitted.insert(id, calls.clone());
+                        submitted.insert(id, (now + ttl_us, calls.clone()));
                         let was_idle = g.in_flight() == 0;
                         match g.submit(id, calls, now, now + ttl_us) {
                             Err((t, _)) => { answered.insert(t, "refused"); }
