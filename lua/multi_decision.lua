@@ -5,6 +5,8 @@
 -- LH_SCRIPTS), in order, so a later sub-call sees an earlier one's writes;
 -- each is all-or-nothing across its own rules and keeps its own idempotency
 -- record. A sub-call's error (returned or raised) is its own reply only.
+-- TIME is read once per call (script.rs shadows lh_now_ms): every sub-call
+-- decides, and returns, the same now_ms.
 -- KEYS     the sub-calls' keys, concatenated in order; in a Redis Cluster all
 --          of one hash tag (the caller's duty, as for any script)
 -- ARGV     count K in [1, 64], then per sub-call: script name, key count,

@@ -85,6 +85,15 @@ fn differential_multi(
                 .collect::<Vec<_>>()
         });
     assert_eq!(from_redis, from_twin, "redis vs twin diverged on {subs:?}");
+    // One TIME read per call: every sub-call decided at the same now_ms.
+    if let Ok(replies) = &from_redis {
+        let nows: std::collections::BTreeSet<i64> = replies
+            .iter()
+            .flatten()
+            .filter_map(|values| values.last().copied())
+            .collect();
+        assert!(nows.len() <= 1, "sub-calls at different times: {nows:?}");
+    }
     from_redis
 }
 

@@ -63,9 +63,9 @@ pub struct Flush<T> {
     pub packs: Vec<Vec<ScriptCall>>,
     /// Per request: (pack, index in pack) of each of its calls, in its order.
     pub routes: Vec<(T, Vec<(usize, usize)>)>,
-    /// The latest deadline among the batch's requests (each request was
-    /// queued within `max_wait_us` of the others, so none waits much past
-    /// its own).
+    /// The latest deadline among the batch's requests (none of them is
+    /// overdue; they were queued within `max_wait_us` of each other unless
+    /// every send slot was busy).
     pub deadline_us: u64,
 }
 
