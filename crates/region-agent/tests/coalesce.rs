@@ -217,3 +217,49 @@ async fn an_unreachable_store_is_not_sent_for_a_lone_call() {
     );
     assert_eq!(store.name(), "redis");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_gathered_behind_a_busy_batch_goes_out_after_the_wait_without_a_completion() {
+    let server = RedisServer::start().expect("redis");
+    let store = store(&server, CoalesceConfig::default());
+    let key = "lh:v1:{g}:r:p";
+    assert!(store.run(&bucket(key, 100_000, 1_000)).await.is_ok());
+    let mut admin = conn(&server);
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(20_000)
+        .arg("WRITE")
+        .exec(&mut admin)
+        .expect("pause");
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.run(&bucket(key, 100_000, 1_000)).await }
+    });
+    wait_for("a batch in flight", || store.in_flight_batches() == 1).await;
+    // The second gathers behind the first; with send slots free, the timer
+    // sends it after max_wait although the first has not completed.
+    let second = tokio::spawn({
+        let store = store.clone();
+        async move { store.run(&bucket(key, 100_000, 1_000)).await }
+    });
+    wait_for("a second batch in flight", || {
+        store.in_flight_batches() == 2
+    })
+    .await;
+    assert_eq!(store.queued_calls(), 0);
+    redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .exec(&mut admin)
+        .expect("unpause");
+    let mut remaining = [
+        first.await.expect("task").expect("reply").values[1],
+        second.await.expect("task").expect("reply").values[1],
+    ];
+    remaining.sort();
+    assert_eq!(
+        remaining,
+        [97_000, 98_000],
+        "both charged once, in some order"
+    );
+    wait_for("no batch in flight", || store.in_flight_batches() == 0).await;
+}
