@@ -3,7 +3,7 @@
 -- KEYS[1]  hash {tat}
 -- ARGV     capacity, refill, period_ms, cost (millitokens / ms), slack_ms
 -- returns  {allowed, remaining, retry_after_ms, now_ms}; retry -1 = can never succeed
-local capacity, refill, period = lh_rate(1)
+local capacity, refill, period = lh_rate(ARGV, 1)
 if not capacity then return lh_invalid(refill) end
 local cost = lh_int(ARGV[4], 1, LH_MAX)
 if not cost then return lh_invalid('cost') end

@@ -11,7 +11,7 @@
 -- Refused, nothing written: no live record ("lease_id refused: unknown", also
 -- when now > expires_at_ms), returned before with another amount
 -- ("lease_id refused: returned"), more than the block ("tokens refused: above_block").
-local capacity, refill, period = lh_rate(1)
+local capacity, refill, period = lh_rate(ARGV, 1)
 if not capacity then return lh_invalid(refill) end
 local give = lh_int(ARGV[4], 0, LH_MAX)
 if not give then return lh_invalid('tokens') end

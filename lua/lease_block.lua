@@ -13,7 +13,7 @@
 -- lease (same block, not yet given back) is answered with the block again,
 -- charged once and nothing written (remaining = the refilled tokens);
 -- anything else is refused: "lease_id refused: taken", nothing written.
-local capacity, refill, period = lh_rate(1)
+local capacity, refill, period = lh_rate(ARGV, 1)
 if not capacity then return lh_invalid(refill) end
 local block = lh_int(ARGV[4], 1, LH_MAX)
 if not block then return lh_invalid('block') end

@@ -46,7 +46,7 @@ end
 local rules = {}
 for i = 1, total do
   local b = 5 + 4 * (i - 1)
-  local capacity, refill, period = lh_rate(b)
+  local capacity, refill, period = lh_rate(ARGV, b)
   if not capacity then return lh_invalid(refill) end
   local cost = lh_int(ARGV[b + 3], 1, LH_MAX)
   if not cost then return lh_invalid('cost') end

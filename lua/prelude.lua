@@ -40,16 +40,18 @@ end
 local LH_MAX = 1099511627776        -- 2^40: largest count, rate, period or cost
 local LH_MAX_PRODUCT = 4503599627370496 -- 2^52: largest capacity x period_ms
 
--- A rate at ARGV[i], ARGV[i+1], ARGV[i+2]: capacity, refill, period_ms, each
+-- A rate at argv[i], argv[i+1], argv[i+2]: capacity, refill, period_ms, each
 -- in [1, 2^40], with capacity x period <= 2^52 so every product below stays
 -- exact in doubles. Returns the three values, or nil and the name of the
 -- first invalid argument.
-local function lh_rate(i)
-  local capacity = lh_int(ARGV[i], 1, LH_MAX)
+-- argv is the caller's ARGV, passed rather than read as the global so that
+-- multi_decision can run a script body on its own sub-call's arguments.
+local function lh_rate(argv, i)
+  local capacity = lh_int(argv[i], 1, LH_MAX)
   if not capacity then return nil, 'capacity' end
-  local refill = lh_int(ARGV[i + 1], 1, LH_MAX)
+  local refill = lh_int(argv[i + 1], 1, LH_MAX)
   if not refill then return nil, 'refill' end
-  local period = lh_int(ARGV[i + 2], 1, LH_MAX)
+  local period = lh_int(argv[i + 2], 1, LH_MAX)
   if not period then return nil, 'period_ms' end
   if capacity * period > LH_MAX_PRODUCT then return nil, 'capacity' end
   return capacity, refill, period

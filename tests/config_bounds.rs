@@ -384,6 +384,9 @@ const CASES: &[Case] = &[
     case(Agent, "[store]", "breaker_failures", 1, 1_000),
     case(Agent, "[store]", "breaker_open_ms", 1, 600_000),
     case(Agent, "[store]", "memory_max_keys", 1, 100_000_000),
+    case(Agent, "[store]", "max_batch", 1, 64),
+    case(Agent, "[store]", "max_wait_us", 0, 10_000),
+    case(Agent, "[store]", "max_queue", 1, 1_000_000),
     case(Agent, "[fallback]", "max_keys", 1, 10_000_000),
     case(Agent, "[fallback]", "policy_poll_ms", 100, 3_600_000),
     case(Agent, "[limits]", "concurrency_per_connection", 1, 65_536),
@@ -762,6 +765,33 @@ fn load_text(kind: Kind, dir: &Path, text: &str) -> (PathBuf, Result<(), String>
     std::fs::write(&path, text).unwrap();
     let result = load(kind, &path);
     (path, result)
+}
+
+#[test]
+fn a_wrong_typed_store_coalesce_names_the_file_line_and_field() {
+    let dir = scratch();
+    for (value, ok) in [
+        ("true", true),
+        ("false", true),
+        ("1", false),
+        ("\"yes\"", false),
+    ] {
+        let mut doc = agent_doc();
+        doc.set("[store]", "coalesce", value);
+        let (text, lines) = doc.render();
+        let (path, result) = load_text(Agent, &dir, &text);
+        if ok {
+            result.unwrap();
+            continue;
+        }
+        let line = lines[&("[store]".to_string(), "coalesce".to_string())];
+        let refusal = result.unwrap_err();
+        let prefix = format!("{}:{line}: field store.coalesce: invalid", path.display());
+        assert!(refusal.starts_with(&prefix), "{refusal}");
+        // The binary says the same.
+        let (started, output) = run_config(Agent, &path);
+        assert!(!started && output.contains(&prefix), "{output}");
+    }
 }
 
 #[test]

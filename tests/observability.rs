@@ -45,7 +45,8 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 
 /// The registered histograms (their series carry `_bucket`, `_count`,
 /// `_sum`).
-const HISTOGRAMS: [&str; 5] = [
+const HISTOGRAMS: [&str; 6] = [
+    "leasehold_store_batch_calls",
     "leasehold_allocator_commands_per_entry",
     "leasehold_allocator_rpc_duration_seconds",
     "leasehold_store_latency_seconds",

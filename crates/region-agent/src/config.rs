@@ -25,6 +25,9 @@ use crate::redis_auth::RedisAuthSettings;
 
 /// Cap on `store.max_in_flight`.
 pub const MAX_IN_FLIGHT: u64 = 1_000_000;
+/// Cap on `store.max_wait_us`: 10 ms, far above any useful gathering
+/// window (a wait near a request's whole budget would only add latency).
+pub const MAX_COALESCE_WAIT_US: u64 = 10_000;
 /// Cap on `fallback.max_keys` (each live bucket is a few hundred bytes).
 pub const MAX_FALLBACK_KEYS: u64 = 10_000_000;
 /// Cap on `store.memory_max_keys` (a key is a few hundred bytes: 100 M keys
@@ -45,6 +48,13 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("store.breaker_failures", 1, 1_000),
     Bound::new("store.breaker_open_ms", 1, 600_000),
     Bound::new("store.memory_max_keys", 1, MAX_MEMORY_KEYS),
+    Bound::new(
+        "store.max_batch",
+        1,
+        crate::script::MULTI_DECISION_MAX_CALLS as u64,
+    ),
+    Bound::new("store.max_wait_us", 0, MAX_COALESCE_WAIT_US),
+    Bound::new("store.max_queue", 1, MAX_IN_FLIGHT),
     Bound::new("fallback.max_keys", 1, MAX_FALLBACK_KEYS),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
     Bound::new("http_limits.max_header_bytes", 1_024, MAX_HTTP_HEADER_BYTES),
@@ -144,6 +154,15 @@ pub struct StoreSettings {
     /// a call that would add one is refused as a store error (fail modes
     /// apply). See [`crate::memory`].
     pub memory_max_keys: usize,
+    /// Gather concurrent Redis calls into multi_decision calls (see
+    /// [`crate::coalesce`]); only with `redis_url`.
+    pub coalesce: bool,
+    /// Most calls in one multi_decision call.
+    pub max_batch: usize,
+    /// Longest a call waits for company while a batch is in flight.
+    pub max_wait_us: u64,
+    /// Most calls waiting to be sent; beyond it calls are refused at once.
+    pub max_queue: usize,
 }
 
 impl Default for StoreSettings {
@@ -155,6 +174,10 @@ impl Default for StoreSettings {
             breaker_failures: 5,
             breaker_open_ms: 1_000,
             memory_max_keys: crate::memory::DEFAULT_MAX_KEYS,
+            coalesce: true,
+            max_batch: crate::coalesce::DEFAULT_MAX_BATCH,
+            max_wait_us: crate::coalesce::DEFAULT_MAX_WAIT_US,
+            max_queue: crate::coalesce::DEFAULT_MAX_QUEUE,
         }
     }
 }
@@ -188,6 +211,16 @@ impl StoreSettings {
 
     pub fn call_deadline(&self) -> Duration {
         Duration::from_millis(self.call_deadline_ms.max(1))
+    }
+
+    /// The coalescer's tuning, or None when `coalesce = false`.
+    pub fn coalesce_config(&self) -> Option<crate::coalesce::CoalesceConfig> {
+        self.coalesce.then(|| crate::coalesce::CoalesceConfig {
+            max_batch: self.max_batch,
+            max_wait: Duration::from_micros(self.max_wait_us),
+            max_queue: self.max_queue,
+            ..crate::coalesce::CoalesceConfig::default()
+        })
     }
 }
 
@@ -332,6 +365,36 @@ impl RatelimitSettings {
     }
 }
 
+/// The dotted path of a plain `key = value` on 1-based `line`: the key,
+/// under the nearest `[table]` header above it. None for anything else
+/// (array tables, inline tables, multi-line values).
+fn field_on_line(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let key = key.trim();
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    };
+    if !plain(key) {
+        return None;
+    }
+    let header = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['));
+    match header {
+        None => Some(key.to_string()),
+        Some(h) if h.starts_with("[[") => None,
+        Some(h) => {
+            let table = h.trim_start_matches('[').split(']').next()?.trim();
+            plain(table).then(|| format!("{table}.{key}"))
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: {source}")]
@@ -392,10 +455,22 @@ impl AgentConfig {
     /// Parses and validates config text; `file` names it in every error.
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
         let lines = Lines::new(text);
-        let parse_error = |e: toml::de::Error| ConfigError::Parse {
-            file: file.to_string(),
-            line: e.span().map_or(1, |span| lines.line(span.start)),
-            message: e.message().to_string(),
+        let parse_error = |e: toml::de::Error| {
+            let line = e.span().map_or(1, |span| lines.line(span.start));
+            match field_on_line(text, line).filter(|_| e.message().starts_with("invalid")) {
+                // A wrong-typed value (`coalesce = 1`): name the field too.
+                Some(field) => ConfigError::Invalid {
+                    file: file.to_string(),
+                    line,
+                    field,
+                    message: e.message().to_string(),
+                },
+                None => ConfigError::Parse {
+                    file: file.to_string(),
+                    line,
+                    message: e.message().to_string(),
+                },
+            }
         };
         let tree = Node::parse(text).map_err(parse_error)?;
         for bounds in [AGENT_BOUNDS, GRPC_LIMITS_BOUNDS, GLOBAL_BOUNDS] {
@@ -562,6 +637,44 @@ policy_file = "policy.toml"
         assert!(options.stop_increment_when_over_limit);
         assert_eq!(options.expiration_jitter_max_seconds, 0);
         assert_eq!(options.local_cache_max_keys, 500);
+    }
+
+    #[test]
+    fn coalescing_is_on_by_default_and_its_settings_are_read() {
+        let c = AgentConfig::parse("eu.toml", GOOD).unwrap();
+        let on = c.store.coalesce_config().expect("on by default");
+        assert_eq!(on, crate::coalesce::CoalesceConfig::default());
+        let text = format!(
+            "{GOOD}[store]\ncoalesce = true\nmax_batch = 16\nmax_wait_us = 0\nmax_queue = 100\n"
+        );
+        let on = AgentConfig::parse("eu.toml", &text)
+            .unwrap()
+            .store
+            .coalesce_config()
+            .unwrap();
+        assert_eq!(
+            (on.max_batch, on.max_wait, on.max_queue),
+            (16, Duration::ZERO, 100)
+        );
+        let off = format!("{GOOD}[store]\ncoalesce = false\n");
+        let off = AgentConfig::parse("eu.toml", &off).unwrap();
+        assert_eq!(off.store.coalesce_config(), None);
+        let wrong = format!("{GOOD}[store]\ncoalesce = 1\n");
+        assert_eq!(
+            error(&wrong),
+            "eu.toml:8: field store.coalesce: invalid type: integer `1`, expected a boolean"
+        );
+        let wrong = "coalesce = 1\n".to_string();
+        assert!(
+            error(&wrong).starts_with("eu.toml:1: "),
+            "{}",
+            error(&wrong)
+        );
+        let above = format!("{GOOD}[store]\nmax_batch = 65\n");
+        assert_eq!(
+            error(&above),
+            "eu.toml:8: field store.max_batch: 65 is outside [1, 64]"
+        );
     }
 
     #[test]

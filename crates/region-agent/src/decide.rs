@@ -59,6 +59,8 @@ pub(crate) fn store_cause(error: &StoreError) -> &'static str {
         StoreError::NotSent(NotSent::InFlightLimit) => "store.in_flight_limit",
         StoreError::NotSent(NotSent::Unreachable(_)) => "store.unreachable",
         StoreError::NotSent(NotSent::KeyCapReached { .. }) => "store.key_cap",
+        StoreError::NotSent(NotSent::QueueFull { .. }) => "store.queue_full",
+        StoreError::NotSent(NotSent::QueuedPastDeadline) => "store.queue_deadline",
         StoreError::Script(_) => "store.script",
         StoreError::Ambiguous(_) => "store.ambiguous",
     }

@@ -14,6 +14,8 @@
 //! - [`store`]: the batch-first `BucketStore` trait and its typed outcomes.
 //! - [`memory`]: `MemoryStore`, the twin store (embedded default, simulation, fallback).
 //! - [`redis_store`]: `RedisStore`: pipelined EVALSHA, deadline, in-flight cap, breaker.
+//! - [`coalesce`]: `CoalescingStore`: concurrent calls gathered into multi_decision
+//!   calls in front of `RedisStore` ([`coalesce::gather`]: the pure decisions).
 //! - [`breaker`]: the circuit breaker (pure state machine).
 //! - [`policy`]: versioned, checksummed policy bundles: parse, validate, resolve, hot reload.
 //! - [`request`]: validation of what gateways send (INVALID_ARGUMENT naming the field).
@@ -32,6 +34,7 @@
 pub mod algorithm;
 pub mod args;
 pub mod breaker;
+pub mod coalesce;
 pub mod config;
 pub mod decide;
 pub mod envoy;

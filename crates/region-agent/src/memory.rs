@@ -123,6 +123,22 @@ impl MemoryStore {
         algorithm::eval(&mut space, call, now_ms).map(|values| ScriptReply { values })
     }
 
+    /// Runs one multi_decision call on the twin alone, sub-call `i` at store
+    /// time `now_of(i)` (replay: the `now_ms` each sub-call returned on
+    /// Redis). The outer error is a malformed envelope: nothing ran.
+    pub fn eval_multi_at(
+        &self,
+        call: &ScriptCall,
+        now_of: impl FnMut(usize) -> i64,
+    ) -> Result<Vec<Result<ScriptReply, ScriptError>>, ScriptError> {
+        let mut space = self.lock();
+        let replies = algorithm::multi_decision::eval(&mut space, &call.keys, &call.args, now_of)?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| reply.map(|values| ScriptReply { values }))
+            .collect())
+    }
+
     /// Inspects the keyspace (tests, `Status`).
     pub fn with_keyspace<T>(&self, f: impl FnOnce(&mut Keyspace) -> T) -> T {
         f(&mut self.lock())

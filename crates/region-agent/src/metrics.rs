@@ -44,6 +44,11 @@ pub struct AgentMetrics {
     /// outcome: granted | denied | fallback; rule: the rule's id.
     pub lease_blocks: IntCounterVec,
     pub local_fallback_keys: IntGauge,
+    /// Calls per script call the coalescer sent (1: a call alone; more: one
+    /// multi_decision call carrying them).
+    pub store_batch_calls: prometheus::Histogram,
+    /// Requests the coalescer refused because its queue was full.
+    pub store_queue_refusals: prometheus::IntCounter,
     pub invalid_requests: IntCounterVec,
     /// Per global pool: the rate the Region enforces (rate pools) or the
     /// tokens its chunks still hold (window pools), and its mode.
@@ -96,6 +101,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_shadow_denials_total",
     "leasehold_lease_blocks_total",
     "leasehold_local_fallback_keys",
+    "leasehold_store_batch_calls",
+    "leasehold_store_queue_refusals_total",
     "leasehold_invalid_requests_total",
     "leasehold_global_room_millitokens",
     "leasehold_global_mode",
@@ -153,6 +160,17 @@ impl AgentMetrics {
         )?;
         let local_fallback_keys =
             IntGauge::new("local_fallback_keys", "Live local fallback buckets")?;
+        let store_batch_calls = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "store_batch_calls",
+                "Calls carried by one script call the coalescer sent",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        )?;
+        let store_queue_refusals = prometheus::IntCounter::new(
+            "store_queue_refusals_total",
+            "Store requests refused because the coalescing queue was full",
+        )?;
         let invalid_requests = IntCounterVec::new(
             Opts::new(
                 "invalid_requests_total",
@@ -246,6 +264,8 @@ impl AgentMetrics {
         registry.register(Box::new(shadow_denials.clone()))?;
         registry.register(Box::new(lease_blocks.clone()))?;
         registry.register(Box::new(local_fallback_keys.clone()))?;
+        registry.register(Box::new(store_batch_calls.clone()))?;
+        registry.register(Box::new(store_queue_refusals.clone()))?;
         registry.register(Box::new(invalid_requests.clone()))?;
         Ok(AgentMetrics {
             registry,
@@ -257,6 +277,8 @@ impl AgentMetrics {
             shadow_denials,
             lease_blocks,
             local_fallback_keys,
+            store_batch_calls,
+            store_queue_refusals,
             invalid_requests,
             global_room,
             global_mode,

@@ -12,7 +12,13 @@
 //! - `call_deadline`: no reply in time → every call of the batch is
 //!   `Ambiguous` (the scripts may have run) and counts as a store failure.
 //! - connect: `connect_timeout`; a failed connect is `NotSent::Unreachable`.
+//!
+//! [`RedisStore::run_packs`] sends several calls as one multi_decision
+//! EVALSHA each (the coalescer's path, `crate::coalesce`); at connect the
+//! store reads `INFO cluster` so the coalescer knows whether one pack may
+//! mix hash tags ([`Topology`]).
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +28,7 @@ use tokio::sync::{Mutex as AsyncMutex, Semaphore};
 
 use crate::breaker::{Admission, Breaker, BreakerConfig};
 use crate::redis_auth::{RedisAuthError, RedisAuthSettings};
-use crate::script::{ScriptCall, ScriptError, ScriptKind, ScriptReply};
+use crate::script::{multi_decision_call, ScriptCall, ScriptError, ScriptKind, ScriptReply};
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 /// Connect failures repeat on every call while Redis is down or refuses
@@ -66,9 +72,22 @@ pub enum RedisStoreError {
     Auth(#[from] RedisAuthError),
 }
 
+/// What the server said about Redis Cluster at the last connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// Not connected yet (or `INFO cluster` unreadable): treat as a cluster.
+    Unknown,
+    /// `cluster_enabled:0`: one keyspace, a script may name any keys.
+    Standalone,
+    /// `cluster_enabled:1`: a script's keys must share one slot.
+    Cluster,
+}
+
 /// The Redis-backed [`BucketStore`].
 pub struct RedisStore {
     config: RedisStoreConfig,
+    /// A [`Topology`] as u8 (0 unknown, 1 standalone, 2 cluster).
+    topology: AtomicU8,
     connection: AsyncMutex<Option<MultiplexedConnection>>,
     in_flight: Arc<Semaphore>,
     breaker: Mutex<Breaker>,
@@ -90,6 +109,7 @@ impl RedisStore {
             in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
             breaker: Mutex::new(Breaker::new(config.breaker)),
             connection: AsyncMutex::new(None),
+            topology: AtomicU8::new(0),
             started: Instant::now(),
             config,
         })
@@ -144,37 +164,160 @@ impl RedisStore {
         load_scripts(&mut conn)
             .await
             .map_err(|e| Failure::NotSent(NotSent::Unreachable(e.to_string())))?;
+        let topology = match read_topology(&mut conn).await {
+            Topology::Unknown => 0,
+            Topology::Standalone => 1,
+            Topology::Cluster => 2,
+        };
+        self.topology.store(topology, Ordering::Relaxed);
         *slot = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Standalone or cluster, as `INFO cluster` said at the last connect.
+    pub fn topology(&self) -> Topology {
+        match self.topology.load(Ordering::Relaxed) {
+            1 => Topology::Standalone,
+            2 => Topology::Cluster,
+            _ => Topology::Unknown,
+        }
+    }
+
+    /// The longest wait for one batch's replies (`store.call_deadline_ms`).
+    pub fn call_deadline(&self) -> Duration {
+        self.config.call_deadline
     }
 
     async fn forget_connection(&self) {
         *self.connection.lock().await = None;
     }
 
-    /// Sends the batch as one pipeline; on NOSCRIPT reloads and resends just
-    /// those calls once (they did not run, so resending is safe).
+    /// Sends the wires as one pipeline; on NOSCRIPT reloads and resends just
+    /// those wires once (they did not run, so resending is safe). One reply
+    /// list per wire: one reply for a plain call, one per packed call.
     async fn send(
         &self,
         mut conn: MultiplexedConnection,
-        calls: &[ScriptCall],
-    ) -> Result<Vec<CallResult>, Failure> {
-        let mut results = pipeline(&mut conn, calls).await?;
-        let missing: Vec<usize> = (0..calls.len())
-            .filter(|&i| matches!(results[i], Reply::NoScript))
+        wires: &[Wire<'_>],
+    ) -> Result<Vec<Vec<Reply>>, Failure> {
+        let mut results = pipeline(&mut conn, wires).await?;
+        let missing: Vec<usize> = (0..wires.len())
+            .filter(|&i| matches!(results[i], WireReply::NoScript))
             .collect();
         if !missing.is_empty() {
             tracing::info!(calls = missing.len(), "NOSCRIPT: reloading scripts");
             load_scripts(&mut conn)
                 .await
                 .map_err(|e| Failure::Ambiguous(e.to_string()))?;
-            let retry: Vec<ScriptCall> = missing.iter().map(|&i| calls[i].clone()).collect();
+            let retry: Vec<Wire<'_>> = missing.iter().map(|&i| wires[i].clone()).collect();
             let again = pipeline(&mut conn, &retry).await?;
             for (slot, reply) in missing.into_iter().zip(again) {
                 results[slot] = reply;
             }
         }
-        Ok(results.into_iter().map(Reply::into_result).collect())
+        Ok(results
+            .into_iter()
+            .zip(wires)
+            .map(|(reply, wire)| reply.into_replies(wire.calls()))
+            .collect())
+    }
+
+    /// Breaker, in-flight permits (one per call), one deadline over connect
+    /// and replies, then the pipeline. `Err` fails every call alike.
+    async fn execute(
+        &self,
+        wires: &[Wire<'_>],
+        calls: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Vec<Reply>>, StoreError> {
+        let admission = self.lock_breaker().admit(self.monotonic_ms());
+        if admission == Admission::Refused {
+            return Err(NotSent::BreakerOpen.into());
+        }
+        let permits = u32::try_from(calls).unwrap_or(u32::MAX);
+        let Ok(_permit) = self.in_flight.clone().try_acquire_many_owned(permits) else {
+            return Err(NotSent::InFlightLimit.into());
+        };
+        let connected = tokio::time::timeout_at(deadline, self.connection()).await;
+        let outcome = match connected {
+            Ok(Ok(conn)) => tokio::time::timeout_at(deadline, self.send(conn, wires)).await,
+            Ok(Err(failure)) => Ok(Err(failure)),
+            Err(_elapsed) => Ok(Err(Failure::NotSent(NotSent::Unreachable(
+                "connect timed out".into(),
+            )))),
+        };
+        match outcome {
+            Ok(Ok(results)) => {
+                self.lock_breaker().on_success();
+                Ok(results)
+            }
+            Ok(Err(Failure::NotSent(reason))) => {
+                self.lock_breaker().on_failure(self.monotonic_ms());
+                Err(reason.into())
+            }
+            Ok(Err(Failure::Ambiguous(reason))) => {
+                self.lock_breaker().on_failure(self.monotonic_ms());
+                self.forget_connection().await;
+                Err(StoreError::Ambiguous(reason))
+            }
+            Err(_elapsed) => {
+                self.lock_breaker().on_failure(self.monotonic_ms());
+                Err(StoreError::Ambiguous(format!(
+                    "no reply within {:?}",
+                    self.config.call_deadline
+                )))
+            }
+        }
+    }
+
+    /// Runs packs of calls, each pack as one multi_decision EVALSHA (a pack
+    /// of one as its own script), all in one pipeline, answered per call in
+    /// pack order. Each call stays atomic and independent; a call's script
+    /// error is its own. `deadline` covers connecting and the replies: past
+    /// it every call is `Ambiguous`. The caller keeps each pack within
+    /// [`crate::script::MULTI_DECISION_MAX_CALLS`] calls of no
+    /// multi_decision kind and, on a cluster, of one hash tag.
+    pub fn run_packs<'a>(
+        &'a self,
+        packs: &'a [Vec<ScriptCall>],
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, Vec<Vec<CallResult>>> {
+        Box::pin(async move {
+            let wires: Vec<Wire<'_>> = packs
+                .iter()
+                .filter(|pack| !pack.is_empty())
+                .map(|pack| match pack.as_slice() {
+                    [one] => Wire::Plain(one),
+                    many => Wire::Packed(multi_decision_call(many), many.len()),
+                })
+                .collect();
+            let calls = packs.iter().map(Vec::len).sum();
+            if calls == 0 {
+                return packs.iter().map(|_| Vec::new()).collect();
+            }
+            match self.execute(&wires, calls, deadline).await {
+                Ok(results) => {
+                    let mut results = results.into_iter();
+                    packs
+                        .iter()
+                        .map(|pack| match pack.is_empty() {
+                            true => Vec::new(),
+                            // One reply list per non-empty pack, in order.
+                            false => results
+                                .next()
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(Reply::into_result)
+                                .collect(),
+                        })
+                        .collect()
+                }
+                Err(e) => packs
+                    .iter()
+                    .map(|pack| pack.iter().map(|_| Err(e.clone())).collect())
+                    .collect(),
+            }
+        })
     }
 }
 
@@ -192,48 +335,92 @@ impl BucketStore for RedisStore {
             if calls.is_empty() {
                 return Vec::new();
             }
-            let fail_all = |e: StoreError| calls.iter().map(|_| Err(e.clone())).collect();
-            let admission = self.lock_breaker().admit(self.monotonic_ms());
-            if admission == Admission::Refused {
-                return fail_all(NotSent::BreakerOpen.into());
-            }
-            let permits = u32::try_from(calls.len()).unwrap_or(u32::MAX);
-            let Ok(_permit) = self.in_flight.clone().try_acquire_many_owned(permits) else {
-                return fail_all(NotSent::InFlightLimit.into());
-            };
+            let wires: Vec<Wire<'_>> = calls.iter().map(Wire::Plain).collect();
             // One deadline covers connecting and the reply: no call waits past it.
             let deadline = tokio::time::Instant::now() + self.config.call_deadline;
-            let connected = tokio::time::timeout_at(deadline, self.connection()).await;
-            let outcome = match connected {
-                Ok(Ok(conn)) => tokio::time::timeout_at(deadline, self.send(conn, calls)).await,
-                Ok(Err(failure)) => Ok(Err(failure)),
-                Err(_elapsed) => Ok(Err(Failure::NotSent(NotSent::Unreachable(
-                    "connect timed out".into(),
-                )))),
-            };
-            match outcome {
-                Ok(Ok(results)) => {
-                    self.lock_breaker().on_success();
-                    results
-                }
-                Ok(Err(Failure::NotSent(reason))) => {
-                    self.lock_breaker().on_failure(self.monotonic_ms());
-                    fail_all(reason.into())
-                }
-                Ok(Err(Failure::Ambiguous(reason))) => {
-                    self.lock_breaker().on_failure(self.monotonic_ms());
-                    self.forget_connection().await;
-                    fail_all(StoreError::Ambiguous(reason))
-                }
-                Err(_elapsed) => {
-                    self.lock_breaker().on_failure(self.monotonic_ms());
-                    fail_all(StoreError::Ambiguous(format!(
-                        "no reply within {:?}",
-                        self.config.call_deadline
-                    )))
-                }
+            match self.execute(&wires, calls.len(), deadline).await {
+                Ok(results) => results
+                    .into_iter()
+                    .map(|mut replies| match replies.pop() {
+                        Some(reply) if replies.is_empty() => reply.into_result(),
+                        _ => Err(StoreError::Script(ScriptError::Other(
+                            "reply count mismatch".into(),
+                        ))),
+                    })
+                    .collect(),
+                Err(e) => calls.iter().map(|_| Err(e.clone())).collect(),
             }
         })
+    }
+}
+
+/// What one EVALSHA of a pipeline carries.
+#[derive(Clone)]
+enum Wire<'a> {
+    /// A call as its own script.
+    Plain(&'a ScriptCall),
+    /// A multi_decision call carrying this many calls.
+    Packed(ScriptCall, usize),
+}
+
+impl Wire<'_> {
+    fn call(&self) -> &ScriptCall {
+        match self {
+            Wire::Plain(call) => call,
+            Wire::Packed(call, _) => call,
+        }
+    }
+
+    fn calls(&self) -> usize {
+        match self {
+            Wire::Plain(_) => 1,
+            Wire::Packed(_, calls) => *calls,
+        }
+    }
+}
+
+/// One EVALSHA's raw reply: NOSCRIPT (resend), or its value.
+enum WireReply {
+    NoScript,
+    Value(Value),
+}
+
+impl WireReply {
+    fn from_value(value: Value) -> WireReply {
+        match value {
+            Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript) => {
+                WireReply::NoScript
+            }
+            value => WireReply::Value(value),
+        }
+    }
+
+    /// The `calls` replies this EVALSHA answers: a plain call's own, or a
+    /// multi_decision's per call. A multi_decision refused whole (or of any
+    /// other shape) fails each of its calls with that error.
+    fn into_replies(self, calls: usize) -> Vec<Reply> {
+        let value = match self {
+            WireReply::NoScript => return (0..calls).map(|_| Reply::NoScript).collect(),
+            WireReply::Value(value) => value,
+        };
+        if calls == 1 {
+            return vec![Reply::from_value(value)];
+        }
+        match value {
+            Value::Array(items) if items.len() == calls => {
+                items.into_iter().map(Reply::from_value).collect()
+            }
+            other => {
+                let error = match Reply::from_value(other) {
+                    Reply::Script(e) => e,
+                    _ => ScriptError::MalformedReply {
+                        script: ScriptKind::MultiDecision.name(),
+                        detail: format!("not {calls} replies"),
+                    },
+                };
+                (0..calls).map(|_| Reply::Script(error.clone())).collect()
+            }
+        }
     }
 }
 
@@ -285,11 +472,12 @@ impl Reply {
 
 async fn pipeline(
     conn: &mut MultiplexedConnection,
-    calls: &[ScriptCall],
-) -> Result<Vec<Reply>, Failure> {
+    wires: &[Wire<'_>],
+) -> Result<Vec<WireReply>, Failure> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    for call in calls {
+    for wire in wires {
+        let call = wire.call();
         pipe.cmd("EVALSHA")
             .arg(call.kind.script().get_hash())
             .arg(call.keys.len())
@@ -297,14 +485,31 @@ async fn pipeline(
             .arg(&call.args);
     }
     let values: Vec<Value> = pipe.query_async(conn).await.map_err(classify)?;
-    if values.len() != calls.len() {
+    if values.len() != wires.len() {
         return Err(Failure::Ambiguous(format!(
             "{} replies for {} calls",
             values.len(),
-            calls.len()
+            wires.len()
         )));
     }
-    Ok(values.into_iter().map(Reply::from_value).collect())
+    Ok(values.into_iter().map(WireReply::from_value).collect())
+}
+
+/// `INFO cluster` → `cluster_enabled:0|1`; anything else is unknown.
+async fn read_topology(conn: &mut MultiplexedConnection) -> Topology {
+    let info: redis::RedisResult<String> =
+        redis::cmd("INFO").arg("cluster").query_async(conn).await;
+    let Ok(info) = info else {
+        return Topology::Unknown;
+    };
+    match info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("cluster_enabled:"))
+    {
+        Some("0") => Topology::Standalone,
+        Some("1") => Topology::Cluster,
+        _ => Topology::Unknown,
+    }
 }
 
 async fn load_scripts(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {

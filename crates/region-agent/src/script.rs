@@ -26,10 +26,13 @@ pub enum ScriptKind {
     ChunkCredit,
     ChunkSpend,
     RlsWindow,
+    /// Up to [`MULTI_DECISION_MAX_CALLS`] calls of the other kinds in one
+    /// EVALSHA ([`multi_decision_call`]); its reply is one reply per call.
+    MultiDecision,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 12] = [
+    pub const ALL: [ScriptKind; 13] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -42,6 +45,7 @@ impl ScriptKind {
         ScriptKind::ChunkCredit,
         ScriptKind::ChunkSpend,
         ScriptKind::RlsWindow,
+        ScriptKind::MultiDecision,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -59,6 +63,7 @@ impl ScriptKind {
             ScriptKind::ChunkCredit => "chunk_credit",
             ScriptKind::ChunkSpend => "chunk_spend",
             ScriptKind::RlsWindow => "rls_window",
+            ScriptKind::MultiDecision => "multi_decision",
         }
     }
 
@@ -76,6 +81,7 @@ impl ScriptKind {
             ScriptKind::ChunkCredit => include_str!("../../../lua/chunk_credit.lua"),
             ScriptKind::ChunkSpend => include_str!("../../../lua/chunk_spend.lua"),
             ScriptKind::RlsWindow => include_str!("../../../lua/rls_window.lua"),
+            ScriptKind::MultiDecision => include_str!("../../../lua/multi_decision.lua"),
         }
     }
 
@@ -84,7 +90,10 @@ impl ScriptKind {
         static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
             ScriptKind::ALL
                 .iter()
-                .map(|kind| format!("{PRELUDE}\n{}", kind.body()))
+                .map(|kind| match kind {
+                    ScriptKind::MultiDecision => multi_decision_source(),
+                    _ => format!("{PRELUDE}\n{}", kind.body()),
+                })
                 .collect()
         });
         &SOURCES[self as usize]
@@ -100,6 +109,69 @@ impl ScriptKind {
         });
         &SCRIPTS[self as usize]
     }
+}
+
+/// Most sub-calls one multi_decision call carries (`LH_MULTI_MAX` in
+/// `lua/multi_decision.lua`): 64 keeps one script run short (each sub-call is
+/// a few `redis.call`s, so tens of microseconds in all) while most of the
+/// per-call overhead is already paid at 16.
+pub const MULTI_DECISION_MAX_CALLS: usize = 64;
+
+/// Shadows the prelude's `lh_now_ms` for the wrapped bodies: TIME is read
+/// once per multi_decision call (one `redis.call` less per sub-call), so
+/// every sub-call decides at the same store time, as Redis itself holds
+/// key expiry at the script's start.
+const MULTI_DECISION_CLOCK: &str = "local lh_now_ms_once = nil
+local function lh_now_ms()
+  if not lh_now_ms_once then
+    local t = redis.call('TIME')
+    lh_now_ms_once = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return lh_now_ms_once
+end";
+
+/// The prelude, every other script's body wrapped as a function of
+/// (KEYS, ARGV) in the table `LH_SCRIPTS` under its name, then the
+/// dispatcher: one source of truth per algorithm.
+fn multi_decision_source() -> String {
+    let mut source = format!("{PRELUDE}\n{MULTI_DECISION_CLOCK}\nlocal LH_SCRIPTS = {{}}\n");
+    for kind in ScriptKind::ALL {
+        if kind == ScriptKind::MultiDecision {
+            continue;
+        }
+        source.push_str(&format!(
+            "LH_SCRIPTS['{}'] = function(KEYS, ARGV)\n{}\nend\n",
+            kind.name(),
+            kind.body()
+        ));
+    }
+    source.push_str(ScriptKind::MultiDecision.body());
+    source
+}
+
+/// The kind named `name` among those a multi_decision call may carry.
+pub fn sub_call_kind(name: &str) -> Option<ScriptKind> {
+    ScriptKind::ALL
+        .into_iter()
+        .find(|kind| *kind != ScriptKind::MultiDecision && kind.name() == name)
+}
+
+/// One multi_decision call carrying `calls` in order: KEYS are their keys
+/// concatenated, ARGV is the count then per call its script name, key
+/// count, argument count and arguments. The caller keeps `calls` within
+/// [1, [`MULTI_DECISION_MAX_CALLS`]] and of no multi_decision kind; the
+/// script refuses anything else whole (`calls invalid`).
+pub fn multi_decision_call(calls: &[ScriptCall]) -> ScriptCall {
+    let mut call = ScriptCall::new(ScriptKind::MultiDecision).arg(calls.len());
+    for sub in calls {
+        call.keys.extend(sub.keys.iter().cloned());
+        call = call
+            .arg(sub.kind.name())
+            .arg(sub.keys.len())
+            .arg(sub.args.len());
+        call.args.extend(sub.args.iter().cloned());
+    }
+    call
 }
 
 /// One script invocation: keys and arguments exactly as Redis receives them.
@@ -208,6 +280,59 @@ impl ScriptError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_decision_wraps_every_other_body_once() {
+        let source = ScriptKind::MultiDecision.source();
+        for kind in ScriptKind::ALL {
+            if kind == ScriptKind::MultiDecision {
+                assert_eq!(sub_call_kind(kind.name()), None);
+                continue;
+            }
+            assert_eq!(source.matches(kind.body()).count(), 1, "{}", kind.name());
+            assert_eq!(sub_call_kind(kind.name()), Some(kind));
+        }
+        assert!(source.ends_with(ScriptKind::MultiDecision.body()));
+    }
+
+    #[test]
+    fn the_prelude_never_reads_the_global_keys_or_argv() {
+        // multi_decision runs each body on its sub-call's KEYS and ARGV
+        // (function parameters); a prelude helper reading the globals would
+        // see the whole envelope instead.
+        let code: String = PRELUDE
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .collect();
+        assert!(!code.contains("KEYS") && !code.contains("ARGV"));
+    }
+
+    #[test]
+    fn multi_decision_call_concatenates_keys_and_frames_arguments() {
+        let a = ScriptCall::new(ScriptKind::TokenBucket).key("k1").arg(5);
+        let b = ScriptCall::new(ScriptKind::GiveBack)
+            .key("k2")
+            .key("k3")
+            .arg(1)
+            .arg(2);
+        let call = multi_decision_call(&[a, b]);
+        assert_eq!(call.keys, ["k1", "k2", "k3"]);
+        assert_eq!(
+            call.args,
+            [
+                "2",
+                "token_bucket",
+                "1",
+                "1",
+                "5",
+                "give_back",
+                "2",
+                "2",
+                "1",
+                "2"
+            ]
+        );
+    }
 
     #[test]
     fn every_script_starts_with_the_prelude() {

@@ -24,7 +24,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{AgentConfig, HttpLimits, ListenerLimits};
+use crate::coalesce::CoalescingStore;
+use crate::config::{AgentConfig, HttpLimits, ListenerLimits, StoreSettings};
 use crate::decide::{Counters, Decider};
 use crate::envoy::{EnvoyRateLimitService, RateLimitServiceServer};
 use crate::fallback::LocalFallback;
@@ -128,6 +129,15 @@ pub enum StartError {
     },
 }
 
+/// The Redis store as the agent uses it: behind the coalescer unless
+/// `store.coalesce = false`.
+fn redis_store(redis: RedisStore, settings: &StoreSettings) -> Arc<dyn BucketStore> {
+    match settings.coalesce_config() {
+        Some(coalesce) => Arc::new(CoalescingStore::new(Arc::new(redis), coalesce)),
+        None => Arc::new(redis),
+    }
+}
+
 impl AgentSpec {
     /// Loads the pepper and policy files and opens the store. Every error
     /// names the config file (`config.file`) and the setting at fault.
@@ -164,7 +174,7 @@ impl AgentSpec {
         let bundle = policy::parse(&file_name, &policy_text, None)
             .map_err(|e| refused("policy_file", e.to_string()))?;
         let store: Arc<dyn BucketStore> = match &config.redis_url {
-            Some(url) => Arc::new(
+            Some(url) => redis_store(
                 RedisStore::new(RedisStoreConfig {
                     call_deadline: config.store.call_deadline(),
                     connect_timeout: Duration::from_millis(config.store.connect_timeout_ms.max(1)),
@@ -177,6 +187,7 @@ impl AgentSpec {
                     RedisStoreError::Auth(auth) => refused("redis", auth.to_string()),
                     other => refused("redis_url", other.to_string()),
                 })?,
+                &config.store,
             ),
             None => Arc::new(MemoryStore::with_max_keys(
                 Arc::new(SystemClock),
@@ -354,6 +365,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
             .flat_map(|g| g.pools.iter().map(|p| p.id.clone())),
     ));
     let metrics = AgentMetrics::new()?;
+    spec.store.attach_metrics(&metrics);
     let sync = match spec.global {
         Some(settings) => Some(Arc::new(GlobalSync::with_connector(
             spec.region.clone(),

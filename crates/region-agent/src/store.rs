@@ -25,6 +25,14 @@ pub enum NotSent {
         "in-memory store full: it holds its cap of {max_keys} keys and the call would add one"
     )]
     KeyCapReached { max_keys: usize },
+    /// The coalescer's queue holds its cap of calls: refused at once rather
+    /// than queued without bound (`store.max_queue`).
+    #[error("coalescing queue full: it holds its cap of {max_queue} calls")]
+    QueueFull { max_queue: usize },
+    /// The call's deadline passed while it waited in the coalescer's queue:
+    /// dropped there, never sent.
+    #[error("deadline passed while queued")]
+    QueuedPastDeadline,
 }
 
 /// The outcome of one call that did not produce a reply.
@@ -59,6 +67,10 @@ pub trait BucketStore: Send + Sync {
     fn breaker_state(&self) -> &'static str {
         "closed"
     }
+
+    /// Lets a store report its own metrics (the coalescer's batch sizes and
+    /// queue refusals) once the agent's registry exists; most have none.
+    fn attach_metrics(&self, _metrics: &crate::metrics::AgentMetrics) {}
 
     /// Runs every call, each atomically, and answers in the same order.
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>>;

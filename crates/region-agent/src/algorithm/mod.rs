@@ -10,6 +10,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod give_back;
 pub mod lease_block;
+pub mod multi_decision;
 pub mod multi_rule;
 pub mod rls_window;
 pub mod sliding_counter;
@@ -35,6 +36,9 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::ChunkCredit => chunk_counter::eval_credit(space, keys, argv, now_ms),
         ScriptKind::ChunkSpend => chunk_counter::eval_spend(space, keys, argv, now_ms),
         ScriptKind::RlsWindow => rls_window::eval(space, keys, argv, now_ms),
+        // Its reply is one reply per sub-call, not one integer array: see
+        // `multi_decision::eval`. Refused whole, like a malformed envelope.
+        ScriptKind::MultiDecision => Err(ScriptError::InvalidArgument("calls".into())),
     }
 }
 
