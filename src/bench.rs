@@ -41,6 +41,18 @@ pub struct AgentBench {
     /// share one multi_rule call); the raw baseline stays one plain rule.
     #[arg(long)]
     shadow: bool,
+    /// Run the agent without the coalescing store (`[store] coalesce =
+    /// false`), to compare.
+    #[arg(long)]
+    no_coalesce: bool,
+    /// What to measure, comma-separated (e.g. one path alone while a
+    /// profiler watches).
+    #[arg(long, value_delimiter = ',', default_values_t = [
+        crate::bench_agent::Path::Raw,
+        crate::bench_agent::Path::Check,
+        crate::bench_agent::Path::Limiter,
+    ], value_enum)]
+    paths: Vec<crate::bench_agent::Path>,
 }
 
 #[derive(Args)]
@@ -57,7 +69,15 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
     match target {
         BenchTarget::Store(args) => crate::bench_store::run(args).await,
         BenchTarget::Agent(args) => {
-            crate::bench_agent::run(&args.callers, args.seconds, args.tls, args.shadow).await
+            crate::bench_agent::run(
+                &args.callers,
+                args.seconds,
+                args.tls,
+                args.shadow,
+                !args.no_coalesce,
+                &args.paths,
+            )
+            .await
         }
         BenchTarget::Envoy(args) => crate::bench_envoy::run(args.concurrency, args.seconds).await,
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,

@@ -11,11 +11,13 @@ use anyhow::Context;
 use leasehold_client::{AdmitRequest, FailMode, Limiter, LimiterConfig};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
+use leasehold_region_agent::coalesce::{CoalesceConfig, CoalescingStore};
 use leasehold_region_agent::memory::SystemClock;
 use leasehold_region_agent::policy;
 use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::script::ScriptKind;
 use leasehold_region_agent::server::{self, AgentSpec};
+use leasehold_region_agent::store::BucketStore;
 use leasehold_region_agent::testing::RedisServer;
 use leasehold_tls::TlsSettings;
 use tonic::transport::Channel;
@@ -68,7 +70,7 @@ fail_mode = "open"
 
 /// The bench agent on `store`: Region `bench`, one user rule (with
 /// `shadow`: recorded, plus a shadow rule), plaintext.
-pub(crate) fn bench_spec(store: Arc<RedisStore>, shadow: bool) -> anyhow::Result<AgentSpec> {
+pub(crate) fn bench_spec(store: Arc<dyn BucketStore>, shadow: bool) -> anyhow::Result<AgentSpec> {
     let text = if shadow {
         shadow_policy()
     } else {
@@ -126,7 +128,7 @@ pub(crate) async fn checks(
 /// The same agent setup behind mTLS (`grpc_mtls`, certificates from
 /// `certs init` in a temporary directory), called as `/gateway/bench`.
 async fn checks_over_mtls(
-    store: Arc<RedisStore>,
+    store: Arc<dyn BucketStore>,
     concurrency: usize,
     duration: Duration,
 ) -> anyhow::Result<Run> {
@@ -180,6 +182,27 @@ async fn limiter_checks(limiter: Limiter, concurrency: usize, duration: Duration
     .await
 }
 
+/// What a measurement goes through (`--paths`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Path {
+    /// multi_rule EVALSHA sent raw through redis-rs: the baseline.
+    Raw,
+    /// The agent's unary Check over loopback gRPC.
+    Check,
+    /// The client library's `Limiter` (concurrent Checks as CheckBatch).
+    Limiter,
+}
+
+impl Path {
+    fn label(self) -> &'static str {
+        match self {
+            Path::Raw => "raw multi_rule EVALSHA via redis-rs",
+            Path::Check => "agent Check (unary gRPC)",
+            Path::Limiter => "agent via Limiter (CheckBatch)",
+        }
+    }
+}
+
 /// One priced line of the table.
 struct Line {
     label: &'static str,
@@ -187,9 +210,19 @@ struct Line {
     cpu_s: f64,
 }
 
-pub async fn run(callers: &[usize], seconds: u64, tls: bool, shadow: bool) -> anyhow::Result<()> {
+pub async fn run(
+    callers: &[usize],
+    seconds: u64,
+    tls: bool,
+    shadow: bool,
+    coalesce: bool,
+    paths: &[Path],
+) -> anyhow::Result<()> {
     if callers.is_empty() || callers.contains(&0) {
         anyhow::bail!("--callers needs caller counts of at least 1");
+    }
+    if paths.is_empty() {
+        anyhow::bail!("--paths needs at least one of raw, check, limiter");
     }
     let redis = RedisServer::start().context("starting a private redis-server")?;
     let cpu = RedisCpu::new(&redis.url())?;
@@ -197,6 +230,12 @@ pub async fn run(callers: &[usize], seconds: u64, tls: bool, shadow: bool) -> an
         call_deadline: Duration::from_secs(1),
         ..RedisStoreConfig::new(redis.url())
     })?);
+    // As `leasehold agent` runs by default: the coalescer in front of Redis.
+    let store: Arc<dyn BucketStore> = if coalesce {
+        Arc::new(CoalescingStore::new(store, CoalesceConfig::default()))
+    } else {
+        store
+    };
     let agent = server::start(bench_spec(store.clone(), shadow)?).await?;
     let endpoint = format!("http://{}", agent.grpc_addr);
     let client = AgentClient::connect(endpoint.clone()).await?;
@@ -214,57 +253,61 @@ pub async fn run(callers: &[usize], seconds: u64, tls: bool, shadow: bool) -> an
     } else {
         "one user rule"
     };
+    let store_path = if coalesce {
+        "coalescing store"
+    } else {
+        "no coalescing"
+    };
     println!(
-        "leasehold bench agent ({rules}, allow path, {USERS} users, one agent, one redis-server)"
+        "leasehold bench agent ({rules}, allow path, {USERS} users, one agent ({store_path}), \
+         one redis-server)"
     );
     for &concurrency in callers {
         let url = redis.url();
-        let (baseline, cpu_raw) = cpu.priced(raw_evalsha(&url, concurrency, duration)).await?;
-        let (unary, cpu_unary) = cpu
-            .priced(async { Ok(checks(client.clone(), concurrency, duration).await) })
-            .await?;
-        let (batched, cpu_batched) = cpu
-            .priced(async { Ok(limiter_checks(limiter.clone(), concurrency, duration).await) })
-            .await?;
         println!("  {concurrency} callers:");
-        let lines = [
-            Line {
-                label: "raw multi_rule EVALSHA via redis-rs",
-                run: baseline,
-                cpu_s: cpu_raw,
-            },
-            Line {
-                label: "agent Check (unary gRPC)",
-                run: unary,
-                cpu_s: cpu_unary,
-            },
-            Line {
-                label: "agent via Limiter (CheckBatch)",
-                run: batched,
-                cpu_s: cpu_batched,
-            },
-        ];
-        for line in &lines {
-            print_priced(line);
+        let mut lines = Vec::new();
+        for path in paths {
+            let (run, cpu_s) = match path {
+                Path::Raw => cpu.priced(raw_evalsha(&url, concurrency, duration)).await?,
+                Path::Check => {
+                    cpu.priced(async { Ok(checks(client.clone(), concurrency, duration).await) })
+                        .await?
+                }
+                Path::Limiter => {
+                    cpu.priced(async {
+                        Ok(limiter_checks(limiter.clone(), concurrency, duration).await)
+                    })
+                    .await?
+                }
+            };
+            let line = Line {
+                label: path.label(),
+                run,
+                cpu_s,
+            };
+            print_priced(&line);
+            lines.push((*path, line));
         }
-        let raw = &lines[0].run;
-        for line in &lines[1..] {
+        let raw = lines.iter().find(|(path, _)| *path == Path::Raw);
+        for (_, line) in lines.iter().filter(|(path, _)| *path != Path::Raw) {
+            let Some((_, raw)) = raw else { break };
             println!(
                 "    ratio {} / raw EVALSHA: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
                 line.label,
-                line.run.rate / raw.rate.max(f64::MIN_POSITIVE),
-                line.run.p50_us as f64 / raw.p50_us.max(1) as f64,
-                line.run.p99_us as f64 / raw.p99_us.max(1) as f64,
+                line.run.rate / raw.run.rate.max(f64::MIN_POSITIVE),
+                line.run.p50_us as f64 / raw.run.p50_us.max(1) as f64,
+                line.run.p99_us as f64 / raw.run.p99_us.max(1) as f64,
             );
         }
-        if tls {
+        let unary = lines.iter().find(|(path, _)| *path == Path::Check);
+        if let (true, Some((_, unary))) = (tls, unary) {
             let over_mtls = checks_over_mtls(store.clone(), concurrency, duration).await?;
             print_run("agent Check over loopback gRPC + mTLS", &over_mtls);
             println!(
                 "    ratio mTLS / plaintext: throughput {:.2}, p50 {:.2}x, p99 {:.2}x",
-                over_mtls.rate / lines[1].run.rate.max(f64::MIN_POSITIVE),
-                over_mtls.p50_us as f64 / lines[1].run.p50_us.max(1) as f64,
-                over_mtls.p99_us as f64 / lines[1].run.p99_us.max(1) as f64,
+                over_mtls.rate / unary.run.rate.max(f64::MIN_POSITIVE),
+                over_mtls.p50_us as f64 / unary.run.p50_us.max(1) as f64,
+                over_mtls.p99_us as f64 / unary.run.p99_us.max(1) as f64,
             );
         }
     }

@@ -3,8 +3,15 @@
 //! (Redis's own `INFO CPU`, before and after each measurement):
 //!
 //! - `RedisStore`, one script call per decision, and caller-side batches;
+//! - the agent's `CoalescingStore` in front of it: concurrent single calls
+//!   gathered into `multi_decision` calls (one EVALSHA, many decisions);
+//! - raw `redis-benchmark` EVALSHA of `multi_decision` carrying `--multi`
+//!   token_bucket decisions (the coalescer's best case);
 //! - raw `redis-benchmark` EVALSHA of the same script, `-P 1` and `-P N`;
 //! - `HINCRBY` with `-P N`: one plain write command, the ceiling of a core;
+//! - the floor of any Lua token bucket: a script that only reads each key
+//!   (one MGET for all) and writes it (`SET … PX`), with no logic, `--multi`
+//!   keys per call — what a Lua script cannot get under on this server;
 //! - redis-cell's `CL.THROTTLE` (`-P 1` and `-P N`) when
 //!   `--redis-cell-module PATH` names a module built by the operator (the
 //!   module is never part of this repository).
@@ -20,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use leasehold_region_agent::coalesce::{CoalesceConfig, CoalescingStore};
 use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
-use leasehold_region_agent::script::{ScriptCall, ScriptKind};
+use leasehold_region_agent::script::{multi_decision_call, ScriptCall, ScriptKind};
 use leasehold_region_agent::store::BucketStore;
 use leasehold_region_agent::testing::RedisServer;
 
@@ -44,6 +52,9 @@ pub struct StoreBench {
     /// Requests per redis-benchmark run.
     #[arg(long, default_value_t = 200_000)]
     baseline_requests: u64,
+    /// token_bucket decisions per raw multi_decision EVALSHA (1..=64).
+    #[arg(long, default_value_t = 64)]
+    multi: usize,
     /// Distinct buckets the decisions spread over, uniformly.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
@@ -64,6 +75,13 @@ const BUCKET_ARGS: [&str; 5] = ["1000000000", "1000", "1000000", "1000", "0"];
 /// redis-cell's equivalent: burst 10^6, 1 per 1,000 s, quantity 1.
 const CELL_ARGS: [&str; 4] = ["1000000", "1", "1000", "1"];
 
+/// The least a scripted bucket does per decision: one read (an MGET shared
+/// by the call) and one write with a TTL. No clock, no validation, no
+/// arithmetic: a bound on any Lua algorithm, not an algorithm.
+const LUA_FLOOR: &str = "local v = redis.call('MGET', unpack(KEYS))\n\
+for i = 1, #KEYS do redis.call('SET', KEYS[i], '999999000:1764000000000', 'PX', 86400000) end\n\
+return #KEYS";
+
 /// One measured line of the table.
 struct Line {
     label: String,
@@ -75,6 +93,9 @@ struct Line {
 pub async fn run(args: StoreBench) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.batch == 0 || args.keys == 0 || args.pipeline == 0 {
         anyhow::bail!("--concurrency, --batch, --keys and --pipeline must be at least 1");
+    }
+    if !(1..=64).contains(&args.multi) {
+        anyhow::bail!("--multi must be in [1, 64] (multi_decision's bound)");
     }
     // The private server (if any) lives until the bench ends.
     let (_private, url, port) = match &args.redis_url {
@@ -132,21 +153,60 @@ pub async fn run(args: StoreBench) -> anyhow::Result<()> {
             args.baseline_requests,
         )?);
     }
+    let multi_requests = (args.baseline_requests / args.multi as u64).max(1);
+    let mut line = benchmark_line(
+        &cpu,
+        format!(
+            "redis-benchmark EVALSHA multi_decision x{} -P 1",
+            args.multi
+        ),
+        multi_command(&args, port, multi_requests),
+        multi_requests,
+    )?;
+    line.decisions_per_s *= args.multi as f64;
+    line.per_cpu_s *= args.multi as f64;
+    lines.push(line);
+    let floor_sha: String = {
+        let client = redis::Client::open(url.as_str())?;
+        let mut conn = client.get_connection()?;
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(LUA_FLOOR)
+            .query(&mut conn)?
+    };
+    let mut line = benchmark_line(
+        &cpu,
+        format!("Lua floor: MGET + SET PX only, x{} -P 1", args.multi),
+        floor_command(&args, port, multi_requests, &floor_sha),
+        multi_requests,
+    )?;
+    line.decisions_per_s *= args.multi as f64;
+    line.per_cpu_s *= args.multi as f64;
+    lines.push(line);
     lines.push(benchmark_line(
         &cpu,
         format!("redis-benchmark HINCRBY -P {} (ceiling)", args.pipeline),
         hincrby_command(&args, port),
         args.baseline_requests * 4,
     )?);
-    for batch in [1, args.batch] {
+    let coalescing: Arc<dyn BucketStore> = Arc::new(CoalescingStore::new(
+        Arc::clone(&store),
+        CoalesceConfig::default(),
+    ));
+    let plain: Arc<dyn BucketStore> = store.clone();
+    let runs = [
+        (plain.clone(), 1, "one call each"),
+        (plain, args.batch, "batches of"),
+        (coalescing, 1, "coalesced, one call each"),
+    ];
+    for (index, (store, batch, how)) in runs.into_iter().enumerate() {
         let label = if batch == 1 {
-            format!("RedisStore, {} tasks, one call each", args.concurrency)
+            format!("RedisStore, {} tasks, {how}", args.concurrency)
         } else {
-            format!("RedisStore, {} tasks, batches of {batch}", args.concurrency)
+            format!("RedisStore, {} tasks, {how} {batch}", args.concurrency)
         };
-        let store = Arc::clone(&store);
         let (measured, cpu_s) = cpu
-            .priced(async { Ok(drive(store, &args, batch).await) })
+            .priced(async { Ok(drive(store, &args, batch, &format!("rs{index}")).await) })
             .await?;
         lines.push(Line {
             label,
@@ -258,6 +318,36 @@ fn cell_command(args: &StoreBench, port: u16, pipeline: usize) -> Command {
     command
 }
 
+/// multi_decision carrying `--multi` token_bucket calls, each on a random
+/// bucket (redis-benchmark draws each `__rand_int__` on its own).
+fn multi_command(args: &StoreBench, port: u16, requests: u64) -> Command {
+    let calls: Vec<ScriptCall> = (0..args.multi)
+        .map(|i| {
+            let mut call = ScriptCall::new(ScriptKind::TokenBucket)
+                .key(format!("lh:v1:{{bench}}:md{i}:__rand_int__"));
+            for arg in BUCKET_ARGS {
+                call = call.arg(arg);
+            }
+            call
+        })
+        .collect();
+    let multi = multi_decision_call(&calls);
+    let sha = multi.kind.script().get_hash().to_string();
+    let mut command = redis_benchmark(args, port, 1, requests);
+    command
+        .args(["EVALSHA", &sha, &multi.keys.len().to_string()])
+        .args(&multi.keys)
+        .args(&multi.args);
+    command
+}
+
+fn floor_command(args: &StoreBench, port: u16, requests: u64, sha: &str) -> Command {
+    let mut command = redis_benchmark(args, port, 1, requests);
+    command.args(["EVALSHA", sha, &args.multi.to_string()]);
+    command.args((0..args.multi).map(|i| format!("lh:v1:{{bench}}:fl{i}:__rand_int__")));
+    command
+}
+
 /// One token_bucket call on bucket `i % keys` of the workload `name`.
 fn call(name: &str, i: u64, keys: u64) -> ScriptCall {
     let mut call = ScriptCall::new(ScriptKind::TokenBucket)
@@ -276,16 +366,20 @@ struct Measured {
 
 /// `concurrency` tasks, each sending batches of `batch` calls for
 /// `seconds`.
-async fn drive(store: Arc<RedisStore>, args: &StoreBench, batch: usize) -> Measured {
+async fn drive(
+    store: Arc<dyn BucketStore>,
+    args: &StoreBench,
+    batch: usize,
+    name: &str,
+) -> Measured {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
-    let name = format!("rs{batch}");
     let mut tasks = Vec::new();
     for task in 0..args.concurrency as u64 {
-        let (store, done, errors, name) =
-            (store.clone(), done.clone(), errors.clone(), name.clone());
+        let (store, done, errors) = (store.clone(), done.clone(), errors.clone());
+        let name = name.to_string();
         let (batch, keys) = (batch as u64, args.keys);
         tasks.push(tokio::spawn(async move {
             let mut i = task.wrapping_mul(1_000_003);
