@@ -23,7 +23,7 @@ use leasehold_tls::TlsSettings;
 use tonic::transport::Channel;
 
 pub(crate) use crate::bench_measure::{measure, Run};
-use crate::bench_measure::{per_cpu_second, RedisCpu};
+use crate::bench_measure::{per_cpu_second, process_cpu_seconds, RedisCpu};
 
 /// One user rule that never runs dry during a run (10^6 tokens, 1 token
 /// per 1,000 s): every decision takes the allow-and-write path, and each
@@ -208,6 +208,8 @@ struct Line {
     label: &'static str,
     run: Run,
     cpu_s: f64,
+    /// The bench process's own CPU (callers + agent) meanwhile.
+    process_cpu_s: f64,
 }
 
 pub async fn run(
@@ -267,6 +269,7 @@ pub async fn run(
         println!("  {concurrency} callers:");
         let mut lines = Vec::new();
         for path in paths {
+            let process_before = process_cpu_seconds().unwrap_or(0.0);
             let (run, cpu_s) = match path {
                 Path::Raw => cpu.priced(raw_evalsha(&url, concurrency, duration)).await?,
                 Path::Check => {
@@ -280,10 +283,12 @@ pub async fn run(
                     .await?
                 }
             };
+            let process_cpu_s = process_cpu_seconds().unwrap_or(0.0) - process_before;
             let line = Line {
                 label: path.label(),
                 run,
                 cpu_s,
+                process_cpu_s,
             };
             print_priced(&line);
             lines.push((*path, line));
@@ -321,9 +326,15 @@ fn print_priced(line: &Line) {
     } else {
         0.0
     };
+    let process_us = if line.run.decisions > 0 {
+        line.process_cpu_s * 1e6 / line.run.decisions as f64
+    } else {
+        0.0
+    };
     println!(
         "    {:<38}: {:>9.0} decisions/s  p50 {:>6} us  p99 {:>6} us  p999 {:>6} us  \
-         Redis CPU {:>5.2} us/decision ({:.0}/CPU-s)  ({} errors)",
+         Redis CPU {:>5.2} us/decision ({:.0}/CPU-s)  bench process CPU {:>5.1} us/decision  \
+         ({} errors)",
         line.label,
         line.run.rate,
         line.run.p50_us,
@@ -331,6 +342,7 @@ fn print_priced(line: &Line) {
         line.run.p999_us,
         per_decision_us,
         per_cpu_second(line.run.decisions as f64, line.cpu_s),
+        process_us,
         line.run.errors
     );
 }
