@@ -493,6 +493,7 @@ steps = [[0, 20]]
                     enforced_millitokens_per_s: enforced,
                     block_tokens: 0,
                     mode,
+                    ..RegionPool::default()
                 };
                 let committed = |share, target| Committed {
                     share,
@@ -509,6 +510,7 @@ steps = [[0, 20]]
                         committed(eu_share, 60_000),
                         committed(40_000, 40_000),
                     ])],
+                    committed_sums: vec![vec![Some(eu_share + 40_000)]],
                 }
             })
             .collect();

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -43,7 +44,9 @@ use leasehold_region_agent::global::share_sync::Mode;
 use leasehold_region_agent::global::sync::SyncObserver;
 use leasehold_region_agent::memory::{Clock, MemoryStore};
 use leasehold_region_agent::policy;
+use leasehold_region_agent::script::ScriptCall;
 use leasehold_region_agent::server::{self, AgentSpec};
+use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 use crate::checker::{self, Violation};
 use crate::scenario::{FaultKind, PoolSpec, ReclaimSpec, Scenario};
@@ -123,6 +126,10 @@ struct World {
     leader: u64,
     skews: BTreeMap<String, i64>,
     down: Vec<bool>,
+    /// Each Region's bucket store (kept across agent restarts unless a
+    /// restart asks for a fresh one) and its failure switch.
+    stores: Vec<Option<Arc<MemoryStore>>>,
+    store_down: Vec<Arc<AtomicBool>>,
 }
 
 #[derive(Clone, Default)]
@@ -220,6 +227,32 @@ impl SyncObserver for Recorder {
     }
 }
 
+/// A Region's bucket store: the `MemoryStore` (kept across agent restarts)
+/// behind a switch that makes every call fail as an unreachable Redis
+/// would (`store_loss`), so the rules' fail modes decide.
+struct SimStore {
+    inner: Arc<MemoryStore>,
+    down: Arc<AtomicBool>,
+}
+
+impl BucketStore for SimStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
+        if self.down.load(Ordering::SeqCst) {
+            let lost = || {
+                Err(StoreError::NotSent(NotSent::Unreachable(
+                    "store lost".into(),
+                )))
+            };
+            return Box::pin(std::future::ready(calls.iter().map(|_| lost()).collect()));
+        }
+        self.inner.run_batch(calls)
+    }
+}
+
 /// The scenario's pools as the allocator's configs.
 fn pool_config(spec: &PoolSpec) -> PoolConfig {
     match spec {
@@ -261,13 +294,19 @@ fn pool_config(spec: &PoolSpec) -> PoolConfig {
 fn policy_text(scenario: &Scenario) -> String {
     let mut text = String::from("version = 1\n\n[[domain]]\nname = \"sim\"\n");
     for pool in &scenario.pools {
-        let (algorithm, leased) = match pool {
-            PoolSpec::Rate(r) => ("token_bucket", r.leased),
-            PoolSpec::Window(_) => ("fixed_window", false),
+        let (algorithm, leased, local) = match pool {
+            PoolSpec::Rate(r) => ("token_bucket", r.leased, r.local_fallback_per_s),
+            PoolSpec::Window(w) => ("fixed_window", false, w.local_fallback_per_s),
         };
         let id = pool.id();
+        let fail_mode = match local {
+            Some(per_s) => format!(
+                "{{ local = {{ capacity = {per_s}, refill = {per_s}, period_ms = 1000 }} }}"
+            ),
+            None => "\"closed\"".to_string(),
+        };
         text.push_str(&format!(
-            "\n[[domain.rule]]\nid = \"p-{id}\"\nscope = \"global\"\nalgorithm = \"{algorithm}\"\npool = \"{id}\"\nmatch = {{ route_group = \"{id}\" }}\nfail_mode = \"closed\"\n"
+            "\n[[domain.rule]]\nid = \"p-{id}\"\nscope = \"global\"\nalgorithm = \"{algorithm}\"\npool = \"{id}\"\nmatch = {{ route_group = \"{id}\" }}\nfail_mode = {fail_mode}\n"
         ));
         if leased {
             let gateways = scenario
@@ -358,7 +397,16 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         region: region.name.clone(),
         listen: SocketAddr::from(([0, 0, 0, 0], AGENT_GRPC_PORT)),
         http_listen: SocketAddr::from(([0, 0, 0, 0], AGENT_HTTP_PORT)),
-        store: Arc::new(MemoryStore::new(clock.clone())),
+        store: {
+            let mut world = shared.lock();
+            let inner = world.stores[r]
+                .get_or_insert_with(|| Arc::new(MemoryStore::new(clock.clone())))
+                .clone();
+            Arc::new(SimStore {
+                inner,
+                down: world.store_down[r].clone(),
+            })
+        },
         pepper: PEPPER.to_vec(),
         policy: bundle,
         policy_file: None,
@@ -377,7 +425,11 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         pools: scenario.pools.iter().map(|p| p.id().to_string()).collect(),
         shared: shared.clone(),
     });
-    shared.lock().deciders[r] = Some(built.decider.clone());
+    {
+        let mut world = shared.lock();
+        world.deciders[r] = Some(built.decider.clone());
+        world.down[r] = false;
+    }
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     if let Some(sync) = built.sync {
         sync.set_observer(recorder);
@@ -599,6 +651,29 @@ fn room_mode(view: &PoolView) -> RoomMode {
     }
 }
 
+/// Σ committed shares of every rate pool on every node's applied state:
+/// `[pool][node]`, `None` where the node has no such rate pool.
+fn committed_sums(scenario: &Scenario, disks: &BTreeMap<u64, MemoryDisk>) -> Vec<Vec<Option<u64>>> {
+    scenario
+        .pools
+        .iter()
+        .map(|pool| {
+            disks
+                .values()
+                .map(|disk| {
+                    disk.state()
+                        .read(|state| match state.machine.pool(pool.id()) {
+                            Some(Pool::Rate(rate)) => {
+                                Some(u64::try_from(rate.committed_shares()).unwrap_or(u64::MAX))
+                            }
+                            _ => None,
+                        })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn sample(
     scenario: &Scenario,
     shared: &Shared,
@@ -606,8 +681,13 @@ fn sample(
     t_ms: u64,
 ) -> Sample {
     // Take what is needed and let go: the agents' clocks lock the world too.
-    let (counts, agents) = {
+    let (counts, agents, store_down) = {
         let mut world = shared.lock();
+        let store_down: Vec<bool> = world
+            .store_down
+            .iter()
+            .map(|d| d.load(Ordering::SeqCst))
+            .collect();
         let counts = std::mem::take(&mut world.counts);
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
         let agents: Vec<Option<Arc<Decider>>> = world
@@ -616,7 +696,7 @@ fn sample(
             .zip(&world.down)
             .map(|(d, down)| d.clone().filter(|_| !down))
             .collect();
-        (counts, agents)
+        (counts, agents, store_down)
     };
     let mut rooms = Vec::new();
     for r in 0..scenario.regions.len() {
@@ -626,6 +706,7 @@ fn sample(
             let mut room = RegionPool {
                 admitted,
                 refused,
+                store_down: store_down[r],
                 ..RegionPool::default()
             };
             match &agents[r] {
@@ -680,6 +761,8 @@ fn sample(
                                         granted_not_taken: m
                                             .account
                                             .granted_not_taken_millitokens_per_s,
+                                        incarnation: m.member.incarnation,
+                                        live: m.member.is_live(),
                                     })
                             })
                             .collect()
@@ -692,6 +775,7 @@ fn sample(
         t_ms,
         rooms,
         committed,
+        committed_sums: committed_sums(scenario, disks),
     }
 }
 
@@ -717,6 +801,10 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
         world.deciders = vec![None; scenario.regions.len()];
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
         world.down = vec![false; scenario.regions.len()];
+        world.stores = vec![None; scenario.regions.len()];
+        world.store_down = (0..scenario.regions.len())
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
     }
     let disks: BTreeMap<u64, MemoryDisk> = (1..=scenario.allocator_nodes)
         .map(|id| (id, MemoryDisk::new()))
@@ -836,19 +924,70 @@ fn apply_fault(
             for node in &nodes {
                 sim.partition(agent_host(region), node.as_str());
             }
-            for other in scenario.regions.iter().filter(|r| &r.name != region) {
-                sim.partition(agent_host(region), agent_host(&other.name));
-            }
-            format!("isolate {region} from everyone but the prober")
+            sim.partition(agent_host(region), "prober");
+            format!(
+                "isolate {region} from the allocator and the prober (its gateways still reach it)"
+            )
         }
         FaultKind::HealRegion { region } => {
             for node in &nodes {
                 sim.repair(agent_host(region), node.as_str());
             }
-            for other in scenario.regions.iter().filter(|r| &r.name != region) {
-                sim.repair(agent_host(region), agent_host(&other.name));
-            }
+            sim.repair(agent_host(region), "prober");
             format!("heal {region}")
+        }
+        FaultKind::Partition { a, b } => {
+            for x in a {
+                for y in b {
+                    sim.partition(x.as_str(), y.as_str());
+                }
+            }
+            format!("partition {a:?} from {b:?}")
+        }
+        FaultKind::PartitionOneway { from, to } => {
+            for x in from {
+                for y in to {
+                    sim.partition_oneway(x.as_str(), y.as_str());
+                }
+            }
+            format!("drop messages from {from:?} to {to:?}")
+        }
+        FaultKind::Repair { a, b } => {
+            for x in a {
+                for y in b {
+                    sim.repair(x.as_str(), y.as_str());
+                }
+            }
+            format!("repair {a:?} ↔ {b:?}")
+        }
+        FaultKind::CrashAgent { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().down[r] = true;
+                sim.crash(agent_host(region));
+            }
+            format!("crash agent-{region}")
+        }
+        FaultKind::RestartAgent { region, keep_store } => {
+            if let Some(r) = scenario.region_index(region) {
+                if !keep_store {
+                    shared.lock().stores[r] = None;
+                }
+                sim.bounce(agent_host(region));
+            }
+            let store = if *keep_store { "kept" } else { "empty" };
+            format!("restart agent-{region} (fresh memory, store {store})")
+        }
+        FaultKind::StoreLoss { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().store_down[r].store(true, Ordering::SeqCst);
+            }
+            format!("{region}'s bucket store lost")
+        }
+        FaultKind::StoreRestore { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().store_down[r].store(false, Ordering::SeqCst);
+            }
+            format!("{region}'s bucket store back")
         }
         FaultKind::CrashNode { node } => {
             crashed.insert(*node);

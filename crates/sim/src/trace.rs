@@ -36,6 +36,9 @@ pub struct RegionPool {
     /// (tokens; 0 when the pool is not leased).
     pub block_tokens: u64,
     pub mode: RoomMode,
+    /// The Region's bucket store is failing (a `store_loss` fault): its
+    /// rules decide on their local fail mode.
+    pub store_down: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
@@ -46,6 +49,10 @@ pub struct Sample {
     /// Per pool: each Region's committed account (scenario Region order)
     /// read from a replica's applied state; `None` for window pools.
     pub committed: Vec<Option<Vec<Committed>>>,
+    /// Per pool, per allocator node (1-based order): Σ committed shares on
+    /// that node's applied state (millitokens/s); `None` when the node has
+    /// no such rate pool (window pools, or not yet created there).
+    pub committed_sums: Vec<Vec<Option<u64>>>,
 }
 
 /// One Region's room in a rate pool as the allocator committed it
@@ -58,6 +65,11 @@ pub struct Committed {
     pub granted_not_taken: u64,
     /// The Region's target now (§4.3 step 3; 0 when it is not counted).
     pub target: u64,
+    /// The Region's incarnation in the pool.
+    pub incarnation: u64,
+    /// False once the Region's room was reclaimed (fenced) until it
+    /// registers again.
+    pub live: bool,
 }
 
 /// A chunk grant a Region's agent took.
