@@ -94,6 +94,7 @@ pub mod removal;
 pub mod render;
 pub mod service;
 pub mod share;
+pub mod sim_mutation;
 #[cfg(feature = "turmoil")]
 pub mod sim_net;
 pub mod snapshot;

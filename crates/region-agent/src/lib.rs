@@ -55,5 +55,6 @@ pub mod rls_ext;
 pub mod script;
 pub mod server;
 pub mod service;
+pub mod sim_mutation;
 pub mod store;
 pub mod testing;

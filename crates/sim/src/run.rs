@@ -49,7 +49,7 @@ use leasehold_region_agent::server::{self, AgentSpec};
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 use crate::checker::{self, Violation};
-use crate::scenario::{FaultKind, PoolSpec, ReclaimSpec, Scenario};
+use crate::scenario::{FaultKind, Mutation, PoolSpec, ReclaimSpec, Scenario};
 use crate::trace::{Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace};
 
 /// 2025-01-01T00:00:00Z: every run starts here.
@@ -779,11 +779,36 @@ fn sample(
     }
 }
 
+/// Switches a scenario's mutation on where it lives (see
+/// `crates/sim/README.md`); off again when the guards drop.
+fn mutations(
+    mutation: Option<Mutation>,
+) -> (
+    leasehold_allocator::sim_mutation::Scoped,
+    leasehold_region_agent::sim_mutation::Scoped,
+) {
+    use leasehold_allocator::sim_mutation as allocator;
+    use leasehold_region_agent::sim_mutation as agent;
+    let (on_allocator, on_agent) = match mutation {
+        None => (None, None),
+        Some(Mutation::NoAckHandshake) => (Some(allocator::Mutation::NoAckHandshake), None),
+        Some(Mutation::NoWindowClamp) => (Some(allocator::Mutation::NoWindowClamp), None),
+        Some(Mutation::BlocksNotCounted) => (None, Some(agent::Mutation::BlocksNotCounted)),
+        Some(Mutation::FallbackAllowanceIgnored) => {
+            (None, Some(agent::Mutation::FallbackAllowanceIgnored))
+        }
+    };
+    (allocator::scoped(on_allocator), agent::scoped(on_agent))
+}
+
 /// Runs `scenario` once with `seed`.
 pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
     let _exclusive = crate::isolation::exclusive()
         .map_err(|e| SimError::Setup(format!("no runtime to align tokio's task ids: {e}")))?;
     let started = std::time::Instant::now();
+    // The scenario's sim-only mutation, switched on in the crate whose
+    // mechanism it breaks, for this run (this thread) only.
+    let _mutations = mutations(scenario.mutation);
     let scenario = Arc::new(scenario.clone());
     let net = &scenario.network;
     let mut sim = turmoil::Builder::new()

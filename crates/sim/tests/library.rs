@@ -103,9 +103,19 @@ fn child_job() {
     let Ok(job) = std::env::var(JOB_ENV) else {
         return;
     };
-    let (name, seed) = job.split_once(' ').expect("job = NAME SEED");
+    // NAME SEED, or NAME SEED plain: the scenario without its mutation
+    // (then it must pass).
+    let mut words = job.split(' ');
+    let (Some(name), Some(seed)) = (words.next(), words.next()) else {
+        panic!("job = NAME SEED [plain]");
+    };
     let seed: u64 = seed.parse().expect("seed");
-    let scenario = scenario(name);
+    let mut scenario = scenario(name);
+    if words.next() == Some("plain") {
+        scenario.mutation = None;
+        scenario.expect_violation = false;
+        scenario.expect_bound = None;
+    }
     let outcome =
         run(&scenario, seed).unwrap_or_else(|e| panic!("{} seed {seed}: {e}", scenario.name));
     let result = JobResult {
@@ -116,8 +126,9 @@ fn child_job() {
         duration_ms: scenario.duration_ms,
         hash: outcome.hash.clone(),
         verdict: report::verdict_line(&scenario, &outcome),
-        report: (outcome.passed() == scenario.expect_violation)
-            .then(|| report::text(&scenario, &outcome)),
+        report: (outcome.passed() == scenario.expect_violation
+            || std::env::var_os("LEASEHOLD_SIM_REPORT").is_some())
+        .then(|| report::text(&scenario, &outcome)),
         bounds: {
             let mut names: Vec<String> = outcome
                 .violations
