@@ -786,4 +786,41 @@ kind = "crash_leader"
         .to_string();
         assert!(e.contains("pool[0].limit_per_s"), "{e}");
     }
+
+    #[test]
+    fn host_set_partitions_agent_restarts_and_store_loss_read_and_validate() {
+        let text = format!(
+            "{GOOD}\n[[fault]]\nat_ms = 7000\nkind = \"partition\"\na = [\"n1\"]\nb = [\"n2\", \"n3\"]\n\
+             \n[[fault]]\nat_ms = 7000\nkind = \"partition_oneway\"\nfrom = [\"n1\"]\nto = [\"agent-eu\"]\n\
+             \n[[fault]]\nat_ms = 8000\nkind = \"restart_agent\"\nregion = \"us\"\n\
+             \n[[fault]]\nat_ms = 9000\nkind = \"store_loss\"\nregion = \"eu\"\n"
+        );
+        let s = Scenario::parse("s.toml", &text).unwrap();
+        assert_eq!(
+            s.faults[2].kind,
+            FaultKind::Partition {
+                a: vec!["n1".into()],
+                b: vec!["n2".into(), "n3".into()]
+            }
+        );
+        assert_eq!(
+            s.faults[4].kind,
+            FaultKind::RestartAgent {
+                region: "us".into(),
+                keep_store: true
+            }
+        );
+        // An unknown host, and a mutation without an expected bound, are refused.
+        let e = Scenario::parse("s.toml", &text.replace("\"n3\"", "\"n9\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fault[2]"), "{e}");
+        let e = Scenario::parse(
+            "s.toml",
+            &format!("mutation = \"no_window_clamp\"\nexpect_violation = true\n{GOOD}"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("expect_bound"), "{e}");
+    }
 }

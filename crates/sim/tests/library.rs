@@ -148,6 +148,16 @@ fn child_job() {
     );
 }
 
+/// The job a child runs: `NAME SEED`, or a name already carrying its seed
+/// and flags (`NAME SEED plain`).
+fn job_line(name: &str, seed: u64) -> String {
+    if name.contains(' ') {
+        name.to_string()
+    } else {
+        format!("{name} {seed}")
+    }
+}
+
 /// Runs each (scenario name, seed) in a fresh process of this test binary,
 /// `parallel` at a time; results in job order. Simulations of one process
 /// take turns (see `leasehold_sim::isolation`), so processes are what lets
@@ -164,7 +174,7 @@ fn run_in_children(jobs: Vec<(String, u64)>, parallel: usize) -> Vec<JobResult> 
                 };
                 let output = std::process::Command::new(&exe)
                     .args(["child_job", "--exact", "--nocapture", "--test-threads", "1"])
-                    .env(JOB_ENV, format!("{name} {seed}"))
+                    .env(JOB_ENV, job_line(&name, seed))
                     .env("RUST_LOG", "off")
                     .output()
                     .unwrap();
@@ -239,6 +249,26 @@ fn every_library_scenario_meets_its_expectation_on_ten_seeds() {
         simulated_ms as f64 / 1_000.0 / wall.as_secs_f64()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Each mutation scenario, its mutation removed, passes every bound (seed
+/// 1): the violation its mutation causes is the mutation's, not the
+/// scenario's.
+#[test]
+fn every_mutation_scenario_passes_without_its_mutation() {
+    let jobs: Vec<(String, u64)> = library()
+        .into_iter()
+        .filter(|(_, s)| s.mutation.is_some())
+        .map(|(_, s)| (format!("{} 1 plain", s.name), 1))
+        .collect();
+    assert!(jobs.len() >= 4, "{jobs:?}");
+    let results = run_in_children(jobs, 2);
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.report.clone().unwrap_or_else(|| r.verdict.clone()))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// Same seed, same trace — in this process while the other tests of this
