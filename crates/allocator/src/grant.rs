@@ -211,7 +211,10 @@ impl WindowPool {
     ) -> Result<GrantAnswer, CommandError> {
         let replay = self
             .admit(&request, now_ms)?
-            .map(|record| record.answer.clone());
+            .map(|record| record.answer.clone())
+            // The simulation's `NoLeaseIdIdempotency` mutation: a replay is
+            // granted anew instead of answered from its record.
+            .filter(|_| !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency));
         self.heard(request.region, now_ms);
         self.roll(now_ms);
         match replay {
@@ -276,7 +279,10 @@ impl WindowPool {
             .values()
             .map(|record| record.answer.granted_millitokens)
             .sum();
-        if recorded != self.granted_in_window_millitokens {
+        // (A regrant under `NoLeaseIdIdempotency` overwrites its record.)
+        if recorded != self.granted_in_window_millitokens
+            && !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency)
+        {
             return Err(format!(
                 "Σ current records {recorded} ≠ granted_in_window {}",
                 self.granted_in_window_millitokens

@@ -22,6 +22,9 @@ pub enum Mutation {
     /// `grant.rs`: a chunk grant expires `lease_ttl` after it was made, not
     /// clamped to its window's end.
     NoWindowClamp,
+    /// `grant.rs`: a replayed lease id is granted again instead of answered
+    /// with its stored grant.
+    NoLeaseIdIdempotency,
 }
 
 thread_local! {

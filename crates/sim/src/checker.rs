@@ -90,6 +90,52 @@ pub fn check(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
     }
     out.extend(lease_ids_once(scenario, trace));
     out.extend(epochs_never_go_back(scenario, trace));
+    out.extend(applied_entries(scenario, trace));
+    out
+}
+
+/// What the apply observers found on the allocator nodes, checked at every
+/// applied command of every node (Σ committed shares ≤ L and the state
+/// machine's invariants: `committed`; a lease id granted twice: `grants`),
+/// and that they checked something at all.
+pub fn applied_entries(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
+    let mut committed = Vec::new();
+    let mut grants = Vec::new();
+    for check in &trace.applied {
+        let pool = check
+            .pool
+            .map(|p| scenario.pools[p].id().to_string())
+            .unwrap_or_default();
+        let detail = format!("on n{} at an applied entry: {}", check.node, check.detail);
+        if check.bound == "grants" {
+            grants.push(Violation {
+                bound: "grants: no lease id granted twice",
+                t_ms: check.t_ms,
+                pool,
+                terms: vec![("node".into(), check.node)],
+                detail,
+            });
+        } else {
+            committed.push(Violation {
+                bound: "committed: Σ committed shares ≤ L",
+                t_ms: check.t_ms,
+                pool,
+                terms: vec![("node".into(), check.node)],
+                detail,
+            });
+        }
+    }
+    if trace.applied_checked == 0 && !trace.samples.is_empty() {
+        committed.push(Violation {
+            bound: "committed: Σ committed shares ≤ L",
+            t_ms: 0,
+            pool: String::new(),
+            terms: vec![("applied entries checked".into(), 0)],
+            detail: "no applied entry was checked".into(),
+        });
+    }
+    let mut out = capped(committed);
+    out.extend(capped(grants));
     out
 }
 
@@ -600,6 +646,7 @@ lease_ttl_ms = 1000
                     committed_sums: vec![vec![Some(2 * enforced)], vec![None]],
                 })
                 .collect(),
+            applied_checked: 1,
             ..Trace::default()
         }
     }
@@ -732,6 +779,27 @@ lease_ttl_ms = 1000
         assert_eq!(v[0].terms[4], ("admitted after grace".into(), 4));
         // Under lease, the fallback allowance (10/s) covers it.
         assert_eq!(fenced_admits_nothing(&scenario(), &trace, 0), vec![]);
+    }
+
+    #[test]
+    fn failed_checks_at_applied_entries_are_reported_and_none_checked_is_too() {
+        let mut trace = steady(3, 0, 0, RoomMode::Normal);
+        trace.applied.push(crate::trace::AppliedCheck {
+            t_ms: 150,
+            node: 2,
+            pool: Some(1),
+            bound: "grants".into(),
+            detail: "lease id a.1:0 granted again: 5000 then 5000 millitokens".into(),
+        });
+        let v = applied_entries(&scenario(), &trace);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].name(), "grants");
+        assert!(v[0].detail.contains("on n2"), "{}", v[0]);
+        trace.applied.clear();
+        trace.applied_checked = 0;
+        let v = applied_entries(&scenario(), &trace);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].name(), "committed");
     }
 
     proptest! {

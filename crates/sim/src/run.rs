@@ -50,7 +50,12 @@ use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent,
 
 use crate::checker::{self, Violation};
 use crate::scenario::{FaultKind, Mutation, PoolSpec, ReclaimSpec, Scenario};
-use crate::trace::{Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace};
+use crate::trace::{
+    AppliedCheck, Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace,
+};
+use leasehold_allocator::command::{Command, Outcome as Applied, Rejection, Reply, StampedCommand};
+use leasehold_allocator::grant::GrantAnswer;
+use leasehold_allocator::machine::Machine;
 
 /// 2025-01-01T00:00:00Z: every run starts here.
 pub const EPOCH_MS: u64 = 1_735_689_600_000;
@@ -130,6 +135,10 @@ struct World {
     /// restart asks for a fresh one) and its failure switch.
     stores: Vec<Option<Arc<MemoryStore>>>,
     store_down: Vec<Arc<AtomicBool>>,
+    applied: Vec<AppliedCheck>,
+    applied_checked: u64,
+    /// (node, pool, lease id) → the first grant answered for it there.
+    grant_answers: BTreeMap<(u64, String, String), GrantAnswer>,
 }
 
 #[derive(Clone, Default)]
@@ -779,6 +788,76 @@ fn sample(
     }
 }
 
+/// Checks one command a node applied, on the machine after it: every
+/// invariant of the state machine (Σ shares + pending + pools + granted +
+/// unassigned = L, grants ≤ remaining, …), Σ committed shares ≤ L for every
+/// rate pool, and that a lease id is never answered with a second,
+/// different grant. Failures go to the trace (nothing panics).
+fn check_applied(
+    scenario: &Scenario,
+    shared: &Shared,
+    node: u64,
+    machine: &Machine,
+    stamped: &StampedCommand,
+    result: &Result<Reply, Rejection>,
+) {
+    let t_ms = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+    let mut found = Vec::new();
+    if let Err(violation) = machine.check_invariants() {
+        found.push((None, "committed", format!("invariant: {violation}")));
+    }
+    for (p, pool) in scenario.pools.iter().enumerate() {
+        if let Some(Pool::Rate(rate)) = machine.pool(pool.id()) {
+            let sum = rate.committed_shares();
+            let limit = u128::from(rate.config.limit_millitokens_per_s);
+            if sum > limit {
+                found.push((
+                    Some(p),
+                    "committed",
+                    format!("Σ committed shares {sum} > L {limit} after this entry"),
+                ));
+            }
+        }
+    }
+    let mut world = shared.lock();
+    world.applied_checked += 1;
+    if let (
+        Command::Grant { pool, lease_id, .. },
+        Ok(Reply {
+            outcome: Applied::Granted(answer),
+            ..
+        }),
+    ) = (&stamped.command, result)
+    {
+        let key = (node, pool.clone(), lease_id.clone());
+        match world.grant_answers.get(&key) {
+            Some(first) if first != answer => found.push((
+                scenario.pools.iter().position(|p| p.id() == pool),
+                "grants",
+                format!(
+                    "lease id {lease_id} granted again: {} then {} millitokens",
+                    first.granted_millitokens, answer.granted_millitokens
+                ),
+            )),
+            Some(_) => {}
+            None => {
+                world.grant_answers.insert(key, answer.clone());
+            }
+        }
+    }
+    for (pool, bound, detail) in found {
+        if world.applied.len() < 1_000 {
+            world.applied.push(AppliedCheck {
+                t_ms,
+                node,
+                pool,
+                bound: bound.to_string(),
+                detail,
+            });
+        }
+    }
+}
+
 /// Switches a scenario's mutation on where it lives (see
 /// `crates/sim/README.md`); off again when the guards drop.
 fn mutations(
@@ -793,6 +872,9 @@ fn mutations(
         None => (None, None),
         Some(Mutation::NoAckHandshake) => (Some(allocator::Mutation::NoAckHandshake), None),
         Some(Mutation::NoWindowClamp) => (Some(allocator::Mutation::NoWindowClamp), None),
+        Some(Mutation::NoLeaseIdIdempotency) => {
+            (Some(allocator::Mutation::NoLeaseIdIdempotency), None)
+        }
         Some(Mutation::BlocksNotCounted) => (None, Some(agent::Mutation::BlocksNotCounted)),
         Some(Mutation::FallbackAllowanceIgnored) => {
             (None, Some(agent::Mutation::FallbackAllowanceIgnored))
@@ -834,6 +916,12 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
     let disks: BTreeMap<u64, MemoryDisk> = (1..=scenario.allocator_nodes)
         .map(|id| (id, MemoryDisk::new()))
         .collect();
+    for (&id, disk) in &disks {
+        let (scenario, shared) = (scenario.clone(), shared.clone());
+        disk.set_apply_observer(Arc::new(move |machine, stamped, result| {
+            check_applied(&scenario, &shared, id, machine, stamped, result)
+        }));
+    }
     for id in 1..=scenario.allocator_nodes {
         let (disk, scenario, shared) = (disks[&id].clone(), scenario.clone(), shared.clone());
         let rng_seed = seed.wrapping_mul(1_000).wrapping_add(id);
@@ -918,6 +1006,8 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
         trace.window_admitted = std::mem::take(&mut world.window_admitted);
         trace.grants = std::mem::take(&mut world.grants);
         trace.epochs = std::mem::take(&mut world.epochs);
+        trace.applied = std::mem::take(&mut world.applied);
+        trace.applied_checked = world.applied_checked;
     }
     let violations = checker::check(&scenario, &trace);
     let hash = trace.hash();

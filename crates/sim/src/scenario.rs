@@ -67,6 +67,8 @@ pub enum Mutation {
     /// Allocator: a chunk grant expires `lease_ttl` after it was made, not
     /// at the window's end.
     NoWindowClamp,
+    /// Allocator: a replayed lease id is granted again.
+    NoLeaseIdIdempotency,
     /// Agent: a leased block is handed out without debiting the bucket.
     BlocksNotCounted,
     /// Agent: the local fail mode admits without its bucket.

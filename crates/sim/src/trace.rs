@@ -102,6 +102,26 @@ pub struct Trace {
     pub epochs: Vec<EpochApplied>,
     /// Fault timeline as applied: (t_ms, description).
     pub events: Vec<(u64, String)>,
+    /// What the allocator nodes' apply observers found wrong, at the entry
+    /// it happened (every node, every applied command).
+    pub applied: Vec<AppliedCheck>,
+    /// Commands the apply observers checked (all nodes together).
+    pub applied_checked: u64,
+}
+
+/// A check of one applied command on one allocator node that failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AppliedCheck {
+    pub t_ms: u64,
+    /// 1-based allocator node.
+    pub node: u64,
+    /// Scenario pool index (`None`: the machine as a whole).
+    pub pool: Option<usize>,
+    /// The bound's short name: `committed` (Σ committed shares ≤ L, or
+    /// another invariant of the state machine) or `grants` (a lease id
+    /// answered with a second, different grant).
+    pub bound: String,
+    pub detail: String,
 }
 
 impl Trace {
@@ -114,6 +134,8 @@ impl Trace {
             &self.grants,
             &self.epochs,
             &self.events,
+            &self.applied,
+            self.applied_checked,
         );
         // Plain data (integers, strings, lists): serialization cannot fail.
         let json = serde_json::to_vec(&canonical).expect("a trace serializes");
