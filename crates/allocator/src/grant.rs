@@ -183,7 +183,13 @@ impl WindowPool {
                     region: request.region.to_string(),
                 })?;
         fence::admit(member, request.incarnation)?;
-        if let Some(record) = self.lookup(&request.lease_id, now_ms) {
+        // The simulation's `NoLeaseIdIdempotency` mutation forgets every
+        // record here: a replay (leader's state read and apply alike) is
+        // granted anew instead of answered from its record.
+        let record = self
+            .lookup(&request.lease_id, now_ms)
+            .filter(|_| !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency));
+        if let Some(record) = record {
             if !record.answers(request) {
                 return Err(CommandError::LeaseIdTaken {
                     lease_id: request.lease_id.to_string(),
@@ -211,10 +217,7 @@ impl WindowPool {
     ) -> Result<GrantAnswer, CommandError> {
         let replay = self
             .admit(&request, now_ms)?
-            .map(|record| record.answer.clone())
-            // The simulation's `NoLeaseIdIdempotency` mutation: a replay is
-            // granted anew instead of answered from its record.
-            .filter(|_| !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency));
+            .map(|record| record.answer.clone());
         self.heard(request.region, now_ms);
         self.roll(now_ms);
         match replay {

@@ -321,6 +321,18 @@ pub enum FaultKind {
         from: Vec<String>,
         to: Vec<String>,
     },
+    /// Hold every message between the hosts of `a` and those of `b` (both
+    /// ways, nothing lost) until `release`: calls time out and are resent
+    /// while their first copy, or its answer, is still on its way.
+    Hold {
+        a: Vec<String>,
+        b: Vec<String>,
+    },
+    /// Deliver what `hold` held between the two sets, at once.
+    Release {
+        a: Vec<String>,
+        b: Vec<String>,
+    },
     /// Undo `partition` / `partition_oneway` between the two sets (both
     /// directions).
     Repair {
@@ -636,7 +648,10 @@ impl Scenario {
                 _ => {}
             }
             let sets: Vec<&Vec<String>> = match &fault.kind {
-                FaultKind::Partition { a, b } | FaultKind::Repair { a, b } => vec![a, b],
+                FaultKind::Partition { a, b }
+                | FaultKind::Repair { a, b }
+                | FaultKind::Hold { a, b }
+                | FaultKind::Release { a, b } => vec![a, b],
                 FaultKind::PartitionOneway { from, to } => vec![from, to],
                 _ => Vec::new(),
             };
