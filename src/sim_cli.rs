@@ -85,15 +85,15 @@ pub async fn run(command: SimCommand) -> anyhow::Result<()> {
                 std::fs::write(path, svg).with_context(|| format!("{}", path.display()))?;
             }
         }
-        if outcome.passed() == scenario.expect_violation {
+        if !report::meets_expectation(&scenario, &outcome) {
             unexpected += 1;
         }
     }
     if unexpected > 0 {
-        let expected = if scenario.expect_violation {
-            "a violation"
-        } else {
-            "no violation"
+        let expected = match (&scenario.expect_bound, scenario.expect_violation) {
+            (Some(bound), true) => format!("a violation of the {bound} bound"),
+            (None, true) => "a violation".to_string(),
+            (_, false) => "no violation".to_string(),
         };
         bail!(
             "{unexpected} run(s) of {} did not give {expected}",

@@ -33,6 +33,7 @@ use crate::config::WindowPoolConfig;
 use crate::fence;
 use crate::id::{LeaseId, PoolId, RegionId};
 use crate::region::{Member, Retired};
+use crate::sim_mutation;
 
 /// Cap on distinct lease ids recorded in one pool's current window.
 pub const MAX_GRANT_RECORDS_PER_WINDOW: usize = 4_096;
@@ -182,7 +183,13 @@ impl WindowPool {
                     region: request.region.to_string(),
                 })?;
         fence::admit(member, request.incarnation)?;
-        if let Some(record) = self.lookup(&request.lease_id, now_ms) {
+        // The simulation's `NoLeaseIdIdempotency` mutation forgets every
+        // record here: a replay (leader's state read and apply alike) is
+        // granted anew instead of answered from its record.
+        let record = self
+            .lookup(&request.lease_id, now_ms)
+            .filter(|_| !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency));
+        if let Some(record) = record {
             if !record.answers(request) {
                 return Err(CommandError::LeaseIdTaken {
                     lease_id: request.lease_id.to_string(),
@@ -224,18 +231,27 @@ impl WindowPool {
         let remaining = capacity.saturating_sub(self.granted_in_window_millitokens);
         let granted = request.want_millitokens.min(remaining);
         let window_end_ms = self.window_start_ms + self.config.window_ms;
+        let unclamped = now_ms.saturating_add(self.config.lease_ttl_ms);
+        // The clamp of §4.2 (tokens of one window never spendable in the
+        // next); the simulation's `NoWindowClamp` mutation removes it.
+        let expires_at_ms = if sim_mutation::active(sim_mutation::Mutation::NoWindowClamp) {
+            unclamped
+        } else {
+            unclamped.min(window_end_ms)
+        };
         let answer = GrantAnswer {
             lease_id: request.lease_id.to_string(),
             granted_millitokens: granted,
-            expires_at_ms: now_ms
-                .saturating_add(self.config.lease_ttl_ms)
-                .min(window_end_ms),
+            expires_at_ms,
             window_start_ms: self.window_start_ms,
             window_end_ms,
         };
         self.granted_in_window_millitokens += granted;
         debug_assert!(granted == 0 || self.granted_in_window_millitokens <= capacity);
-        debug_assert!(answer.expires_at_ms <= window_end_ms);
+        debug_assert!(
+            answer.expires_at_ms <= window_end_ms
+                || sim_mutation::active(sim_mutation::Mutation::NoWindowClamp)
+        );
         let record = GrantRecord {
             region: request.region.clone(),
             answer: answer.clone(),
@@ -266,7 +282,10 @@ impl WindowPool {
             .values()
             .map(|record| record.answer.granted_millitokens)
             .sum();
-        if recorded != self.granted_in_window_millitokens {
+        // (A regrant under `NoLeaseIdIdempotency` overwrites its record.)
+        if recorded != self.granted_in_window_millitokens
+            && !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency)
+        {
             return Err(format!(
                 "Σ current records {recorded} ≠ granted_in_window {}",
                 self.granted_in_window_millitokens
@@ -284,7 +303,8 @@ impl WindowPool {
                 let answer = &record.answer;
                 if Some(answer.window_start_ms) != start
                     || answer.window_end_ms != answer.window_start_ms + window_ms
-                    || answer.expires_at_ms > answer.window_end_ms
+                    || (answer.expires_at_ms > answer.window_end_ms
+                        && !sim_mutation::active(sim_mutation::Mutation::NoWindowClamp))
                     || answer.lease_id != lease_id.as_str()
                 {
                     return Err(format!("record {lease_id} outside its window: {answer:?}"));

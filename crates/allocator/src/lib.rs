@@ -55,6 +55,10 @@
 //! - [`removal`]: an admin's `RemoveRegion`, a named handoff to share 0 in a
 //!   rate pool (deleted once acked or lapsed), at once otherwise.
 //! - [`fence`]: §4.1 incarnation fencing.
+//! - [`sim_mutation`]: simulation-only, unsafe per-thread switches that each
+//!   break one mechanism here (the acknowledged lowering, the window clamp,
+//!   lease-id replays) so the simulation shows its checker catching them;
+//!   `raft::state_machine::ApplyObserver` lets it check every applied entry.
 //! - [`region`]: pool membership and health records.
 //! - [`apportion`]: the exact integer split every rounding goes through.
 //! - [`snapshot`]: the versioned, byte-deterministic snapshot format.
@@ -94,6 +98,7 @@ pub mod removal;
 pub mod render;
 pub mod service;
 pub mod share;
+pub mod sim_mutation;
 #[cfg(feature = "turmoil")]
 pub mod sim_net;
 pub mod snapshot;

@@ -107,6 +107,7 @@ use crate::fence;
 use crate::id::{PoolId, RegionId};
 use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
 use crate::removal::PendingRemoval;
+use crate::sim_mutation;
 
 /// Targets for live Regions with these demands, Σ = `limit` exactly:
 /// `target_i = floor + apportion(limit − n × floor, demands)_i`, i.e.
@@ -522,7 +523,14 @@ impl RatePool {
         };
         let share = account.share_millitokens_per_s;
         if target < share {
-            account.pending_release_millitokens_per_s += share - target;
+            // The handshake of §4.3: the difference waits as a pending
+            // release until the Region confirms it applied the lower share.
+            // The simulation's `NoAckHandshake` mutation frees it at once.
+            if sim_mutation::active(sim_mutation::Mutation::NoAckHandshake) {
+                account.pooled_millitokens_per_s += share - target;
+            } else {
+                account.pending_release_millitokens_per_s += share - target;
+            }
             account.share_millitokens_per_s = target;
             account.share_version += 1;
             account.lowered_at_version = account.share_version;

@@ -66,6 +66,15 @@ impl LocalFallback {
 
     /// Charges every bucket or none, at `now_ms`. A refusal writes nothing.
     pub fn charge_all(&self, charges: &[LocalCharge], now_ms: i64) -> LocalOutcome {
+        // The simulation's `FallbackAllowanceIgnored` mutation: admit
+        // without charging (the stated allowance no longer bounds anything).
+        if crate::sim_mutation::active(crate::sim_mutation::Mutation::FallbackAllowanceIgnored) {
+            return LocalOutcome {
+                allowed: true,
+                denied_by: None,
+                retry_after_ms: 0,
+            };
+        }
         let mut buckets = self.lock();
         let mut after = Vec::with_capacity(charges.len());
         let mut outcome = LocalOutcome {

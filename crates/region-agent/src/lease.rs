@@ -91,6 +91,18 @@ impl Decider {
             });
         };
         let block_millitokens = block_tokens * MILLI;
+        // The simulation's `BlocksNotCounted` mutation: a whole block for
+        // the asking, the bucket never debited.
+        if crate::sim_mutation::active(crate::sim_mutation::Mutation::BlocksNotCounted) {
+            self.count_pool_outcome(&[&rule], true, None);
+            return Ok(pb::LeaseBlockResponse {
+                lease_id,
+                policy_version: bundle.version,
+                expires_in_ms: BLOCK_EXPIRES_IN_MS,
+                granted_tokens: block_tokens,
+                ..Default::default()
+            });
+        }
         let call = ScriptCall::new(ScriptKind::LeaseBlock)
             .key(key.clone())
             .key(record)

@@ -28,6 +28,9 @@
 //! - [`rls`]: envoyproxy/ratelimit YAML configs and their semantics (pure).
 //! - [`rls_engine`]: those domains' ShouldRateLimit on the store (one batch).
 //! - [`rls_ext`]: the counters of YAML rules with Leasehold's extension (algorithms, pools).
+//! - [`sim_mutation`]: simulation-only, unsafe per-thread switches that each
+//!   break one mechanism here (blocks debited from the bucket, the local
+//!   fallback's allowance) so the simulation shows its checker catching them.
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 
@@ -58,5 +61,6 @@ pub mod rls_ext;
 pub mod script;
 pub mod server;
 pub mod service;
+pub mod sim_mutation;
 pub mod store;
 pub mod testing;

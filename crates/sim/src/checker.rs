@@ -9,8 +9,28 @@ use serde::Serialize;
 use crate::scenario::{PoolSpec, Scenario};
 use crate::trace::{RoomMode, Trace};
 
-/// Sliding intervals the rate bound is checked over.
-pub const RATE_INTERVALS_MS: [u64; 3] = [1_000, 10_000, 60_000];
+/// Interval lengths the report shows margins for (the checker itself checks
+/// every length, see [`rate_bound`]).
+pub const MARGIN_INTERVALS_MS: [u64; 2] = [1_000, 10_000];
+
+/// How long after the allocator committed a Region's fencing its agent may
+/// still admit from its old room: requests decided just before the fence
+/// and answered within the gateways' deadline (250 ms), plus one sample
+/// step of counting granularity (samples are ≤ 1 s in the library; the
+/// grace is `FENCE_GRACE_MS + sample_ms`).
+pub const FENCE_GRACE_MS: u64 = 250;
+
+/// The short names of the bounds: the word before the colon of
+/// [`Violation::bound`], and what a scenario's `expect_bound` names.
+pub const BOUND_NAMES: [&str; 7] = [
+    "rate",
+    "window",
+    "enforced",
+    "committed",
+    "fenced",
+    "grants",
+    "epochs",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -21,6 +41,13 @@ pub struct Violation {
     /// observed value that exceeded their sum.
     pub terms: Vec<(String, u64)>,
     pub detail: String,
+}
+
+impl Violation {
+    /// The bound's short name (one of [`BOUND_NAMES`]).
+    pub fn name(&self) -> &'static str {
+        self.bound.split(':').next().unwrap_or(self.bound)
+    }
 }
 
 impl std::fmt::Display for Violation {
@@ -43,7 +70,8 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// Caps the report at this many violations per bound (the first ones).
+/// Caps the report at this many violations per bound (the worst ones for
+/// the rate bound, the first ones otherwise).
 pub const MAX_VIOLATIONS_PER_BOUND: usize = 20;
 
 /// Every bound over the whole trace.
@@ -62,30 +90,146 @@ pub fn check(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
     }
     out.extend(lease_ids_once(scenario, trace));
     out.extend(epochs_never_go_back(scenario, trace));
+    out.extend(applied_entries(scenario, trace));
     out
 }
 
-/// How close a run came to each rate bound: per pool and interval, the most
-/// admitted in any interval of that length and the bound's value there.
+/// What the apply observers found on the allocator nodes, checked at every
+/// applied command of every node (Σ committed shares ≤ L and the state
+/// machine's invariants: `committed`; a lease id granted twice: `grants`),
+/// and that they checked something at all.
+pub fn applied_entries(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
+    let mut committed = Vec::new();
+    let mut grants = Vec::new();
+    for check in &trace.applied {
+        let pool = check
+            .pool
+            .map(|p| scenario.pools[p].id().to_string())
+            .unwrap_or_default();
+        let detail = format!("on n{} at an applied entry: {}", check.node, check.detail);
+        if check.bound == "grants" {
+            grants.push(Violation {
+                bound: "grants: no lease id granted twice",
+                t_ms: check.t_ms,
+                pool,
+                terms: vec![("node".into(), check.node)],
+                detail,
+            });
+        } else {
+            committed.push(Violation {
+                bound: "committed: Σ committed shares ≤ L",
+                t_ms: check.t_ms,
+                pool,
+                terms: vec![("node".into(), check.node)],
+                detail,
+            });
+        }
+    }
+    if trace.applied_checked == 0 && !trace.samples.is_empty() {
+        committed.push(Violation {
+            bound: "committed: Σ committed shares ≤ L",
+            t_ms: 0,
+            pool: String::new(),
+            terms: vec![("applied entries checked".into(), 0)],
+            detail: "no applied entry was checked".into(),
+        });
+    }
+    let mut out = capped(committed);
+    out.extend(capped(grants));
+    out
+}
+
+/// A pool's local fail mode allowance (tokens per second; the local
+/// bucket's capacity is one second of it), 0 without one.
+fn local_per_s(pool: &PoolSpec) -> u64 {
+    match pool {
+        PoolSpec::Rate(p) => p.local_fallback_per_s.unwrap_or(0),
+        PoolSpec::Window(p) => p.local_fallback_per_s.unwrap_or(0),
+    }
+}
+
+/// Per Region, prefix sums over the samples: `at[i]` is the total of the
+/// first `i` samples.
+struct Prefix {
+    at: Vec<u64>,
+}
+
+impl Prefix {
+    fn new(values: impl Iterator<Item = u64>) -> Self {
+        let mut at = vec![0];
+        let mut total = 0u64;
+        for v in values {
+            total = total.saturating_add(v);
+            at.push(total);
+        }
+        Prefix { at }
+    }
+    /// Σ over samples `[i, j)`.
+    fn sum(&self, i: usize, j: usize) -> u64 {
+        self.at[j] - self.at[i]
+    }
+}
+
+/// Range maximum over a fixed sequence in O(1) per query (a sparse table:
+/// level k holds the maximum of each run of 2^k values).
+struct RangeMax {
+    levels: Vec<Vec<u64>>,
+}
+
+impl RangeMax {
+    fn new(values: Vec<u64>) -> Self {
+        let mut levels = vec![values];
+        let mut width = 1;
+        while width * 2 <= levels[0].len() {
+            let previous = &levels[levels.len() - 1];
+            let next: Vec<u64> = (0..=previous.len() - width - 1)
+                .map(|i| previous[i].max(previous[i + width]))
+                .collect();
+            levels.push(next);
+            width *= 2;
+        }
+        RangeMax { levels }
+    }
+
+    /// The maximum over `[i, j)` (0 when empty).
+    fn max(&self, i: usize, j: usize) -> u64 {
+        if j <= i {
+            return 0;
+        }
+        let level = (usize::BITS - 1 - (j - i).leading_zeros()) as usize;
+        let row = &self.levels[level];
+        row[i].max(row[j - (1 << level)])
+    }
+}
+
+/// How close a run came to the rate bound: per pool and interval length
+/// (1 s, 10 s and the whole run), the most admitted in any interval of that
+/// length and `b + L·t` there.
 pub fn rate_margins(scenario: &Scenario, trace: &Trace) -> Vec<(String, u64, u64, u64)> {
     let mut out = Vec::new();
+    let step = scenario.sample_ms;
     for (p, pool) in scenario.pools.iter().enumerate() {
         let PoolSpec::Rate(rate) = pool else {
             continue;
         };
-        for interval in RATE_INTERVALS_MS {
-            let n = (interval / scenario.sample_ms) as usize;
+        let admitted = Prefix::new(
+            trace
+                .samples
+                .iter()
+                .map(|s| s.rooms.iter().map(|r| r[p].admitted).sum::<u64>()),
+        );
+        let whole = trace.samples.len() as u64 * step;
+        let mut lengths: Vec<u64> = MARGIN_INTERVALS_MS.to_vec();
+        if !lengths.contains(&whole) {
+            lengths.push(whole);
+        }
+        for interval in lengths {
+            let n = (interval / step) as usize;
             if n == 0 || n > trace.samples.len() {
                 continue;
             }
-            let most = trace
-                .samples
-                .windows(n)
-                .map(|w| {
-                    w.iter()
-                        .flat_map(|s| s.rooms.iter().map(|r| r[p].admitted))
-                        .sum::<u64>()
-                })
+            let most = (n..=trace.samples.len())
+                .map(|j| admitted.sum(j - n, j))
                 .max()
                 .unwrap_or(0);
             let bound = rate.burst_tokens() + rate.limit_per_s * interval / 1_000;
@@ -100,100 +244,171 @@ fn capped(mut v: Vec<Violation>) -> Vec<Violation> {
     v
 }
 
-/// Window pool, per window: admitted ≤ G + Σ fallback allowances (window
-/// pools have none here: an agent without chunks admits nothing).
+/// Window pool, per window: admitted ≤ G + Σ fallback allowances. A window
+/// pool's fallback is the local fail mode while a Region's store is down:
+/// per Region, the local bucket's capacity (one second of its rate) plus its
+/// rate × the time the store was down within the window (counted by
+/// sample: a sample whose period overlaps the window and shows the store
+/// down counts its whole step).
 pub fn window_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation> {
     let PoolSpec::Window(pool) = &scenario.pools[p] else {
         return Vec::new();
     };
+    let local = local_per_s(&scenario.pools[p]);
+    let step = scenario.sample_ms;
     let v = trace
         .window_admitted
         .iter()
-        .filter(|((pool_index, _), admitted)| {
-            *pool_index == p && **admitted > pool.capacity_per_window
-        })
-        .map(|((_, start), admitted)| Violation {
-            bound: "window: admitted ≤ G + Σ fallback allowances",
-            t_ms: *start,
-            pool: pool.id.clone(),
-            terms: vec![
-                ("G".into(), pool.capacity_per_window),
-                ("fallback allowances".into(), 0),
-                ("admitted".into(), *admitted),
-            ],
-            detail: format!("window [{start}, {})", start + pool.window_ms),
+        .filter(|((pool_index, _), _)| *pool_index == p)
+        .filter_map(|((_, start), admitted)| {
+            let (from, to) = (
+                start.saturating_sub(crate::run::EPOCH_MS),
+                start.saturating_sub(crate::run::EPOCH_MS) + pool.window_ms,
+            );
+            let mut allowance_milli = 0u64;
+            for r in 0..scenario.regions.len() {
+                let down_ms = trace
+                    .samples
+                    .iter()
+                    .filter(|s| s.t_ms > from && s.t_ms.saturating_sub(step) < to)
+                    .filter(|s| s.rooms[r][p].store_down)
+                    .count() as u64
+                    * step;
+                if down_ms > 0 {
+                    allowance_milli += local * 1_000 + local * down_ms;
+                }
+            }
+            let allowances = allowance_milli / 1_000;
+            (*admitted > pool.capacity_per_window + allowances).then(|| Violation {
+                bound: "window: admitted ≤ G + Σ fallback allowances",
+                t_ms: from,
+                pool: pool.id.clone(),
+                terms: vec![
+                    ("G".into(), pool.capacity_per_window),
+                    ("Σ fallback allowances".into(), allowances),
+                    ("admitted".into(), *admitted),
+                ],
+                detail: format!("window [{from}, {to}) ms of the run"),
+            })
         })
         .collect();
     capped(v)
 }
 
-/// Rate pool, any interval t: admitted ≤ b + L·t + Σ N_r × 1.2 × B_r +
-/// Σ fallback allowance × time in fallback within t.
+/// Rate pool, every interval t (every length from one sample step to the
+/// whole run, at every sample boundary): admitted ≤ b + L·t + Σ N_r × 1.2 ×
+/// B_r + Σ fallback allowance × time in fallback within t. The fallback
+/// terms: the pool's `lease` allowance while a Region is in fallback, and
+/// the local fail mode's while its store is down (its capacity, one second
+/// of its rate, plus the rate × the time down). Prefix sums make every
+/// length one subtraction; the worst intervals are reported first.
 pub fn rate_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation> {
     let PoolSpec::Rate(pool) = &scenario.pools[p] else {
         return Vec::new();
     };
     let step = scenario.sample_ms;
+    let samples = &trace.samples;
+    let n = samples.len();
+    let admitted = Prefix::new(
+        samples
+            .iter()
+            .map(|s| s.rooms.iter().map(|r| r[p].admitted).sum::<u64>()),
+    );
+    let regions = scenario.regions.len();
+    let fallback: Vec<Prefix> = (0..regions)
+        .map(|r| {
+            Prefix::new(
+                samples
+                    .iter()
+                    .map(|s| u64::from(s.rooms[r][p].mode == RoomMode::Fallback)),
+            )
+        })
+        .collect();
+    let down: Vec<Prefix> = (0..regions)
+        .map(|r| Prefix::new(samples.iter().map(|s| u64::from(s.rooms[r][p].store_down))))
+        .collect();
+    let local = local_per_s(&scenario.pools[p]);
+    let allowance = pool.fallback_allowance_per_s();
+    let burst = pool.burst_tokens();
+    let blocks: Vec<RangeMax> = (0..regions)
+        .map(|r| RangeMax::new(samples.iter().map(|s| s.rooms[r][p].block_tokens).collect()))
+        .collect();
+    // b + L·t alone is exceeded over [i, j) only when
+    // slack[j] − slack[i] > b·1000, with slack[k] = 1000·A[k] − L·step·k
+    // (thousandths of a token): an end j whose slack is within b·1000 of
+    // the lowest slack before it needs no interval examined.
+    let slack: Vec<i128> = (0..=n)
+        .map(|k| {
+            1_000 * i128::from(admitted.at[k])
+                - i128::from(pool.limit_per_s) * i128::from(step) * k as i128
+        })
+        .collect();
+    let mut lowest_before = i128::MAX;
     let mut out = Vec::new();
-    for interval in RATE_INTERVALS_MS {
-        let n = (interval / step) as usize;
-        if n == 0 || n > trace.samples.len() {
+    let mut violating = 0usize;
+    for j in 1..=n {
+        lowest_before = lowest_before.min(slack[j - 1]);
+        if slack[j] - lowest_before <= 1_000 * i128::from(burst) {
             continue;
         }
-        for end in n..=trace.samples.len() {
-            let window = &trace.samples[end - n..end];
-            let admitted: u64 = window
-                .iter()
-                .flat_map(|s| s.rooms.iter().map(|r| r[p].admitted))
-                .sum();
+        for i in 0..j {
+            if slack[j] - slack[i] <= 1_000 * i128::from(burst) {
+                continue;
+            }
+            let interval = (j - i) as u64 * step;
+            let got = admitted.sum(i, j);
+            let rate_term = pool.limit_per_s * interval / 1_000;
             let mut blocks_milli = 0u64;
             let mut fallback_milli = 0u64;
             for (r, region) in scenario.regions.iter().enumerate() {
-                let block = window
-                    .iter()
-                    .map(|s| s.rooms[r][p].block_tokens)
-                    .max()
-                    .unwrap_or(0);
                 // N × 1.2 × B, in thousandths of a token.
-                blocks_milli += u64::from(region.gateways) * 1_200 * block;
-                let fallback_ms = window
-                    .iter()
-                    .filter(|s| s.rooms[r][p].mode == RoomMode::Fallback)
-                    .count() as u64
-                    * step;
-                fallback_milli += pool.fallback_allowance_per_s() * fallback_ms;
+                blocks_milli += u64::from(region.gateways) * 1_200 * blocks[r].max(i, j);
+                fallback_milli += allowance * fallback[r].sum(i, j) * step;
+                let down_ms = down[r].sum(i, j) * step;
+                if down_ms > 0 {
+                    fallback_milli += local * 1_000 + local * down_ms;
+                }
             }
-            let burst = pool.burst_tokens();
-            let rate_term = pool.limit_per_s * interval / 1_000;
             let limit = burst + rate_term + blocks_milli / 1_000 + fallback_milli / 1_000;
-            if admitted > limit {
-                out.push(Violation {
-                    bound: "rate: admitted ≤ b + L·t + Σ N×1.2×B + Σ allowance × fallback time",
-                    t_ms: window.last().map_or(0, |s| s.t_ms),
-                    pool: pool.id.clone(),
-                    terms: vec![
-                        ("t_ms".into(), interval),
-                        ("b".into(), burst),
-                        ("L·t".into(), rate_term),
-                        ("Σ N×1.2×B".into(), blocks_milli / 1_000),
-                        ("Σ allowance × fallback time".into(), fallback_milli / 1_000),
-                        ("admitted".into(), admitted),
-                    ],
-                    detail: String::new(),
-                });
+            if got > limit {
+                violating += 1;
+                out.push((
+                    got - limit,
+                    Violation {
+                        bound: "rate: admitted ≤ b + L·t + Σ N×1.2×B + Σ allowance × fallback time",
+                        t_ms: samples[j - 1].t_ms,
+                        pool: pool.id.clone(),
+                        terms: vec![
+                            ("t_ms".into(), interval),
+                            ("b".into(), burst),
+                            ("L·t".into(), rate_term),
+                            ("Σ N×1.2×B".into(), blocks_milli / 1_000),
+                            ("Σ allowance × fallback time".into(), fallback_milli / 1_000),
+                            ("admitted".into(), got),
+                        ],
+                        detail: String::new(),
+                    },
+                ));
             }
         }
     }
-    capped(out)
+    // The worst first (largest excess), then the earliest end.
+    out.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.t_ms.cmp(&b.1.t_ms)));
+    let mut v: Vec<Violation> = out.into_iter().map(|(_, v)| v).collect();
+    if let Some(first) = v.first_mut() {
+        first.detail = format!("worst of {violating} violating intervals");
+    }
+    capped(v)
 }
 
 /// At every sample: Σ enforced shares ≤ L + Σ fallback allowance rates in
-/// force.
+/// force (a Region whose store is down enforces its local rate instead).
 pub fn enforced_sum_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation> {
     let PoolSpec::Rate(pool) = &scenario.pools[p] else {
         return Vec::new();
     };
     let l = pool.limit_per_s * 1_000;
+    let local = local_per_s(&scenario.pools[p]) * 1_000;
     let v = trace
         .samples
         .iter()
@@ -203,13 +418,18 @@ pub fn enforced_sum_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<V
                 .iter()
                 .map(|r| r[p].enforced_millitokens_per_s)
                 .sum();
-            let allowances = s
+            let allowances: u64 = s
                 .rooms
                 .iter()
-                .filter(|r| r[p].mode == RoomMode::Fallback)
-                .count() as u64
-                * pool.fallback_allowance_per_s()
-                * 1_000;
+                .map(|r| {
+                    let lease = if r[p].mode == RoomMode::Fallback {
+                        pool.fallback_allowance_per_s() * 1_000
+                    } else {
+                        0
+                    };
+                    lease + if r[p].store_down { local } else { 0 }
+                })
+                .sum();
             (enforced > l + allowances).then(|| Violation {
                 bound: "enforced: Σ enforced shares ≤ L + Σ fallback allowances in force",
                 t_ms: s.t_ms,
@@ -232,52 +452,118 @@ pub fn enforced_sum_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<V
     capped(v)
 }
 
-/// At every sample a replica answered: Σ committed shares ≤ L.
+/// At every sample, on **every** allocator node's applied state: Σ
+/// committed shares ≤ L. A node without the pool (not yet created there) is
+/// not checked; once any node has the pool, a sample at which none has it
+/// is itself a violation (the bound is never skipped silently).
 pub fn committed_sum_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation> {
     let PoolSpec::Rate(pool) = &scenario.pools[p] else {
         return Vec::new();
     };
     let l = pool.limit_per_s * 1_000;
-    let v = trace
-        .samples
-        .iter()
-        .filter_map(|s| {
-            let shares: Vec<u64> = s
-                .committed
-                .get(p)?
-                .as_ref()?
-                .iter()
-                .map(|c| c.share)
-                .collect();
-            let sum: u64 = shares.iter().sum();
-            (sum > l).then(|| Violation {
-                bound: "committed: Σ committed shares ≤ L",
-                t_ms: s.t_ms,
-                pool: pool.id.clone(),
-                terms: vec![("L".into(), l), ("Σ committed".into(), sum)],
-                detail: format!("{shares:?}"),
-            })
-        })
-        .collect();
+    let mut seen = false;
+    let mut v = Vec::new();
+    for s in &trace.samples {
+        let sums = s.committed_sums.get(p).map(Vec::as_slice).unwrap_or(&[]);
+        let checked = sums.iter().flatten().count();
+        if checked == 0 {
+            if seen {
+                v.push(Violation {
+                    bound: "committed: Σ committed shares ≤ L",
+                    t_ms: s.t_ms,
+                    pool: pool.id.clone(),
+                    terms: vec![("nodes checked".into(), 0)],
+                    detail: "no node's applied state holds the pool".into(),
+                });
+            }
+            continue;
+        }
+        seen = true;
+        for (node, sum) in sums.iter().enumerate() {
+            if let Some(sum) = *sum {
+                if sum > l {
+                    v.push(Violation {
+                        bound: "committed: Σ committed shares ≤ L",
+                        t_ms: s.t_ms,
+                        pool: pool.id.clone(),
+                        terms: vec![("L".into(), l), ("Σ committed".into(), sum)],
+                        detail: format!("on n{}", node + 1),
+                    });
+                }
+            }
+        }
+    }
     capped(v)
 }
 
-/// A Region fenced at two consecutive samples admitted nothing between
-/// them from its old room.
+/// A fenced Region admits nothing from its old room, judged from the
+/// allocator's committed state, not from what the agent knows: from the
+/// first sample at which the committed state shows Region R reclaimed (its
+/// incarnation bumped, not live), after a grace of [`FENCE_GRACE_MS`] + one
+/// sample step, until the committed state shows R live again (it
+/// registered anew), R's admissions are at most its fallback allowances
+/// over that time: the pool's `lease` allowance × (time + burst_seconds)
+/// and, while its store is down, the local fail mode's (capacity + rate ×
+/// time). With neither, zero.
 pub fn fenced_admits_nothing(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation> {
+    let PoolSpec::Rate(pool) = &scenario.pools[p] else {
+        return Vec::new();
+    };
+    let step = scenario.sample_ms;
+    let grace = FENCE_GRACE_MS + step;
+    let local = local_per_s(&scenario.pools[p]);
+    let allowance = pool.fallback_allowance_per_s();
+    let fenced = |s: &crate::trace::Sample, r: usize| {
+        s.committed
+            .get(p)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.get(r))
+            .is_some_and(|c| c.incarnation > 0 && !c.live)
+    };
     let mut out = Vec::new();
-    for pair in trace.samples.windows(2) {
-        for (r, region) in scenario.regions.iter().enumerate() {
-            let (before, now) = (pair[0].rooms[r][p], pair[1].rooms[r][p]);
-            if before.mode == RoomMode::Fenced && now.mode == RoomMode::Fenced && now.admitted > 0 {
+    for (r, region) in scenario.regions.iter().enumerate() {
+        let mut i = 0;
+        while i < trace.samples.len() {
+            if !fenced(&trace.samples[i], r) {
+                i += 1;
+                continue;
+            }
+            let fenced_at = trace.samples[i].t_ms;
+            let mut j = i;
+            while j < trace.samples.len() && fenced(&trace.samples[j], r) {
+                j += 1;
+            }
+            let counted: Vec<_> = trace.samples[i..j]
+                .iter()
+                .filter(|s| s.t_ms.saturating_sub(step) >= fenced_at + grace)
+                .collect();
+            let admitted: u64 = counted.iter().map(|s| s.rooms[r][p].admitted).sum();
+            let time_ms = counted.len() as u64 * step;
+            let down_ms = counted.iter().filter(|s| s.rooms[r][p].store_down).count() as u64 * step;
+            let mut allowed_milli = 0;
+            if allowance > 0 && time_ms > 0 {
+                allowed_milli += allowance * (time_ms + pool.burst_seconds * 1_000);
+            }
+            if down_ms > 0 {
+                allowed_milli += local * (1_000 + down_ms);
+            }
+            let allowed = allowed_milli / 1_000;
+            if admitted > allowed {
                 out.push(Violation {
                     bound: "fenced: a fenced Region admits nothing from its old room",
-                    t_ms: pair[1].t_ms,
-                    pool: scenario.pools[p].id().to_string(),
-                    terms: vec![("admitted while fenced".into(), now.admitted)],
+                    t_ms: counted.last().map_or(fenced_at, |s| s.t_ms),
+                    pool: pool.id.clone(),
+                    terms: vec![
+                        ("fenced at (committed)".into(), fenced_at),
+                        ("grace_ms".into(), grace),
+                        ("counted_ms".into(), time_ms),
+                        ("fallback allowances".into(), allowed),
+                        ("admitted after grace".into(), admitted),
+                    ],
                     detail: format!("Region {}", region.name),
                 });
             }
+            i = j;
         }
     }
     capped(out)
@@ -306,23 +592,37 @@ pub fn lease_ids_once(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
     capped(out)
 }
 
-/// No reply from a lower epoch applied after a higher one.
+/// No reply from a lower epoch applied after a higher one, per Region and
+/// pool: share replies (rate pools) and chunk grants taken (window pools)
+/// alike, in the order the agent applied them.
 pub fn epochs_never_go_back(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
+    let mut applied: Vec<(u64, usize, usize, u64, &'static str)> = trace
+        .epochs
+        .iter()
+        .map(|e| (e.t_ms, e.region, e.pool, e.epoch, "reply"))
+        .chain(
+            trace
+                .grants
+                .iter()
+                .map(|g| (g.t_ms, g.region, g.pool, g.epoch, "chunk grant")),
+        )
+        .collect();
+    // Stable: same-time events keep their recorded order.
+    applied.sort_by_key(|a| a.0);
     let mut highest: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     let mut out = Vec::new();
-    for applied in &trace.epochs {
-        let key = (applied.region, applied.pool);
-        let top = highest.entry(key).or_insert(0);
-        if applied.epoch < *top {
+    for (t_ms, region, pool, epoch, what) in applied {
+        let top = highest.entry((region, pool)).or_insert(0);
+        if epoch < *top {
             out.push(Violation {
                 bound: "epochs: no grant from a lower epoch applied",
-                t_ms: applied.t_ms,
-                pool: scenario.pools[applied.pool].id().to_string(),
-                terms: vec![("highest".into(), *top), ("applied".into(), applied.epoch)],
-                detail: format!("Region {}", scenario.regions[applied.region].name),
+                t_ms,
+                pool: scenario.pools[pool].id().to_string(),
+                terms: vec![("highest".into(), *top), ("applied".into(), epoch)],
+                detail: format!("Region {}, {what}", scenario.regions[region].name),
             });
         }
-        *top = (*top).max(applied.epoch);
+        *top = (*top).max(epoch);
     }
     capped(out)
 }
@@ -370,6 +670,7 @@ lease_ttl_ms = 1000
             enforced_millitokens_per_s: enforced,
             block_tokens: 0,
             mode,
+            ..RegionPool::default()
         };
         Trace {
             samples: (1..=n)
@@ -386,8 +687,10 @@ lease_ttl_ms = 1000
                         ]),
                         None,
                     ],
+                    committed_sums: vec![vec![Some(2 * enforced)], vec![None]],
                 })
                 .collect(),
+            applied_checked: 1,
             ..Trace::default()
         }
     }
@@ -404,12 +707,19 @@ lease_ttl_ms = 1000
         // 2 × 8 per 100 ms = 160/s against L = 100/s and b = 200.
         let trace = steady(600, 8, 50_000, RoomMode::Normal);
         let v = rate_bound(&scenario(), &trace, 0);
-        assert!(!v.is_empty());
-        let ten_s = v.iter().find(|v| v.terms[0].1 == 10_000).unwrap();
-        assert_eq!(ten_s.terms[1], ("b".into(), 200));
-        assert_eq!(ten_s.terms[2], ("L·t".into(), 1_000));
-        assert_eq!(ten_s.terms[5], ("admitted".into(), 1_600));
-        assert!(ten_s.to_string().contains("admitted = 1600"), "{ten_s}");
+        assert_eq!(v.len(), MAX_VIOLATIONS_PER_BOUND);
+        // The worst interval first: the whole 60 s run.
+        let worst = &v[0];
+        assert_eq!(worst.terms[0], ("t_ms".into(), 60_000));
+        assert_eq!(worst.terms[1], ("b".into(), 200));
+        assert_eq!(worst.terms[2], ("L·t".into(), 6_000));
+        assert_eq!(worst.terms[5], ("admitted".into(), 9_600));
+        assert!(worst.to_string().contains("admitted = 9600"), "{worst}");
+        assert_eq!(worst.name(), "rate");
+        // Every length is checked: 2.0 s is the shortest that breaks
+        // (3,200 > 200 + 2,000 + … fails from 0.6 s on: 960 > 260).
+        let shortest = (1..=600u64).find(|&n| 16 * n > 200 + 10 * n).unwrap();
+        assert_eq!(shortest, 34);
     }
 
     #[test]
@@ -422,9 +732,7 @@ lease_ttl_ms = 1000
             .iter()
             .any(|v| v.terms[0].1 == 60_000));
         let fallback = steady(600, 6, 10_000, RoomMode::Fallback);
-        assert!(!rate_bound(&scenario(), &fallback, 0)
-            .iter()
-            .any(|v| v.terms[0].1 == 60_000));
+        assert_eq!(rate_bound(&scenario(), &fallback, 0), vec![]);
     }
 
     #[test]
@@ -447,8 +755,9 @@ lease_ttl_ms = 1000
     #[test]
     fn window_overshoot_lease_id_reuse_and_epoch_regress_are_reported() {
         let mut trace = steady(10, 0, 0, RoomMode::Normal);
-        trace.window_admitted.insert((1, 0), 50);
-        trace.window_admitted.insert((1, 1_000), 51);
+        let epoch = crate::run::EPOCH_MS;
+        trace.window_admitted.insert((1, epoch), 50);
+        trace.window_admitted.insert((1, epoch + 1_000), 51);
         let v = window_bound(&scenario(), &trace, 1);
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].t_ms, 1_000);
@@ -486,15 +795,99 @@ lease_ttl_ms = 1000
     }
 
     #[test]
-    fn a_fenced_region_admitting_is_reported() {
-        let mut trace = steady(3, 0, 0, RoomMode::Fenced);
-        trace.samples[2].rooms[1][0].admitted = 4;
-        let v = fenced_admits_nothing(&scenario(), &trace, 0);
-        assert_eq!(v.len(), 1);
+    fn a_region_admitting_after_its_committed_fencing_and_grace_is_reported() {
+        // Region b is fenced on the allocator from 1 s on; the agent does not
+        // know (its mode says nothing): the committed state decides.
+        let mut trace = steady(30, 0, 0, RoomMode::Normal);
+        for s in trace.samples.iter_mut().filter(|s| s.t_ms >= 1_000) {
+            if let Some(c) = s.committed[0].as_mut() {
+                c[1].incarnation = 2;
+                c[1].live = false;
+            }
+        }
+        // Within the grace (250 ms + one step after 1 s): allowed.
+        trace.samples[10].rooms[1][0].admitted = 7;
+        trace.samples[11].rooms[1][0].admitted = 7;
+        let mut within = scenario();
+        if let PoolSpec::Rate(p) = &mut within.pools[0] {
+            p.reclaim = crate::scenario::ReclaimSpec::TwoSignal;
+        }
+        assert_eq!(fenced_admits_nothing(&within, &trace, 0), vec![]);
+        // After it: reported, with the terms.
+        trace.samples[20].rooms[1][0].admitted = 4;
+        let v = fenced_admits_nothing(&within, &trace, 0);
+        assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].detail.contains('b'));
+        assert_eq!(v[0].name(), "fenced");
+        assert_eq!(v[0].terms[0], ("fenced at (committed)".into(), 1_000));
+        assert_eq!(v[0].terms[4], ("admitted after grace".into(), 4));
+        // Under lease, the fallback allowance (10/s) covers it.
+        assert_eq!(fenced_admits_nothing(&scenario(), &trace, 0), vec![]);
+    }
+
+    #[test]
+    fn failed_checks_at_applied_entries_are_reported_and_none_checked_is_too() {
+        let mut trace = steady(3, 0, 0, RoomMode::Normal);
+        trace.applied.push(crate::trace::AppliedCheck {
+            t_ms: 150,
+            node: 2,
+            pool: Some(1),
+            bound: "grants".into(),
+            detail: "lease id a.1:0 granted again: 5000 then 5000 millitokens".into(),
+        });
+        let v = applied_entries(&scenario(), &trace);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].name(), "grants");
+        assert!(v[0].detail.contains("on n2"), "{}", v[0]);
+        trace.applied.clear();
+        trace.applied_checked = 0;
+        let v = applied_entries(&scenario(), &trace);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].name(), "committed");
     }
 
     proptest! {
+        /// The sparse table answers every range as a plain scan does.
+        #[test]
+        fn range_max_is_the_maximum_of_the_range(
+            values in proptest::collection::vec(0u64..1_000, 1..70),
+        ) {
+            let table = RangeMax::new(values.clone());
+            for i in 0..values.len() {
+                for j in i + 1..=values.len() {
+                    prop_assert_eq!(table.max(i, j), *values[i..j].iter().max().unwrap());
+                }
+            }
+        }
+
+        /// Every interval whose admissions exceed b + L·t (blocks and
+        /// fallback off) is found, however short or long.
+        #[test]
+        fn every_interval_above_b_plus_l_t_is_found(
+            per_sample in proptest::collection::vec(0u64..=25, 50),
+        ) {
+            let mut trace = steady(50, 0, 50_000, RoomMode::Normal);
+            for (s, a) in trace.samples.iter_mut().zip(&per_sample) {
+                s.rooms[0][0].admitted = *a;
+            }
+            // L = 100/s over 100 ms samples: 10 per sample; b = 200.
+            let mut expected = 0usize;
+            for i in 0..50 {
+                for j in i + 1..=50 {
+                    let got: u64 = per_sample[i..j].iter().sum();
+                    if got > 200 + 10 * (j - i) as u64 {
+                        expected += 1;
+                    }
+                }
+            }
+            let v = rate_bound(&scenario(), &trace, 0);
+            prop_assert_eq!(v.len(), expected.min(MAX_VIOLATIONS_PER_BOUND));
+            if expected > 0 {
+                let count = format!("worst of {expected} violating intervals");
+                prop_assert_eq!(&v[0].detail, &count);
+            }
+        }
+
         /// Any run that admits at most L per second, evenly, never breaks
         /// the rate bound, whatever the burst and the sample pattern.
         #[test]

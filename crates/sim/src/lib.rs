@@ -21,8 +21,11 @@
 //!
 //! Not here: the unsafe switches the checker must catch live with the code
 //! they bend — `ReclaimPolicy::SilenceOnly` (allocator; refused from files and
-//! the wire) and `GlobalSettings::sim_unclamped_lease` (agent; not a config
-//! field).
+//! the wire), `GlobalSettings::sim_unclamped_lease` (agent; not a config
+//! field) and the per-mechanism mutations of the allocator's and the agent's
+//! `sim_mutation` modules (per-thread switches only [`run`] turns on, from a
+//! scenario's `mutation`). `README.md` tables each mechanism, its switch,
+//! its scenario and the bound that catches it.
 
 pub mod checker;
 pub mod isolation;

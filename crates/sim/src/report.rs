@@ -31,6 +31,19 @@ pub fn verdict_line(scenario: &Scenario, outcome: &Outcome) -> String {
     )
 }
 
+/// True when the run gave what the scenario expects: no violation for a
+/// safe scenario; for one with `expect_violation`, a violation of the bound
+/// it names (`expect_bound`), not just any.
+pub fn meets_expectation(scenario: &Scenario, outcome: &Outcome) -> bool {
+    if !scenario.expect_violation {
+        return outcome.passed();
+    }
+    match &scenario.expect_bound {
+        Some(bound) => outcome.violations.iter().any(|v| v.name() == bound),
+        None => !outcome.passed(),
+    }
+}
+
 /// The verdict, every violation (scenario, seed, time, terms) and a
 /// per-second table of each pool.
 pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
@@ -493,6 +506,7 @@ steps = [[0, 20]]
                     enforced_millitokens_per_s: enforced,
                     block_tokens: 0,
                     mode,
+                    ..RegionPool::default()
                 };
                 let committed = |share, target| Committed {
                     share,
@@ -509,6 +523,7 @@ steps = [[0, 20]]
                         committed(eu_share, 60_000),
                         committed(40_000, 40_000),
                     ])],
+                    committed_sums: vec![vec![Some(eu_share + 40_000)]],
                 }
             })
             .collect();

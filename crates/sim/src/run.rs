@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -43,11 +44,18 @@ use leasehold_region_agent::global::share_sync::Mode;
 use leasehold_region_agent::global::sync::SyncObserver;
 use leasehold_region_agent::memory::{Clock, MemoryStore};
 use leasehold_region_agent::policy;
+use leasehold_region_agent::script::ScriptCall;
 use leasehold_region_agent::server::{self, AgentSpec};
+use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 use crate::checker::{self, Violation};
-use crate::scenario::{FaultKind, PoolSpec, ReclaimSpec, Scenario};
-use crate::trace::{Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace};
+use crate::scenario::{FaultKind, Mutation, PoolSpec, ReclaimSpec, Scenario};
+use crate::trace::{
+    AppliedCheck, Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace,
+};
+use leasehold_allocator::command::{Command, Outcome as Applied, Rejection, Reply, StampedCommand};
+use leasehold_allocator::grant::GrantAnswer;
+use leasehold_allocator::machine::Machine;
 
 /// 2025-01-01T00:00:00Z: every run starts here.
 pub const EPOCH_MS: u64 = 1_735_689_600_000;
@@ -123,6 +131,14 @@ struct World {
     leader: u64,
     skews: BTreeMap<String, i64>,
     down: Vec<bool>,
+    /// Each Region's bucket store (kept across agent restarts unless a
+    /// restart asks for a fresh one) and its failure switch.
+    stores: Vec<Option<Arc<MemoryStore>>>,
+    store_down: Vec<Arc<AtomicBool>>,
+    applied: Vec<AppliedCheck>,
+    applied_checked: u64,
+    /// (node, pool, lease id) → the first grant answered for it there.
+    grant_answers: BTreeMap<(u64, String, String), GrantAnswer>,
 }
 
 #[derive(Clone, Default)]
@@ -220,6 +236,32 @@ impl SyncObserver for Recorder {
     }
 }
 
+/// A Region's bucket store: the `MemoryStore` (kept across agent restarts)
+/// behind a switch that makes every call fail as an unreachable Redis
+/// would (`store_loss`), so the rules' fail modes decide.
+struct SimStore {
+    inner: Arc<MemoryStore>,
+    down: Arc<AtomicBool>,
+}
+
+impl BucketStore for SimStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
+        if self.down.load(Ordering::SeqCst) {
+            let lost = || {
+                Err(StoreError::NotSent(NotSent::Unreachable(
+                    "store lost".into(),
+                )))
+            };
+            return Box::pin(std::future::ready(calls.iter().map(|_| lost()).collect()));
+        }
+        self.inner.run_batch(calls)
+    }
+}
+
 /// The scenario's pools as the allocator's configs.
 fn pool_config(spec: &PoolSpec) -> PoolConfig {
     match spec {
@@ -261,13 +303,19 @@ fn pool_config(spec: &PoolSpec) -> PoolConfig {
 fn policy_text(scenario: &Scenario) -> String {
     let mut text = String::from("version = 1\n\n[[domain]]\nname = \"sim\"\n");
     for pool in &scenario.pools {
-        let (algorithm, leased) = match pool {
-            PoolSpec::Rate(r) => ("token_bucket", r.leased),
-            PoolSpec::Window(_) => ("fixed_window", false),
+        let (algorithm, leased, local) = match pool {
+            PoolSpec::Rate(r) => ("token_bucket", r.leased, r.local_fallback_per_s),
+            PoolSpec::Window(w) => ("fixed_window", false, w.local_fallback_per_s),
         };
         let id = pool.id();
+        let fail_mode = match local {
+            Some(per_s) => format!(
+                "{{ local = {{ capacity = {per_s}, refill = {per_s}, period_ms = 1000 }} }}"
+            ),
+            None => "\"closed\"".to_string(),
+        };
         text.push_str(&format!(
-            "\n[[domain.rule]]\nid = \"p-{id}\"\nscope = \"global\"\nalgorithm = \"{algorithm}\"\npool = \"{id}\"\nmatch = {{ route_group = \"{id}\" }}\nfail_mode = \"closed\"\n"
+            "\n[[domain.rule]]\nid = \"p-{id}\"\nscope = \"global\"\nalgorithm = \"{algorithm}\"\npool = \"{id}\"\nmatch = {{ route_group = \"{id}\" }}\nfail_mode = {fail_mode}\n"
         ));
         if leased {
             let gateways = scenario
@@ -358,7 +406,16 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         region: region.name.clone(),
         listen: SocketAddr::from(([0, 0, 0, 0], AGENT_GRPC_PORT)),
         http_listen: SocketAddr::from(([0, 0, 0, 0], AGENT_HTTP_PORT)),
-        store: Arc::new(MemoryStore::new(clock.clone())),
+        store: {
+            let mut world = shared.lock();
+            let inner = world.stores[r]
+                .get_or_insert_with(|| Arc::new(MemoryStore::new(clock.clone())))
+                .clone();
+            Arc::new(SimStore {
+                inner,
+                down: world.store_down[r].clone(),
+            })
+        },
         pepper: PEPPER.to_vec(),
         policy: bundle,
         policy_file: None,
@@ -377,7 +434,11 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         pools: scenario.pools.iter().map(|p| p.id().to_string()).collect(),
         shared: shared.clone(),
     });
-    shared.lock().deciders[r] = Some(built.decider.clone());
+    {
+        let mut world = shared.lock();
+        world.deciders[r] = Some(built.decider.clone());
+        world.down[r] = false;
+    }
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     if let Some(sync) = built.sync {
         sync.set_observer(recorder);
@@ -599,6 +660,29 @@ fn room_mode(view: &PoolView) -> RoomMode {
     }
 }
 
+/// Σ committed shares of every rate pool on every node's applied state:
+/// `[pool][node]`, `None` where the node has no such rate pool.
+fn committed_sums(scenario: &Scenario, disks: &BTreeMap<u64, MemoryDisk>) -> Vec<Vec<Option<u64>>> {
+    scenario
+        .pools
+        .iter()
+        .map(|pool| {
+            disks
+                .values()
+                .map(|disk| {
+                    disk.state()
+                        .read(|state| match state.machine.pool(pool.id()) {
+                            Some(Pool::Rate(rate)) => {
+                                Some(u64::try_from(rate.committed_shares()).unwrap_or(u64::MAX))
+                            }
+                            _ => None,
+                        })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn sample(
     scenario: &Scenario,
     shared: &Shared,
@@ -606,8 +690,13 @@ fn sample(
     t_ms: u64,
 ) -> Sample {
     // Take what is needed and let go: the agents' clocks lock the world too.
-    let (counts, agents) = {
+    let (counts, agents, store_down) = {
         let mut world = shared.lock();
+        let store_down: Vec<bool> = world
+            .store_down
+            .iter()
+            .map(|d| d.load(Ordering::SeqCst))
+            .collect();
         let counts = std::mem::take(&mut world.counts);
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
         let agents: Vec<Option<Arc<Decider>>> = world
@@ -616,7 +705,7 @@ fn sample(
             .zip(&world.down)
             .map(|(d, down)| d.clone().filter(|_| !down))
             .collect();
-        (counts, agents)
+        (counts, agents, store_down)
     };
     let mut rooms = Vec::new();
     for r in 0..scenario.regions.len() {
@@ -626,6 +715,7 @@ fn sample(
             let mut room = RegionPool {
                 admitted,
                 refused,
+                store_down: store_down[r],
                 ..RegionPool::default()
             };
             match &agents[r] {
@@ -680,6 +770,8 @@ fn sample(
                                         granted_not_taken: m
                                             .account
                                             .granted_not_taken_millitokens_per_s,
+                                        incarnation: m.member.incarnation,
+                                        live: m.member.is_live(),
                                     })
                             })
                             .collect()
@@ -692,7 +784,106 @@ fn sample(
         t_ms,
         rooms,
         committed,
+        committed_sums: committed_sums(scenario, disks),
     }
+}
+
+/// Checks one command a node applied, on the machine after it: every
+/// invariant of the state machine (Σ shares + pending + pools + granted +
+/// unassigned = L, grants ≤ remaining, …), Σ committed shares ≤ L for every
+/// rate pool, and that a lease id is never answered with a second,
+/// different grant. Failures go to the trace (nothing panics).
+fn check_applied(
+    scenario: &Scenario,
+    shared: &Shared,
+    node: u64,
+    machine: &Machine,
+    stamped: &StampedCommand,
+    result: &Result<Reply, Rejection>,
+) {
+    let t_ms = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
+    let mut found = Vec::new();
+    if let Err(violation) = machine.check_invariants() {
+        found.push((None, "committed", format!("invariant: {violation}")));
+    }
+    for (p, pool) in scenario.pools.iter().enumerate() {
+        if let Some(Pool::Rate(rate)) = machine.pool(pool.id()) {
+            let sum = rate.committed_shares();
+            let limit = u128::from(rate.config.limit_millitokens_per_s);
+            if sum > limit {
+                found.push((
+                    Some(p),
+                    "committed",
+                    format!("Σ committed shares {sum} > L {limit} after this entry"),
+                ));
+            }
+        }
+    }
+    let mut world = shared.lock();
+    world.applied_checked += 1;
+    if let (
+        Command::Grant { pool, lease_id, .. },
+        Ok(Reply {
+            outcome: Applied::Granted(answer),
+            ..
+        }),
+    ) = (&stamped.command, result)
+    {
+        let key = (node, pool.clone(), lease_id.clone());
+        // The allocator keeps a grant's record for its window and the next
+        // (§4.2): a replay within them must answer the same grant; a later
+        // one is a new lease.
+        let window_ms = answer.window_end_ms - answer.window_start_ms;
+        let remembered =
+            |first: &GrantAnswer| answer.window_start_ms <= first.window_start_ms + window_ms;
+        match world.grant_answers.get(&key) {
+            Some(first) if first != answer && remembered(first) => found.push((
+                scenario.pools.iter().position(|p| p.id() == pool),
+                "grants",
+                format!("lease id {lease_id} granted again: {first:?}, then {answer:?}"),
+            )),
+            Some(first) if first == answer => {}
+            _ => {
+                world.grant_answers.insert(key, answer.clone());
+            }
+        }
+    }
+    for (pool, bound, detail) in found {
+        if world.applied.len() < 1_000 {
+            world.applied.push(AppliedCheck {
+                t_ms,
+                node,
+                pool,
+                bound: bound.to_string(),
+                detail,
+            });
+        }
+    }
+}
+
+/// Switches a scenario's mutation on where it lives (see
+/// `crates/sim/README.md`); off again when the guards drop.
+fn mutations(
+    mutation: Option<Mutation>,
+) -> (
+    leasehold_allocator::sim_mutation::Scoped,
+    leasehold_region_agent::sim_mutation::Scoped,
+) {
+    use leasehold_allocator::sim_mutation as allocator;
+    use leasehold_region_agent::sim_mutation as agent;
+    let (on_allocator, on_agent) = match mutation {
+        None => (None, None),
+        Some(Mutation::NoAckHandshake) => (Some(allocator::Mutation::NoAckHandshake), None),
+        Some(Mutation::NoWindowClamp) => (Some(allocator::Mutation::NoWindowClamp), None),
+        Some(Mutation::NoLeaseIdIdempotency) => {
+            (Some(allocator::Mutation::NoLeaseIdIdempotency), None)
+        }
+        Some(Mutation::BlocksNotCounted) => (None, Some(agent::Mutation::BlocksNotCounted)),
+        Some(Mutation::FallbackAllowanceIgnored) => {
+            (None, Some(agent::Mutation::FallbackAllowanceIgnored))
+        }
+    };
+    (allocator::scoped(on_allocator), agent::scoped(on_agent))
 }
 
 /// Runs `scenario` once with `seed`.
@@ -700,6 +891,9 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
     let _exclusive = crate::isolation::exclusive()
         .map_err(|e| SimError::Setup(format!("no runtime to align tokio's task ids: {e}")))?;
     let started = std::time::Instant::now();
+    // The scenario's sim-only mutation, switched on in the crate whose
+    // mechanism it breaks, for this run (this thread) only.
+    let _mutations = mutations(scenario.mutation);
     let scenario = Arc::new(scenario.clone());
     let net = &scenario.network;
     let mut sim = turmoil::Builder::new()
@@ -717,10 +911,20 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
         world.deciders = vec![None; scenario.regions.len()];
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
         world.down = vec![false; scenario.regions.len()];
+        world.stores = vec![None; scenario.regions.len()];
+        world.store_down = (0..scenario.regions.len())
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
     }
     let disks: BTreeMap<u64, MemoryDisk> = (1..=scenario.allocator_nodes)
         .map(|id| (id, MemoryDisk::new()))
         .collect();
+    for (&id, disk) in &disks {
+        let (scenario, shared) = (scenario.clone(), shared.clone());
+        disk.set_apply_observer(Arc::new(move |machine, stamped, result| {
+            check_applied(&scenario, &shared, id, machine, stamped, result)
+        }));
+    }
     for id in 1..=scenario.allocator_nodes {
         let (disk, scenario, shared) = (disks[&id].clone(), scenario.clone(), shared.clone());
         let rng_seed = seed.wrapping_mul(1_000).wrapping_add(id);
@@ -805,6 +1009,8 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
         trace.window_admitted = std::mem::take(&mut world.window_admitted);
         trace.grants = std::mem::take(&mut world.grants);
         trace.epochs = std::mem::take(&mut world.epochs);
+        trace.applied = std::mem::take(&mut world.applied);
+        trace.applied_checked = world.applied_checked;
     }
     let violations = checker::check(&scenario, &trace);
     let hash = trace.hash();
@@ -836,19 +1042,86 @@ fn apply_fault(
             for node in &nodes {
                 sim.partition(agent_host(region), node.as_str());
             }
-            for other in scenario.regions.iter().filter(|r| &r.name != region) {
-                sim.partition(agent_host(region), agent_host(&other.name));
-            }
-            format!("isolate {region} from everyone but the prober")
+            sim.partition(agent_host(region), "prober");
+            format!(
+                "isolate {region} from the allocator and the prober (its gateways still reach it)"
+            )
         }
         FaultKind::HealRegion { region } => {
             for node in &nodes {
                 sim.repair(agent_host(region), node.as_str());
             }
-            for other in scenario.regions.iter().filter(|r| &r.name != region) {
-                sim.repair(agent_host(region), agent_host(&other.name));
-            }
+            sim.repair(agent_host(region), "prober");
             format!("heal {region}")
+        }
+        FaultKind::Partition { a, b } => {
+            for x in a {
+                for y in b {
+                    sim.partition(x.as_str(), y.as_str());
+                }
+            }
+            format!("partition {a:?} from {b:?}")
+        }
+        FaultKind::PartitionOneway { from, to } => {
+            for x in from {
+                for y in to {
+                    sim.partition_oneway(x.as_str(), y.as_str());
+                }
+            }
+            format!("drop messages from {from:?} to {to:?}")
+        }
+        FaultKind::Hold { a, b } => {
+            for x in a {
+                for y in b {
+                    sim.hold(x.as_str(), y.as_str());
+                }
+            }
+            format!("hold messages between {a:?} and {b:?}")
+        }
+        FaultKind::Release { a, b } => {
+            for x in a {
+                for y in b {
+                    sim.release(x.as_str(), y.as_str());
+                }
+            }
+            format!("release messages held between {a:?} and {b:?}")
+        }
+        FaultKind::Repair { a, b } => {
+            for x in a {
+                for y in b {
+                    sim.repair(x.as_str(), y.as_str());
+                }
+            }
+            format!("repair {a:?} ↔ {b:?}")
+        }
+        FaultKind::CrashAgent { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().down[r] = true;
+                sim.crash(agent_host(region));
+            }
+            format!("crash agent-{region}")
+        }
+        FaultKind::RestartAgent { region, keep_store } => {
+            if let Some(r) = scenario.region_index(region) {
+                if !keep_store {
+                    shared.lock().stores[r] = None;
+                }
+                sim.bounce(agent_host(region));
+            }
+            let store = if *keep_store { "kept" } else { "empty" };
+            format!("restart agent-{region} (fresh memory, store {store})")
+        }
+        FaultKind::StoreLoss { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().store_down[r].store(true, Ordering::SeqCst);
+            }
+            format!("{region}'s bucket store lost")
+        }
+        FaultKind::StoreRestore { region } => {
+            if let Some(r) = scenario.region_index(region) {
+                shared.lock().store_down[r].store(false, Ordering::SeqCst);
+            }
+            format!("{region}'s bucket store back")
         }
         FaultKind::CrashNode { node } => {
             crashed.insert(*node);

@@ -45,6 +45,34 @@ pub struct Scenario {
     /// sim-only unsafe switch (the checker must be able to fail).
     #[serde(default)]
     pub expect_violation: bool,
+    /// With `expect_violation`: the bound that must catch it (one of
+    /// [`crate::checker::BOUND_NAMES`]), checked on every seed.
+    #[serde(default)]
+    pub expect_bound: Option<String>,
+    /// A sim-only mutation that breaks exactly one mechanism
+    /// ([`Mutation`]); set only programmatically on the code it bends.
+    #[serde(default)]
+    pub mutation: Option<Mutation>,
+}
+
+/// The sim-only mutations, one per mechanism of the spec. Each is applied
+/// by [`crate::run`] to the code it bends, through a switch that no config
+/// file and no wire message can reach (see `crates/sim/README.md`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mutation {
+    /// Allocator: a pending release becomes free room without the Region's
+    /// confirmation (raise before the lowering is applied).
+    NoAckHandshake,
+    /// Allocator: a chunk grant expires `lease_ttl` after it was made, not
+    /// at the window's end.
+    NoWindowClamp,
+    /// Allocator: a replayed lease id is granted again.
+    NoLeaseIdIdempotency,
+    /// Agent: a leased block is handed out without debiting the bucket.
+    BlocksNotCounted,
+    /// Agent: the local fail mode admits without its bucket.
+    FallbackAllowanceIgnored,
 }
 
 fn default_sample_ms() -> u64 {
@@ -113,6 +141,10 @@ pub struct RatePoolSpec {
     /// Gateways lease blocks of this pool (B = share × 0.25 s / N).
     #[serde(default)]
     pub leased: bool,
+    /// The rule's fail mode: `local` with this rate (tokens/s, capacity one
+    /// second of it) when set, `closed` otherwise.
+    #[serde(default)]
+    pub local_fallback_per_s: Option<u64>,
 }
 
 fn default_burst_seconds() -> u64 {
@@ -166,6 +198,10 @@ pub enum ReclaimSpec {
     SilenceOnly,
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_drift_ms() -> u64 {
     500
 }
@@ -180,6 +216,9 @@ pub struct WindowPoolSpec {
     pub lease_ttl_ms: u64,
     #[serde(default = "default_chunk")]
     pub chunk_tokens: u64,
+    /// As for rate pools: the rule's local fail mode rate (tokens/s).
+    #[serde(default)]
+    pub local_fallback_per_s: Option<u64>,
 }
 
 fn default_chunk() -> u64 {
@@ -254,17 +293,72 @@ impl<'de> Deserialize<'de> for Fault {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FaultKind {
-    /// Cut a Region's agent from every allocator node (the prober still
-    /// reaches it: it is "cut off but healthy").
+    /// Cut a Region's agent from every allocator node; the prober still
+    /// reaches it ("cut off but healthy") and so do its gateways.
     PartitionRegion {
         region: String,
     },
-    /// Cut a Region from everyone but the health prober, gateways included.
+    /// Cut a Region's agent from every allocator node **and** the prober
+    /// (it looks dead from outside) while its own gateways still reach it:
+    /// a live Region judged unhealthy. Safe only under `freeze` and `lease`
+    /// (under `two_signal` both signals fire on a live Region).
     IsolateRegion {
         region: String,
     },
-    /// Undo partitions of this Region.
+    /// Undo `partition_region` / `isolate_region` of this Region.
     HealRegion {
+        region: String,
+    },
+    /// Drop every message between the hosts of `a` and those of `b`, both
+    /// ways (allocator nodes among themselves included: `a = ["n1"]`, `b =
+    /// ["n2", "n3"]` isolates n1, which keeps running).
+    Partition {
+        a: Vec<String>,
+        b: Vec<String>,
+    },
+    /// Drop messages from the hosts of `from` to those of `to` only.
+    PartitionOneway {
+        from: Vec<String>,
+        to: Vec<String>,
+    },
+    /// Hold every message between the hosts of `a` and those of `b` (both
+    /// ways, nothing lost) until `release`: calls time out and are resent
+    /// while their first copy, or its answer, is still on its way.
+    Hold {
+        a: Vec<String>,
+        b: Vec<String>,
+    },
+    /// Deliver what `hold` held between the two sets, at once.
+    Release {
+        a: Vec<String>,
+        b: Vec<String>,
+    },
+    /// Undo `partition` / `partition_oneway` between the two sets (both
+    /// directions).
+    Repair {
+        a: Vec<String>,
+        b: Vec<String>,
+    },
+    /// Stop a Region's agent process (its gateways stay: they fail closed).
+    CrashAgent {
+        region: String,
+    },
+    /// Start a crashed agent again. Its process memory (shares, chunks,
+    /// incarnations, leases) is always fresh; `keep_store` says whether its
+    /// bucket store (the Redis of the Region) kept its state (`true`) or
+    /// comes back empty (`false`).
+    RestartAgent {
+        region: String,
+        #[serde(default = "default_true")]
+        keep_store: bool,
+    },
+    /// The Region's bucket store fails every call (Redis lost): rules decide
+    /// on their fail mode (`local_fallback_per_s`, or closed).
+    StoreLoss {
+        region: String,
+    },
+    /// The Region's bucket store answers again (with its state).
+    StoreRestore {
         region: String,
     },
     /// Crash an allocator node (1-based), or the current leader.
@@ -363,6 +457,21 @@ impl Scenario {
 
     pub fn pool(&self, id: &str) -> Option<&PoolSpec> {
         self.pools.iter().find(|p| p.id() == id)
+    }
+
+    /// A host of a run: `n<k>`, `agent-<region>`, `gw-<region>-<k>`,
+    /// `prober`.
+    pub fn is_host(&self, host: &str) -> bool {
+        if host == "prober" {
+            return true;
+        }
+        if let Some(k) = host.strip_prefix('n').and_then(|k| k.parse::<u64>().ok()) {
+            return (1..=self.allocator_nodes).contains(&k);
+        }
+        self.regions.iter().any(|r| {
+            host == format!("agent-{}", r.name)
+                || (0..r.gateways).any(|k| host == format!("gw-{}-{k}", r.name))
+        })
     }
 
     fn validate(&self) -> Result<(), (String, String)> {
@@ -514,6 +623,10 @@ impl Scenario {
                 | FaultKind::IsolateRegion { region }
                 | FaultKind::HealRegion { region }
                 | FaultKind::LoseRegion { region }
+                | FaultKind::CrashAgent { region }
+                | FaultKind::RestartAgent { region, .. }
+                | FaultKind::StoreLoss { region }
+                | FaultKind::StoreRestore { region }
                 | FaultKind::RegionLatency { region, .. } => Some(region),
                 _ => None,
             };
@@ -534,11 +647,44 @@ impl Scenario {
                 }
                 _ => {}
             }
+            let sets: Vec<&Vec<String>> = match &fault.kind {
+                FaultKind::Partition { a, b }
+                | FaultKind::Repair { a, b }
+                | FaultKind::Hold { a, b }
+                | FaultKind::Release { a, b } => vec![a, b],
+                FaultKind::PartitionOneway { from, to } => vec![from, to],
+                _ => Vec::new(),
+            };
+            for set in sets {
+                if set.is_empty() || set.iter().any(|h| !self.is_host(h)) {
+                    return bad(
+                        &format!("fault[{i}]"),
+                        "host sets: non-empty, of hosts n<k>, agent-<region>, gw-<region>-<k>, prober",
+                    );
+                }
+            }
             if let FaultKind::CrashNode { node } | FaultKind::RestartNode { node } = fault.kind {
                 if !(1..=self.allocator_nodes).contains(&node) {
                     return bad(&format!("fault[{i}].node"), "not an allocator node");
                 }
             }
+        }
+        if self.expect_violation {
+            let known = self
+                .expect_bound
+                .as_deref()
+                .is_some_and(|b| crate::checker::BOUND_NAMES.contains(&b));
+            if !known {
+                return bad(
+                    "expect_bound",
+                    "a scenario expecting a violation names its bound: rate, window, enforced, committed, fenced, grants or epochs",
+                );
+            }
+        } else if self.expect_bound.is_some() || self.mutation.is_some() {
+            return bad(
+                "expect_bound",
+                "only a scenario with expect_violation names a bound or a mutation",
+            );
         }
         let n = &self.network;
         if n.min_latency_ms > n.max_latency_ms
@@ -656,5 +802,42 @@ kind = "crash_leader"
         .unwrap_err()
         .to_string();
         assert!(e.contains("pool[0].limit_per_s"), "{e}");
+    }
+
+    #[test]
+    fn host_set_partitions_agent_restarts_and_store_loss_read_and_validate() {
+        let text = format!(
+            "{GOOD}\n[[fault]]\nat_ms = 7000\nkind = \"partition\"\na = [\"n1\"]\nb = [\"n2\", \"n3\"]\n\
+             \n[[fault]]\nat_ms = 7000\nkind = \"partition_oneway\"\nfrom = [\"n1\"]\nto = [\"agent-eu\"]\n\
+             \n[[fault]]\nat_ms = 8000\nkind = \"restart_agent\"\nregion = \"us\"\n\
+             \n[[fault]]\nat_ms = 9000\nkind = \"store_loss\"\nregion = \"eu\"\n"
+        );
+        let s = Scenario::parse("s.toml", &text).unwrap();
+        assert_eq!(
+            s.faults[2].kind,
+            FaultKind::Partition {
+                a: vec!["n1".into()],
+                b: vec!["n2".into(), "n3".into()]
+            }
+        );
+        assert_eq!(
+            s.faults[4].kind,
+            FaultKind::RestartAgent {
+                region: "us".into(),
+                keep_store: true
+            }
+        );
+        // An unknown host, and a mutation without an expected bound, are refused.
+        let e = Scenario::parse("s.toml", &text.replace("\"n3\"", "\"n9\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fault[2]"), "{e}");
+        let e = Scenario::parse(
+            "s.toml",
+            &format!("mutation = \"no_window_clamp\"\nexpect_violation = true\n{GOOD}"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("expect_bound"), "{e}");
     }
 }

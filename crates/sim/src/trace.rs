@@ -36,6 +36,9 @@ pub struct RegionPool {
     /// (tokens; 0 when the pool is not leased).
     pub block_tokens: u64,
     pub mode: RoomMode,
+    /// The Region's bucket store is failing (a `store_loss` fault): its
+    /// rules decide on their local fail mode.
+    pub store_down: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
@@ -46,6 +49,10 @@ pub struct Sample {
     /// Per pool: each Region's committed account (scenario Region order)
     /// read from a replica's applied state; `None` for window pools.
     pub committed: Vec<Option<Vec<Committed>>>,
+    /// Per pool, per allocator node (1-based order): Σ committed shares on
+    /// that node's applied state (millitokens/s); `None` when the node has
+    /// no such rate pool (window pools, or not yet created there).
+    pub committed_sums: Vec<Vec<Option<u64>>>,
 }
 
 /// One Region's room in a rate pool as the allocator committed it
@@ -58,6 +65,11 @@ pub struct Committed {
     pub granted_not_taken: u64,
     /// The Region's target now (§4.3 step 3; 0 when it is not counted).
     pub target: u64,
+    /// The Region's incarnation in the pool.
+    pub incarnation: u64,
+    /// False once the Region's room was reclaimed (fenced) until it
+    /// registers again.
+    pub live: bool,
 }
 
 /// A chunk grant a Region's agent took.
@@ -90,6 +102,26 @@ pub struct Trace {
     pub epochs: Vec<EpochApplied>,
     /// Fault timeline as applied: (t_ms, description).
     pub events: Vec<(u64, String)>,
+    /// What the allocator nodes' apply observers found wrong, at the entry
+    /// it happened (every node, every applied command).
+    pub applied: Vec<AppliedCheck>,
+    /// Commands the apply observers checked (all nodes together).
+    pub applied_checked: u64,
+}
+
+/// A check of one applied command on one allocator node that failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AppliedCheck {
+    pub t_ms: u64,
+    /// 1-based allocator node.
+    pub node: u64,
+    /// Scenario pool index (`None`: the machine as a whole).
+    pub pool: Option<usize>,
+    /// The bound's short name: `committed` (Σ committed shares ≤ L, or
+    /// another invariant of the state machine) or `grants` (a lease id
+    /// answered with a second, different grant).
+    pub bound: String,
+    pub detail: String,
 }
 
 impl Trace {
@@ -102,6 +134,8 @@ impl Trace {
             &self.grants,
             &self.epochs,
             &self.events,
+            &self.applied,
+            self.applied_checked,
         );
         // Plain data (integers, strings, lists): serialization cannot fail.
         let json = serde_json::to_vec(&canonical).expect("a trace serializes");

@@ -52,6 +52,45 @@ struct JobResult {
     verdict: String,
     /// The full report when the verdict differs from the expectation.
     report: Option<String>,
+    /// The short names of the bounds the run violated.
+    bounds: Vec<String>,
+    /// The bound the scenario expects to catch its mutation.
+    expect_bound: Option<String>,
+    /// Rate pools: the smallest (over pools) fraction of samples whose
+    /// offered demand was ≥ 1.5 L; `None` without rate pools.
+    binding_fraction: Option<f64>,
+}
+
+/// Offered demand (admitted + refused, every Region) per second.
+const BINDING_FACTOR: f64 = 1.5;
+/// ... in at least this fraction of the samples of each rate pool.
+const BINDING_SAMPLES: f64 = 0.8;
+
+/// The smallest, over the rate pools, fraction of samples in which the
+/// Regions together offered ≥ 1.5 L (requests that reached a gateway,
+/// admitted or refused, converted to a per-second rate).
+fn binding_fraction(scenario: &Scenario, outcome: &Outcome) -> Option<f64> {
+    let samples = &outcome.trace.samples;
+    scenario
+        .pools
+        .iter()
+        .enumerate()
+        .filter_map(|(p, pool)| match pool {
+            leasehold_sim::scenario::PoolSpec::Rate(rate) => Some((p, rate.limit_per_s)),
+            leasehold_sim::scenario::PoolSpec::Window(_) => None,
+        })
+        .map(|(p, limit)| {
+            let binding = samples
+                .iter()
+                .filter(|s| {
+                    let offered: u64 = s.rooms.iter().map(|r| r[p].admitted + r[p].refused).sum();
+                    offered as f64 * 1_000.0 / scenario.sample_ms as f64
+                        >= BINDING_FACTOR * limit as f64
+                })
+                .count();
+            binding as f64 / samples.len().max(1) as f64
+        })
+        .reduce(f64::min)
 }
 
 const JOB_ENV: &str = "LEASEHOLD_SIM_JOB";
@@ -64,9 +103,19 @@ fn child_job() {
     let Ok(job) = std::env::var(JOB_ENV) else {
         return;
     };
-    let (name, seed) = job.split_once(' ').expect("job = NAME SEED");
+    // NAME SEED, or NAME SEED plain: the scenario without its mutation
+    // (then it must pass).
+    let mut words = job.split(' ');
+    let (Some(name), Some(seed)) = (words.next(), words.next()) else {
+        panic!("job = NAME SEED [plain]");
+    };
     let seed: u64 = seed.parse().expect("seed");
-    let scenario = scenario(name);
+    let mut scenario = scenario(name);
+    if words.next() == Some("plain") {
+        scenario.mutation = None;
+        scenario.expect_violation = false;
+        scenario.expect_bound = None;
+    }
     let outcome =
         run(&scenario, seed).unwrap_or_else(|e| panic!("{} seed {seed}: {e}", scenario.name));
     let result = JobResult {
@@ -77,14 +126,36 @@ fn child_job() {
         duration_ms: scenario.duration_ms,
         hash: outcome.hash.clone(),
         verdict: report::verdict_line(&scenario, &outcome),
-        report: (outcome.passed() == scenario.expect_violation)
-            .then(|| report::text(&scenario, &outcome)),
+        report: (outcome.passed() == scenario.expect_violation
+            || std::env::var_os("LEASEHOLD_SIM_REPORT").is_some())
+        .then(|| report::text(&scenario, &outcome)),
+        bounds: {
+            let mut names: Vec<String> = outcome
+                .violations
+                .iter()
+                .map(|v| v.name().to_string())
+                .collect();
+            names.dedup();
+            names
+        },
+        expect_bound: scenario.expect_bound.clone(),
+        binding_fraction: binding_fraction(&scenario, &outcome),
     };
     // On a line of its own: the harness prints the test's name before it.
     println!(
         "\n{RESULT_PREFIX}{}",
         serde_json::to_string(&result).unwrap()
     );
+}
+
+/// The job a child runs: `NAME SEED`, or a name already carrying its seed
+/// and flags (`NAME SEED plain`).
+fn job_line(name: &str, seed: u64) -> String {
+    if name.contains(' ') {
+        name.to_string()
+    } else {
+        format!("{name} {seed}")
+    }
 }
 
 /// Runs each (scenario name, seed) in a fresh process of this test binary,
@@ -103,7 +174,7 @@ fn run_in_children(jobs: Vec<(String, u64)>, parallel: usize) -> Vec<JobResult> 
                 };
                 let output = std::process::Command::new(&exe)
                     .args(["child_job", "--exact", "--nocapture", "--test-threads", "1"])
-                    .env(JOB_ENV, format!("{name} {seed}"))
+                    .env(JOB_ENV, job_line(&name, seed))
                     .env("RUST_LOG", "off")
                     .output()
                     .unwrap();
@@ -141,9 +212,33 @@ fn every_library_scenario_meets_its_expectation_on_ten_seeds() {
     let simulated_ms: u64 = results.iter().map(|r| r.duration_ms).sum();
     let mut failures = Vec::new();
     for r in &results {
-        eprintln!("{}", r.verdict);
+        eprintln!("{} {:?}", r.verdict, r.bounds);
         if r.passed == r.expect_violation {
             failures.push(r.report.clone().unwrap_or_default());
+        }
+        // A mutation must be caught by the bound its scenario names, on
+        // every seed, not by just any bound.
+        if let Some(expected) = &r.expect_bound {
+            if !r.bounds.contains(expected) {
+                failures.push(format!(
+                    "{} seed {}: expected bound {expected} not violated (violated: {:?})",
+                    r.name, r.seed, r.bounds
+                ));
+            }
+        }
+        // A safe scenario binds: demand, not the limiter, must not decide.
+        if !r.expect_violation {
+            if let Some(fraction) = r.binding_fraction {
+                if fraction < BINDING_SAMPLES {
+                    failures.push(format!(
+                        "{} seed {}: offered demand ≥ {BINDING_FACTOR} L in only {:.0} % of samples (< {:.0} %)",
+                        r.name,
+                        r.seed,
+                        fraction * 100.0,
+                        BINDING_SAMPLES * 100.0
+                    ));
+                }
+            }
         }
     }
     eprintln!(
@@ -154,6 +249,26 @@ fn every_library_scenario_meets_its_expectation_on_ten_seeds() {
         simulated_ms as f64 / 1_000.0 / wall.as_secs_f64()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Each mutation scenario, its mutation removed, passes every bound (seed
+/// 1): the violation its mutation causes is the mutation's, not the
+/// scenario's.
+#[test]
+fn every_mutation_scenario_passes_without_its_mutation() {
+    let jobs: Vec<(String, u64)> = library()
+        .into_iter()
+        .filter(|(_, s)| s.mutation.is_some())
+        .map(|(_, s)| (format!("{} 1 plain", s.name), 1))
+        .collect();
+    assert!(jobs.len() >= 4, "{jobs:?}");
+    let results = run_in_children(jobs, 2);
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.report.clone().unwrap_or_else(|| r.verdict.clone()))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// Same seed, same trace — in this process while the other tests of this
@@ -235,10 +350,7 @@ fn a_cut_off_healthy_region_stays_within_l_under_two_signal_and_breaks_it_under_
         safe.trace.events
     );
     assert!(
-        unsafe_
-            .violations
-            .iter()
-            .any(|v| v.bound.starts_with("enforced")),
+        unsafe_.violations.iter().any(|v| v.name() == "enforced"),
         "silence_only was not caught: {:?}",
         unsafe_.violations
     );

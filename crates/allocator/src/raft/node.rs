@@ -74,6 +74,7 @@ use crate::raft::handover;
 use crate::raft::membership::MembershipInvalid;
 use crate::raft::network::{self, Network, RaftRpcService, MAX_RAFT_MESSAGE_BYTES};
 use crate::raft::runtime::with_rng_seed;
+use crate::raft::state_machine::{ApplyObserver, ObserverSlot};
 use crate::raft::storage::{open_node_storage, StoreError};
 use crate::raft::types::{NodeId, Proposal, Raft, MAX_COMMANDS_PER_ENTRY};
 use crate::raft::{MemLogStore, StateMachineStore};
@@ -1073,6 +1074,8 @@ pub struct MemoryDisk {
     log: MemLogStore,
     /// The state machine of the latest boot.
     state: Arc<std::sync::Mutex<StateMachineStore>>,
+    /// Installed on every boot's state machine (simulation checks).
+    observer: Arc<ObserverSlot>,
 }
 
 impl MemoryDisk {
@@ -1083,11 +1086,21 @@ impl MemoryDisk {
     /// Storage for the next boot of the node (see the type docs).
     pub async fn storage(&self) -> Result<NodeStorage, StoreError> {
         let state = self.state().restarted().await?;
+        if let Some(observer) = self.observer.get() {
+            state.set_apply_observer(observer);
+        }
         *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state.clone();
         Ok(NodeStorage::Memory {
             log: self.log.clone(),
             state,
         })
+    }
+
+    /// Calls `observer` after every command applied by this node, on this
+    /// and every later boot (see [`ApplyObserver`]).
+    pub fn set_apply_observer(&self, observer: ApplyObserver) {
+        self.state().set_apply_observer(observer.clone());
+        self.observer.set(observer);
     }
 
     /// The state machine of the latest boot (read it with

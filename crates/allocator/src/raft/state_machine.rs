@@ -134,9 +134,42 @@ impl SnapshotDisk {
     }
 }
 
+/// Called after every command a state machine applies, with the machine
+/// after it, the command and its answer: the simulation's check of the
+/// invariants at every applied entry, on every node ([`MemoryDisk`]
+/// installs it on each boot). Not reachable from config or the wire.
+///
+/// [`MemoryDisk`]: crate::raft::node::MemoryDisk
+pub type ApplyObserver =
+    Arc<dyn Fn(&Machine, &StampedCommand, &Result<Reply, Rejection>) + Send + Sync>;
+
+/// The observer slot (a newtype so its holders keep their `Debug`).
+#[derive(Default)]
+pub(crate) struct ObserverSlot(std::sync::Mutex<Option<ApplyObserver>>);
+
+impl ObserverSlot {
+    pub(crate) fn get(&self) -> Option<ApplyObserver> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set(&self, observer: ApplyObserver) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(observer);
+    }
+}
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ObserverSlot")
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     applied: RwLock<AppliedState>,
+    observer: ObserverSlot,
     /// The current snapshot. An async mutex: held across persisting it, so a
     /// snapshot built from older state never replaces a newer one.
     current_snapshot: tokio::sync::Mutex<Option<StoredSnapshot>>,
@@ -187,6 +220,7 @@ impl StateMachineStore {
         }
         let shared = Shared {
             applied: RwLock::new(applied),
+            observer: ObserverSlot::default(),
             current_snapshot: tokio::sync::Mutex::new(current),
             snapshots_built: AtomicU64::new(0),
             disk,
@@ -210,6 +244,12 @@ impl StateMachineStore {
             .as_ref()
             .map(|snapshot| snapshot.data.clone());
         Self::restore(data, self.shared.disk.clone())
+    }
+
+    /// Installs `observer`, called after every command this store applies
+    /// from now on (see [`ApplyObserver`]).
+    pub fn set_apply_observer(&self, observer: ApplyObserver) {
+        self.shared.observer.set(observer);
     }
 
     /// Runs `read` against the applied state (for inspection and validation
@@ -269,6 +309,7 @@ fn apply_proposal(
     machine: &mut Machine,
     log_id: &LogId,
     proposal: Proposal,
+    observer: Option<&ApplyObserver>,
 ) -> Vec<Result<Reply, Rejection>> {
     let Proposal {
         stamped_time_ms,
@@ -283,6 +324,9 @@ fn apply_proposal(
                 command,
             };
             let result = machine.apply(&stamped);
+            if let Some(observe) = observer {
+                observe(machine, &stamped, &result);
+            }
             if let Err(rejection) = &result {
                 let (pool, region) = command_scope(&stamped.command);
                 tracing::debug!(pool, region, log_id = %log_id, %rejection, "command refused");
@@ -373,6 +417,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 "state machine lock poisoned by an earlier panic in apply",
             )))
         })?;
+        let observer = self.shared.observer.get();
         let entries = entries.into_iter();
         let mut responses = Vec::with_capacity(entries.size_hint().0);
         for entry in entries {
@@ -383,9 +428,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             state.last_applied = Some(entry.log_id);
             let results = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(proposal) => {
-                    apply_proposal(&mut state.machine, &entry.log_id, proposal)
-                }
+                EntryPayload::Normal(proposal) => apply_proposal(
+                    &mut state.machine,
+                    &entry.log_id,
+                    proposal,
+                    observer.as_ref(),
+                ),
                 EntryPayload::Membership(membership) => {
                     state.last_membership = StoredMembership::new(Some(entry.log_id), membership);
                     Vec::new()
