@@ -53,6 +53,10 @@ pub struct AgentBench {
         crate::bench_agent::Path::Limiter,
     ], value_enum)]
     paths: Vec<crate::bench_agent::Path>,
+    /// The Limiter's `check_batches_in_flight` (its default is 4): fewer
+    /// calls in flight gather larger batches.
+    #[arg(long, default_value_t = leasehold_client::config::CHECK_BATCHES_IN_FLIGHT)]
+    client_batches_in_flight: usize,
 }
 
 #[derive(Args)]
@@ -76,6 +80,7 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
                 args.shadow,
                 !args.no_coalesce,
                 &args.paths,
+                args.client_batches_in_flight,
             )
             .await
         }

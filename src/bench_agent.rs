@@ -219,6 +219,7 @@ pub async fn run(
     shadow: bool,
     coalesce: bool,
     paths: &[Path],
+    client_batches_in_flight: usize,
 ) -> anyhow::Result<()> {
     if callers.is_empty() || callers.contains(&0) {
         anyhow::bail!("--callers needs caller counts of at least 1");
@@ -246,6 +247,7 @@ pub async fn run(
         LimiterConfig {
             deadline_ms: 1_000,
             fail_mode: FailMode::Closed,
+            check_batches_in_flight: client_batches_in_flight,
             ..LimiterConfig::default()
         },
     )?;

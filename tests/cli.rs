@@ -51,10 +51,10 @@ fn lease_list_names_each_silent_agent_and_fails_when_none_answers() {
 }
 
 #[test]
-fn bench_store_prints_a_ratio_against_redis_benchmark() {
+fn bench_store_prices_every_path_per_redis_cpu_second() {
     let out = leasehold()
         .args(["bench", "store", "--seconds", "1", "--concurrency", "4"])
-        .args(["--baseline-requests", "2000"])
+        .args(["--baseline-requests", "2000", "--multi", "8"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -63,8 +63,31 @@ fn bench_store_prints_a_ratio_against_redis_benchmark() {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("ratio vs -P 1:"), "{text}");
-    assert!(text.contains("(0 errors)"), "{text}");
+    assert!(text.contains("per Redis CPU-s"), "{text}");
+    for row in [
+        "EVALSHA token_bucket -P 1",
+        "EVALSHA token_bucket -P 16",
+        "EVALSHA multi_decision x8 -P 1",
+        "Lua floor: MGET + SET PX only, x8",
+        "HINCRBY -P 16 (ceiling)",
+        "RedisStore, 4 tasks, one call each",
+        "RedisStore, 4 tasks, batches of 16",
+        "RedisStore, 4 tasks, coalesced, one call each",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(row))
+            .unwrap_or_else(|| panic!("no row {row}: {text}"));
+        // Every row made decisions, and none failed.
+        assert!(!line.contains("errors"), "{line}");
+        let rate: f64 = line
+            .split_whitespace()
+            .rev()
+            .nth(2)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no decisions/s in {line}"));
+        assert!(rate > 0.0, "{line}");
+    }
 }
 
 #[test]
@@ -100,7 +123,7 @@ fn bench_agent_tls_prints_the_mtls_to_plaintext_ratio_of_one_run() {
             "--tls",
             "--seconds",
             "1",
-            "--concurrency",
+            "--callers",
             "2",
         ])
         .output()
