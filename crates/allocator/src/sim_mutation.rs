@@ -25,6 +25,14 @@ pub enum Mutation {
     /// `grant.rs`: a replayed lease id is granted again instead of answered
     /// with its stored grant.
     NoLeaseIdIdempotency,
+    /// `fence.rs` and `reclaim.rs`: the allocator's half of incarnation
+    /// fencing is gone. A reclaim still takes the member's room and marks it
+    /// reclaimed (incarnation bumped), but leaves its share version where it
+    /// was (nothing supersedes the room its old incarnation applied), and
+    /// `fence::admit` serves every command of a member — old incarnation,
+    /// reclaimed — as if it were live. The agent's half is the agent's
+    /// `NoIncarnationFencing`; the simulation switches both together.
+    NoIncarnationFencing,
 }
 
 thread_local! {

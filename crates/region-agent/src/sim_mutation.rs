@@ -21,6 +21,11 @@ pub enum Mutation {
     /// `fallback.rs`: the local fail mode admits without charging its
     /// bucket (its allowance ignored).
     FallbackAllowanceIgnored,
+    /// `global/share_sync.rs`: the agent's half of incarnation fencing is
+    /// gone: a share reply of another incarnation is applied as one of its
+    /// own. The allocator's half is the allocator's `NoIncarnationFencing`;
+    /// the simulation switches both together.
+    NoIncarnationFencing,
 }
 
 thread_local! {

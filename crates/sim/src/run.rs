@@ -882,6 +882,12 @@ fn mutations(
         Some(Mutation::FallbackAllowanceIgnored) => {
             (None, Some(agent::Mutation::FallbackAllowanceIgnored))
         }
+        // The mechanism is two checks, one on each side; the switch removes
+        // both.
+        Some(Mutation::NoIncarnationFencing) => (
+            Some(allocator::Mutation::NoIncarnationFencing),
+            Some(agent::Mutation::NoIncarnationFencing),
+        ),
     };
     (allocator::scoped(on_allocator), agent::scoped(on_agent))
 }

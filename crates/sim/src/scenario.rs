@@ -73,6 +73,11 @@ pub enum Mutation {
     BlocksNotCounted,
     /// Agent: the local fail mode admits without its bucket.
     FallbackAllowanceIgnored,
+    /// Allocator and agent: incarnation fencing end to end — the
+    /// allocator serves a reclaimed member's old incarnation and its reclaim
+    /// leaves the share version where it was; the agent applies a reply of
+    /// another incarnation.
+    NoIncarnationFencing,
 }
 
 fn default_sample_ms() -> u64 {

@@ -240,7 +240,11 @@ impl ShareSync {
         if self.fenced {
             return ShareOutcome::Dropped(DropReason::Fenced);
         }
-        if reply.incarnation != self.incarnation {
+        // The simulation's `NoIncarnationFencing` mutation applies a reply
+        // of another incarnation as one of ours.
+        if reply.incarnation != self.incarnation
+            && !crate::sim_mutation::active(crate::sim_mutation::Mutation::NoIncarnationFencing)
+        {
             return ShareOutcome::Dropped(DropReason::WrongIncarnation);
         }
         self.highest_epoch = reply.epoch;
