@@ -33,6 +33,14 @@ pub enum Mutation {
     /// reclaimed — as if it were live. The agent's half is the agent's
     /// `NoIncarnationFencing`; the simulation switches both together.
     NoIncarnationFencing,
+    /// `raft/node.rs`: the allocator's half of the epoch: a reply is no
+    /// longer only a committed entry's. A leader whose write is not
+    /// confirmed (a deposed leader that cannot reach a quorum) answers a
+    /// Grant, Rebalance or AckShare with what applying it to its own state
+    /// would give, stamped with its own (old) term. The agent's half (drop a
+    /// reply below the highest epoch seen) is the agent's `NoEpochCheck`;
+    /// the simulation switches both together.
+    NoEpochCheck,
 }
 
 thread_local! {

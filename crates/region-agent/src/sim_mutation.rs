@@ -26,6 +26,11 @@ pub enum Mutation {
     /// own. The allocator's half is the allocator's `NoIncarnationFencing`;
     /// the simulation switches both together.
     NoIncarnationFencing,
+    /// `global/chunk.rs`, `global/share_sync.rs`: the agent's half of the
+    /// epoch: a chunk answer or share reply below the highest epoch seen is
+    /// taken. The allocator's half is the allocator's `NoEpochCheck`; the
+    /// simulation switches both together.
+    NoEpochCheck,
 }
 
 thread_local! {

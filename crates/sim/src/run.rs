@@ -888,6 +888,10 @@ fn mutations(
             Some(allocator::Mutation::NoIncarnationFencing),
             Some(agent::Mutation::NoIncarnationFencing),
         ),
+        Some(Mutation::NoEpochCheck) => (
+            Some(allocator::Mutation::NoEpochCheck),
+            Some(agent::Mutation::NoEpochCheck),
+        ),
     };
     (allocator::scoped(on_allocator), agent::scoped(on_agent))
 }
