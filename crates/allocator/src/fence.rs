@@ -15,6 +15,11 @@ use crate::region::{Member, MemberStatus};
 /// Any mismatch is fenced, higher included: the agent's only recovery is to
 /// rejoin with the current incarnation, which the error carries.
 pub fn admit(member: &Member, incarnation: u64) -> Result<(), CommandError> {
+    // The simulation's `NoIncarnationFencing` mutation serves the old
+    // incarnation (and a reclaimed member) as if it were live.
+    if crate::sim_mutation::active(crate::sim_mutation::Mutation::NoIncarnationFencing) {
+        return Ok(());
+    }
     if member.incarnation != incarnation || !member.is_live() {
         return Err(CommandError::Fenced {
             current_incarnation: member.incarnation,

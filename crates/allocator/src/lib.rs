@@ -57,7 +57,8 @@
 //! - [`fence`]: §4.1 incarnation fencing.
 //! - [`sim_mutation`]: simulation-only, unsafe per-thread switches that each
 //!   break one mechanism here (the acknowledged lowering, the window clamp,
-//!   lease-id replays) so the simulation shows its checker catching them;
+//!   lease-id replays; this side of incarnation fencing and of the epoch)
+//!   so the simulation shows its checker catching them;
 //!   `raft::state_machine::ApplyObserver` lets it check every applied entry.
 //! - [`region`]: pool membership and health records.
 //! - [`apportion`]: the exact integer split every rounding goes through.

@@ -104,8 +104,13 @@ impl RatePool {
         account.granted_not_taken_millitokens_per_s = 0;
         account.demand_requests = 0;
         account.demand_reported = false;
-        account.share_version += 1;
-        account.lowered_at_version = account.share_version;
+        // The zeroed share at a new version supersedes every reply the old
+        // incarnation applied (part of the fence: the simulation's
+        // `NoIncarnationFencing` mutation leaves the version as it was).
+        if !crate::sim_mutation::active(crate::sim_mutation::Mutation::NoIncarnationFencing) {
+            account.share_version += 1;
+            account.lowered_at_version = account.share_version;
+        }
         fence::bump(&mut member.member);
 
         self.release_to_unassigned(freed);

@@ -30,7 +30,8 @@
 //! - [`rls_ext`]: the counters of YAML rules with Leasehold's extension (algorithms, pools).
 //! - [`sim_mutation`]: simulation-only, unsafe per-thread switches that each
 //!   break one mechanism here (blocks debited from the bucket, the local
-//!   fallback's allowance) so the simulation shows its checker catching them.
+//!   fallback's allowance; this side of incarnation fencing and of the
+//!   epoch) so the simulation shows its checker catching them.
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 

@@ -21,6 +21,16 @@ pub enum Mutation {
     /// `fallback.rs`: the local fail mode admits without charging its
     /// bucket (its allowance ignored).
     FallbackAllowanceIgnored,
+    /// `global/share_sync.rs`: the agent's half of incarnation fencing is
+    /// gone: a share reply of another incarnation is applied as one of its
+    /// own. The allocator's half is the allocator's `NoIncarnationFencing`;
+    /// the simulation switches both together.
+    NoIncarnationFencing,
+    /// `global/chunk.rs`, `global/share_sync.rs`: the agent's half of the
+    /// epoch: a chunk answer or share reply below the highest epoch seen is
+    /// taken. The allocator's half is the allocator's `NoEpochCheck`; the
+    /// simulation switches both together.
+    NoEpochCheck,
 }
 
 thread_local! {

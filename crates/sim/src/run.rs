@@ -882,6 +882,16 @@ fn mutations(
         Some(Mutation::FallbackAllowanceIgnored) => {
             (None, Some(agent::Mutation::FallbackAllowanceIgnored))
         }
+        // The mechanism is two checks, one on each side; the switch removes
+        // both.
+        Some(Mutation::NoIncarnationFencing) => (
+            Some(allocator::Mutation::NoIncarnationFencing),
+            Some(agent::Mutation::NoIncarnationFencing),
+        ),
+        Some(Mutation::NoEpochCheck) => (
+            Some(allocator::Mutation::NoEpochCheck),
+            Some(agent::Mutation::NoEpochCheck),
+        ),
     };
     (allocator::scoped(on_allocator), agent::scoped(on_agent))
 }

@@ -73,6 +73,15 @@ pub enum Mutation {
     BlocksNotCounted,
     /// Agent: the local fail mode admits without its bucket.
     FallbackAllowanceIgnored,
+    /// Allocator and agent: incarnation fencing end to end — the
+    /// allocator serves a reclaimed member's old incarnation and its reclaim
+    /// leaves the share version where it was; the agent applies a reply of
+    /// another incarnation.
+    NoIncarnationFencing,
+    /// Allocator and agent: the epoch end to end — a leader whose write is
+    /// not confirmed answers from its own state under its own term; the
+    /// agent takes an answer below the highest epoch it saw.
+    NoEpochCheck,
 }
 
 fn default_sample_ms() -> u64 {

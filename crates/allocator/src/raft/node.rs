@@ -561,7 +561,44 @@ impl Node {
                 return Ok(committed);
             }
         }
+        if crate::sim_mutation::active(crate::sim_mutation::Mutation::NoEpochCheck) {
+            return self.answer_uncommitted(command, stamped_time_ms).await;
+        }
         self.enqueue(command, stamped_time_ms).await
+    }
+
+    /// The simulation's `NoEpochCheck` mutation: a Grant, Rebalance or
+    /// AckShare whose write is not confirmed is answered with what applying
+    /// it to this node's state would give, under this node's term — a
+    /// deposed leader hands out room from its stale state.
+    async fn answer_uncommitted(
+        &self,
+        command: Command,
+        stamped_time_ms: u64,
+    ) -> Result<Committed, ProposeError> {
+        let answers = matches!(
+            command,
+            Command::Grant { .. } | Command::Rebalance { .. } | Command::AckShare { .. }
+        );
+        let term = self.inner.raft.metrics().borrow().current_term;
+        let speculative = answers.then(|| {
+            self.inner.state.read(|state| {
+                let mut machine = state.machine.clone();
+                let entry = crate::command::StampedCommand {
+                    epoch: term,
+                    stamped_time_ms,
+                    command: command.clone(),
+                };
+                let log_index = state.last_applied.map_or(0, |log_id| log_id.index);
+                machine
+                    .apply(&entry)
+                    .map(|reply| Committed { reply, log_index })
+            })
+        });
+        match (self.enqueue(command, stamped_time_ms).await, speculative) {
+            (Err(ProposeError::Unconfirmed(_)), Some(Ok(committed))) => Ok(committed),
+            (result, _) => result,
+        }
     }
 
     /// `Machine::validate_at` of `command` at the stamp; a refusal found in

@@ -234,16 +234,23 @@ impl ShareSync {
         sent_at_ms: u64,
         now_ms: u64,
     ) -> ShareOutcome {
-        if reply.epoch < self.highest_epoch {
+        // The simulation's `NoEpochCheck` mutation takes a lower epoch.
+        if reply.epoch < self.highest_epoch
+            && !crate::sim_mutation::active(crate::sim_mutation::Mutation::NoEpochCheck)
+        {
             return ShareOutcome::Dropped(DropReason::StaleEpoch);
         }
         if self.fenced {
             return ShareOutcome::Dropped(DropReason::Fenced);
         }
-        if reply.incarnation != self.incarnation {
+        // The simulation's `NoIncarnationFencing` mutation applies a reply
+        // of another incarnation as one of ours.
+        if reply.incarnation != self.incarnation
+            && !crate::sim_mutation::active(crate::sim_mutation::Mutation::NoIncarnationFencing)
+        {
             return ShareOutcome::Dropped(DropReason::WrongIncarnation);
         }
-        self.highest_epoch = reply.epoch;
+        self.highest_epoch = self.highest_epoch.max(reply.epoch);
         let sent_at_ms = sent_at_ms.min(now_ms);
         self.last_acked_sent_ms = Some(
             self.last_acked_sent_ms
