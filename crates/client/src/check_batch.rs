@@ -14,21 +14,22 @@
 //!   gave up before it was sent is not sent;
 //! - a batch carries at most `batch_max` Checks (≤ the agent's 256).
 //!
-//! An agent that predates `CheckBatch` answers UNIMPLEMENTED: from then on
-//! this limiter sends plain Checks (each with its own deadline).
+//! An agent that predates `CheckBatch` answers UNIMPLEMENTED: that batch is
+//! sent again as plain Checks, and so is every later one. Until the agent
+//! has answered one CheckBatch, a batch keeps a copy of its requests for
+//! that resend; once it has, requests are moved, never copied.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_proto::agent::v1::{check_result, CheckBatchRequest, CheckRequest, Decision};
+use leasehold_proto::agent::v1::{
+    check_result, CheckBatchRequest, CheckRequest, Decision, MAX_CHECKS_PER_BATCH,
+};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
-
-/// Most Checks the agent takes in one CheckBatch.
-pub const AGENT_BATCH_MAX: usize = 256;
 
 /// How the limiter batches its Checks (see [`crate::LimiterConfig`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,11 +49,36 @@ struct Pending {
     answer: oneshot::Sender<Result<Decision, Status>>,
 }
 
-/// What the caller's Check became: sent alone or through the queue.
+/// Why a Check got no decision.
+#[derive(Debug)]
+pub(crate) enum CheckFailed {
+    /// The queue held `queue_max` Checks: refused unsent.
+    QueueFull { queue_max: usize },
+    /// Sent (or its caller's deadline passed); the agent's status.
+    Status(Status),
+}
+
+impl From<CheckFailed> for Status {
+    fn from(failed: CheckFailed) -> Self {
+        match failed {
+            CheckFailed::QueueFull { queue_max } => Status::resource_exhausted(format!(
+                "check queue full: {queue_max} Checks wait to be sent"
+            )),
+            CheckFailed::Status(status) => status,
+        }
+    }
+}
+
+/// Sends a limiter's Checks: alone when nothing is in flight, else together.
 pub(crate) struct CheckBatcher {
     queue: mpsc::Sender<Pending>,
     queue_max: usize,
 }
+
+/// What this limiter knows of its agent's CheckBatch.
+const AGENT_UNKNOWN: u8 = 0;
+const AGENT_BATCHES: u8 = 1;
+const AGENT_UNBATCHED: u8 = 2;
 
 impl CheckBatcher {
     /// Starts the dispatcher task; it ends when the batcher is dropped.
@@ -71,7 +97,7 @@ impl CheckBatcher {
         &self,
         request: CheckRequest,
         deadline_at: Instant,
-    ) -> Result<Decision, Status> {
+    ) -> Result<Decision, CheckFailed> {
         let (answer, answered) = oneshot::channel();
         let pending = Pending {
             request,
@@ -79,21 +105,19 @@ impl CheckBatcher {
             answer,
         };
         self.queue.try_send(pending).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Status::resource_exhausted(format!(
-                "check queue full: {} Checks wait to be sent",
-                self.queue_max
-            )),
-            mpsc::error::TrySendError::Closed(_) => Status::unavailable("check dispatcher stopped"),
+            mpsc::error::TrySendError::Full(_) => CheckFailed::QueueFull {
+                queue_max: self.queue_max,
+            },
+            mpsc::error::TrySendError::Closed(_) => {
+                CheckFailed::Status(Status::unavailable("check dispatcher stopped"))
+            }
         })?;
-        match tokio::time::timeout_at(deadline_at, answered).await {
+        let answer = match tokio::time::timeout_at(deadline_at, answered).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(Status::unavailable("check batch dropped")),
             Err(_) => Err(Status::deadline_exceeded("agent deadline passed")),
-        }
-    }
-
-    pub(crate) fn is_full(error: &Status) -> bool {
-        error.code() == Code::ResourceExhausted && error.message().starts_with("check queue full")
+        };
+        answer.map_err(CheckFailed::Status)
     }
 }
 
@@ -104,8 +128,12 @@ async fn dispatch(
     settings: BatchSettings,
 ) {
     let slots = Arc::new(Semaphore::new(settings.batches_in_flight.max(1)));
-    let unbatched = Arc::new(AtomicBool::new(settings.batch_max <= 1));
-    let batch_max = settings.batch_max.clamp(1, AGENT_BATCH_MAX);
+    let agent = Arc::new(AtomicU8::new(if settings.batch_max <= 1 {
+        AGENT_UNBATCHED
+    } else {
+        AGENT_UNKNOWN
+    }));
+    let batch_max = settings.batch_max.clamp(1, MAX_CHECKS_PER_BATCH);
     loop {
         // A free slot first: while none is, Checks stay in the bounded
         // queue (so `queue_max` is exact). The semaphore is never closed.
@@ -129,17 +157,18 @@ async fn dispatch(
             continue;
         }
         let client = client.clone();
-        let unbatched = Arc::clone(&unbatched);
+        let agent = Arc::clone(&agent);
         tokio::spawn(async move {
-            send(client, batch, &unbatched).await;
+            send(client, batch, &agent).await;
             drop(slot);
         });
     }
 }
 
-async fn send(mut client: AgentClient<Channel>, batch: Vec<Pending>, unbatched: &AtomicBool) {
+async fn send(mut client: AgentClient<Channel>, mut batch: Vec<Pending>, agent: &AtomicU8) {
+    let known = agent.load(Ordering::Relaxed);
     // A batch of one goes as a plain Check: the same cost on the wire.
-    if unbatched.load(Ordering::Relaxed) || batch.len() == 1 {
+    if known == AGENT_UNBATCHED || batch.len() == 1 {
         send_each(client, batch).await;
         return;
     }
@@ -150,20 +179,37 @@ async fn send(mut client: AgentClient<Channel>, batch: Vec<Pending>, unbatched: 
         .map(|p| p.deadline_at)
         .max()
         .unwrap_or_else(Instant::now);
-    let mut request = tonic::Request::new(CheckBatchRequest {
-        checks: batch.iter().map(|p| p.request.clone()).collect(),
-    });
+    // Copied only while a fallback to plain Checks may still be needed.
+    let checks = if known == AGENT_BATCHES {
+        batch
+            .iter_mut()
+            .map(|p| std::mem::take(&mut p.request))
+            .collect()
+    } else {
+        batch.iter().map(|p| p.request.clone()).collect()
+    };
+    let mut request = tonic::Request::new(CheckBatchRequest { checks });
     request.set_timeout(latest.saturating_duration_since(Instant::now()));
     let answer = tokio::time::timeout_at(latest, client.check_batch(request)).await;
     let results = match answer {
-        Ok(Ok(response)) => response.into_inner().results,
-        Ok(Err(status)) if status.code() == Code::Unimplemented => {
+        Ok(Ok(response)) => {
+            agent.store(AGENT_BATCHES, Ordering::Relaxed);
+            response.into_inner().results
+        }
+        Ok(Err(status)) if status.code() == Code::Unimplemented && known == AGENT_UNKNOWN => {
             tracing::info!("agent has no CheckBatch: sending plain Checks");
-            unbatched.store(true, Ordering::Relaxed);
+            agent.store(AGENT_UNBATCHED, Ordering::Relaxed);
             send_each(client, batch).await;
             return;
         }
-        Ok(Err(status)) => return answer_all(batch, status.code(), status.message()),
+        Ok(Err(status)) => {
+            // An agent replaced by one without CheckBatch: this batch's
+            // requests were moved, so it fails; the next batch probes again.
+            if status.code() == Code::Unimplemented {
+                agent.store(AGENT_UNKNOWN, Ordering::Relaxed);
+            }
+            return answer_all(batch, status.code(), status.message());
+        }
         Err(_) => return answer_all(batch, Code::DeadlineExceeded, "agent deadline passed"),
     };
     if results.len() != batch.len() {

@@ -3,10 +3,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::check_batch::{BatchSettings, AGENT_BATCH_MAX};
+use crate::check_batch::BatchSettings;
 use crate::clock::{Clock, MonotonicClock};
 use crate::fail_mode::{FailMode, LOCAL_FALLBACK_KEYS_MAX};
 use crate::negative_cache::NEGATIVE_CACHE_ENTRIES_MAX;
+use leasehold_proto::agent::v1::MAX_CHECKS_PER_BATCH;
 
 /// Default deadline on every agent call.
 pub const AGENT_DEADLINE_MS: u64 = 25;
@@ -136,7 +137,7 @@ impl LimiterConfig {
         if !(1..=SHARDS_MAX).contains(&self.shards) {
             return Err(ConfigError::Shards(self.shards));
         }
-        if !(1..=AGENT_BATCH_MAX).contains(&self.check_batch_max) {
+        if !(1..=MAX_CHECKS_PER_BATCH).contains(&self.check_batch_max) {
             return Err(ConfigError::CheckBatchMax(self.check_batch_max));
         }
         let at_least_one = [

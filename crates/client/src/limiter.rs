@@ -79,7 +79,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::block::{BlockAction, BlockState, Draws, LeaseAnswer, SpendOutcome};
-use crate::check_batch::CheckBatcher;
+use crate::check_batch::{CheckBatcher, CheckFailed};
 use crate::clock::Clock;
 use crate::config::{ConfigError, LimiterConfig};
 use crate::fail_mode::{FailCounts, FailSafe};
@@ -1101,16 +1101,19 @@ impl Admission<'_> {
             cost: self.cost,
             policy_version_seen: self.shared.policy_version_seen.load(Ordering::Relaxed),
         };
-        let answer = self.shared.checks.check(request, self.deadline_at).await;
-        if let Err(status) = &answer {
-            if CheckBatcher::is_full(status) {
-                self.shared
-                    .stats
-                    .check_queue_full
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        answer
+        self.shared
+            .checks
+            .check(request, self.deadline_at)
+            .await
+            .map_err(|failed| {
+                if let CheckFailed::QueueFull { .. } = failed {
+                    self.shared
+                        .stats
+                        .check_queue_full
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                tonic::Status::from(failed)
+            })
     }
 
     fn after_check_error(&self, status: &tonic::Status) -> Decision {

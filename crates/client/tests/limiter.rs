@@ -756,7 +756,9 @@ async fn a_full_check_queue_refuses_at_once_and_the_fail_mode_decides() {
         endpoint,
         LimiterConfig {
             check_queue_max: 1,
-            ..batching_config(300)
+            // Long enough that `held` is surely sent before its caller gives
+            // up, even on a loaded machine; the test waits it out twice.
+            ..batching_config(2_000)
         },
     )
     .unwrap();
@@ -814,4 +816,47 @@ fn a_batch_bound_outside_the_agents_is_refused() {
             Err(leasehold_client::ConfigError::CheckBatchMax(bad))
         );
     }
+}
+
+#[tokio::test]
+async fn an_agent_without_check_batch_gets_plain_checks_and_every_caller_an_answer() {
+    let agent = allowing_agent();
+    agent
+        .calls
+        .without_check_batch
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let endpoint = agent.serve().await;
+    let limiter = Limiter::connect_lazy(endpoint, batching_config(5_000)).unwrap();
+    bounded(limiter.admit(AdmitRequest::new(target("warm"), 1))).await;
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let id = format!("old-{i}");
+                let request = AdmitRequest::new(target(&format!("U-{i}")), 1).with_request_id(&id);
+                (id, limiter.admit(request).await)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (id, decision) = bounded(task).await.unwrap();
+        assert!(decision.allowed, "{decision:?}");
+        assert!(
+            !decision.fallback,
+            "answered by the agent, not the fail mode"
+        );
+        assert_eq!(decision.decision_id, id);
+    }
+    let calls = &agent.calls;
+    let batches = calls
+        .check_batches
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(batches, 1, "refused once, then never asked again");
+    assert_eq!(
+        calls
+            .batched_checks
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    assert_eq!(limiter.stats().check_failures, 0);
 }

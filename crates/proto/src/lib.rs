@@ -15,6 +15,10 @@
 pub mod agent {
     pub mod v1 {
         tonic::include_proto!("leasehold.agent.v1");
+
+        /// Most Checks in one `CheckBatch` call (the agent refuses more; the
+        /// client library never sends more).
+        pub const MAX_CHECKS_PER_BATCH: usize = 256;
     }
 }
 

@@ -17,10 +17,6 @@ use leasehold_tls::authz::{Call, Method};
 use leasehold_tls::gate::{audit_admin, Gate};
 use leasehold_tls::Identity;
 
-/// Most Checks in one CheckBatch: a bound on the work one call can ask for
-/// (and on the reply's size); more is INVALID_ARGUMENT `checks`.
-pub const MAX_CHECKS_PER_BATCH: usize = 256;
-
 pub struct AgentService {
     decider: Arc<Decider>,
     gate: Gate,
@@ -89,10 +85,12 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
         self.allow(&request, Method::CheckBatch)?;
         let checks = request.into_inner().checks;
-        if checks.is_empty() || checks.len() > MAX_CHECKS_PER_BATCH {
+        // A bound on the work one call asks for (and on the reply's size).
+        if checks.is_empty() || checks.len() > pb::MAX_CHECKS_PER_BATCH {
             return Err(Status::invalid_argument(format!(
-                "invalid field checks: {} checks, expected 1..={MAX_CHECKS_PER_BATCH}",
-                checks.len()
+                "invalid field checks: {} checks, expected 1..={}",
+                checks.len(),
+                pb::MAX_CHECKS_PER_BATCH
             )));
         }
         // One task, every Check in flight at once: their store calls meet

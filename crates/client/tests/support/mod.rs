@@ -67,6 +67,8 @@ pub struct Calls {
     pub check_batches: AtomicU64,
     /// Checks that came inside a CheckBatch.
     pub batched_checks: AtomicU64,
+    /// When set, CheckBatch answers UNIMPLEMENTED (an agent that predates it).
+    pub without_check_batch: std::sync::atomic::AtomicBool,
     pub lease_blocks: AtomicU64,
     pub granted_tokens: AtomicU64,
     pub return_blocks: AtomicU64,
@@ -216,6 +218,9 @@ impl Agent for FakeAgent {
         request: Request<CheckBatchRequest>,
     ) -> Result<Response<CheckBatchResponse>, Status> {
         self.calls.check_batches.fetch_add(1, Ordering::SeqCst);
+        if self.calls.without_check_batch.load(Ordering::SeqCst) {
+            return Err(Status::unimplemented("CheckBatch"));
+        }
         let mut results = Vec::new();
         for check in request.into_inner().checks {
             self.calls.batched_checks.fetch_add(1, Ordering::SeqCst);
