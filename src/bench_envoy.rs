@@ -16,8 +16,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::server::{self, RatelimitSpec};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::testing::RedisServer;
 use tonic::transport::Channel;
 

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use leasehold_region_agent::coalesce::{CoalesceConfig, CoalescingStore};
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
-use leasehold_region_agent::script::{multi_decision_call, ScriptCall, ScriptKind};
+use leasehold_region_agent::store::coalesce::{CoalesceConfig, CoalescingStore};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::script::{multi_decision_call, ScriptCall, ScriptKind};
 use leasehold_region_agent::store::BucketStore;
 use leasehold_region_agent::testing::RedisServer;
 
@@ -190,7 +190,7 @@ pub async fn run(args: StoreBench) -> anyhow::Result<()> {
         args.baseline_requests * 4,
     )?);
     let coalescing: Arc<dyn BucketStore> = Arc::new(CoalescingStore::new(
-        Arc::clone(&store),
+        store.clone(),
         CoalesceConfig::default(),
     ));
     let plain: Arc<dyn BucketStore> = store.clone();

@@ -12,8 +12,8 @@ use common::{check, spec_on, target, PEPPER};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_region_agent::key::{KeyBuilder, RuleId, Tenant};
-use leasehold_region_agent::memory::{Clock, MemoryStore, SystemClock};
 use leasehold_region_agent::server::{self, RunningAgent};
+use leasehold_region_agent::store::memory::{Clock, MemoryStore, SystemClock};
 use leasehold_region_agent::testing::RedisServer;
 use tonic::transport::Channel;
 
@@ -88,11 +88,11 @@ impl Agent {
         let (backend, store): (Backend, Arc<dyn leasehold_region_agent::store::BucketStore>) =
             if on_redis {
                 let redis = RedisServer::start().expect("redis-server");
-                let store = leasehold_region_agent::redis_store::RedisStore::new(
-                    leasehold_region_agent::redis_store::RedisStoreConfig {
+                let store = leasehold_region_agent::store::redis::RedisStore::new(
+                    leasehold_region_agent::store::redis::RedisStoreConfig {
                         call_deadline: common::PATIENT_DEADLINE,
                         connect_timeout: common::PATIENT_DEADLINE,
-                        ..leasehold_region_agent::redis_store::RedisStoreConfig::new(redis.url())
+                        ..leasehold_region_agent::store::redis::RedisStoreConfig::new(redis.url())
                     },
                 )
                 .unwrap();

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use common::{check, target, PATIENT_DEADLINE};
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
-use leasehold_region_agent::script::{ScriptCall, ScriptKind};
 use leasehold_region_agent::server;
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::script::{ScriptCall, ScriptKind};
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult};
 use leasehold_region_agent::testing::RedisServer;
 

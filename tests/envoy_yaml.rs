@@ -23,11 +23,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use leasehold_region_agent::memory::{Clock, MemoryStore};
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::rls::answer::Headers;
 use leasehold_region_agent::rls_engine::RlsOptions;
 use leasehold_region_agent::server::{self, AgentSpec, RatelimitSpec, RunningAgent};
+use leasehold_region_agent::store::memory::{Clock, MemoryStore};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::store::BucketStore;
 use leasehold_region_agent::testing::RedisServer;
 use tonic::transport::Channel;
@@ -780,7 +780,7 @@ impl BucketStore for CountingStore {
 
     fn run_batch<'a>(
         &'a self,
-        calls: &'a [leasehold_region_agent::script::ScriptCall],
+        calls: &'a [leasehold_region_agent::store::script::ScriptCall],
     ) -> leasehold_region_agent::store::BoxFuture<'a, Vec<leasehold_region_agent::store::CallResult>>
     {
         self.batches.fetch_add(1, Ordering::SeqCst);

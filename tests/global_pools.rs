@@ -25,10 +25,10 @@ use leasehold_region_agent::decide::Decider;
 use leasehold_region_agent::global::room::PoolView;
 use leasehold_region_agent::global::settings::{GlobalPoolSettings, GlobalSettings};
 use leasehold_region_agent::key::KeyBuilder;
-use leasehold_region_agent::memory::SystemClock;
 use leasehold_region_agent::policy;
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
+use leasehold_region_agent::store::memory::SystemClock;
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::testing::RedisServer;
 
 /// L of every rate pool here: 10,000 tokens per second.

@@ -1,7 +1,7 @@
 //! Argument validation shared by every script's Rust twin; mirrors
 //! `lh_int` in `lua/prelude.lua` character for character.
 
-use crate::script::ScriptError;
+use crate::store::script::ScriptError;
 
 /// 2^40: the largest count, rate, period, cost or TTL an argument may carry.
 pub const MAX_ARG: u64 = 1 << 40;

@@ -18,10 +18,10 @@ use leasehold_config_text::{Lines, Node};
 use leasehold_logging::{quote, quote_with};
 use serde::Deserialize;
 
-use crate::breaker::BreakerConfig;
 use crate::fallback::DEFAULT_MAX_KEYS;
 use crate::global::settings::{GlobalSettings, GLOBAL_BOUNDS};
-use crate::redis_auth::RedisAuthSettings;
+use crate::store::auth::RedisAuthSettings;
+use crate::store::breaker::BreakerConfig;
 
 /// Cap on `store.max_in_flight`.
 pub const MAX_IN_FLIGHT: u64 = 1_000_000;
@@ -51,7 +51,7 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new(
         "store.max_batch",
         1,
-        crate::script::MULTI_DECISION_MAX_CALLS as u64,
+        crate::store::script::MULTI_DECISION_MAX_CALLS as u64,
     ),
     Bound::new("store.max_wait_us", 0, MAX_COALESCE_WAIT_US),
     Bound::new("store.max_queue", 1, MAX_IN_FLIGHT),
@@ -152,10 +152,10 @@ pub struct StoreSettings {
     pub breaker_open_ms: u64,
     /// Keys the in-memory store (no `redis_url`) holds at most; at the cap
     /// a call that would add one is refused as a store error (fail modes
-    /// apply). See [`crate::memory`].
+    /// apply). See [`crate::store::memory`].
     pub memory_max_keys: usize,
     /// Gather concurrent Redis calls into multi_decision calls (see
-    /// [`crate::coalesce`]); only with `redis_url`.
+    /// [`crate::store::coalesce`]); only with `redis_url`.
     pub coalesce: bool,
     /// Most calls in one multi_decision call.
     pub max_batch: usize,
@@ -173,11 +173,11 @@ impl Default for StoreSettings {
             max_in_flight: 4_096,
             breaker_failures: 5,
             breaker_open_ms: 1_000,
-            memory_max_keys: crate::memory::DEFAULT_MAX_KEYS,
+            memory_max_keys: crate::store::memory::DEFAULT_MAX_KEYS,
             coalesce: true,
-            max_batch: crate::coalesce::DEFAULT_MAX_BATCH,
-            max_wait_us: crate::coalesce::DEFAULT_MAX_WAIT_US,
-            max_queue: crate::coalesce::DEFAULT_MAX_QUEUE,
+            max_batch: crate::store::coalesce::DEFAULT_MAX_BATCH,
+            max_wait_us: crate::store::coalesce::DEFAULT_MAX_WAIT_US,
+            max_queue: crate::store::coalesce::DEFAULT_MAX_QUEUE,
         }
     }
 }
@@ -214,13 +214,14 @@ impl StoreSettings {
     }
 
     /// The coalescer's tuning, or None when `coalesce = false`.
-    pub fn coalesce_config(&self) -> Option<crate::coalesce::CoalesceConfig> {
-        self.coalesce.then(|| crate::coalesce::CoalesceConfig {
-            max_batch: self.max_batch,
-            max_wait: Duration::from_micros(self.max_wait_us),
-            max_queue: self.max_queue,
-            ..crate::coalesce::CoalesceConfig::default()
-        })
+    pub fn coalesce_config(&self) -> Option<crate::store::coalesce::CoalesceConfig> {
+        self.coalesce
+            .then(|| crate::store::coalesce::CoalesceConfig {
+                max_batch: self.max_batch,
+                max_wait: Duration::from_micros(self.max_wait_us),
+                max_queue: self.max_queue,
+                ..crate::store::coalesce::CoalesceConfig::default()
+            })
     }
 }
 
@@ -610,7 +611,10 @@ policy_file = "policy.toml"
         assert_eq!(c.fallback.max_keys, DEFAULT_MAX_KEYS);
         assert!(c.redis_url.is_none());
         assert_eq!(c.file, "eu.toml");
-        assert_eq!(c.store.memory_max_keys, crate::memory::DEFAULT_MAX_KEYS);
+        assert_eq!(
+            c.store.memory_max_keys,
+            crate::store::memory::DEFAULT_MAX_KEYS
+        );
         assert_eq!(c.limits, GrpcLimits::default());
         assert_eq!(c.http_limits, HttpLimits::default());
     }
@@ -643,7 +647,7 @@ policy_file = "policy.toml"
     fn coalescing_is_on_by_default_and_its_settings_are_read() {
         let c = AgentConfig::parse("eu.toml", GOOD).unwrap();
         let on = c.store.coalesce_config().expect("on by default");
-        assert_eq!(on, crate::coalesce::CoalesceConfig::default());
+        assert_eq!(on, crate::store::coalesce::CoalesceConfig::default());
         let text = format!(
             "{GOOD}[store]\ncoalesce = true\nmax_batch = 16\nmax_wait_us = 0\nmax_queue = 100\n"
         );

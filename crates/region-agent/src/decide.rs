@@ -37,13 +37,13 @@ use crate::algorithm::multi_rule::MAX_RULES;
 use crate::fallback::{LocalCharge, LocalFallback};
 use crate::global::room::{GlobalRoom, HeldChunk, Room};
 use crate::key::{KeyBuilder, Tenant};
-use crate::memory::Clock;
 use crate::metrics::AgentMetrics;
 use crate::policy::{
     Algorithm, Bundle, FailMode, PolicyHolder, RequestView, Resolved, Rule, Scope,
 };
 use crate::request::{self, InvalidField, RequestTarget};
-use crate::script::{reply, ScriptCall, ScriptError, ScriptKind, ScriptReply};
+use crate::store::memory::Clock;
+use crate::store::script::{reply, ScriptCall, ScriptError, ScriptKind, ScriptReply};
 use crate::store::{BucketStore, CallResult, NotSent, StoreError};
 
 /// The decision path's store warnings: one line per kind of store error
@@ -61,6 +61,8 @@ pub(crate) fn store_cause(error: &StoreError) -> &'static str {
         StoreError::NotSent(NotSent::KeyCapReached { .. }) => "store.key_cap",
         StoreError::NotSent(NotSent::QueueFull { .. }) => "store.queue_full",
         StoreError::NotSent(NotSent::QueuedPastDeadline) => "store.queue_deadline",
+        StoreError::NotSent(NotSent::Cluster(_)) => "store.cluster_redirect",
+        StoreError::NotSent(NotSent::ScriptMissing) => "store.script_missing",
         StoreError::Script(_) => "store.script",
         StoreError::Ambiguous(_) => "store.ambiguous",
     }

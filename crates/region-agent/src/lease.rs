@@ -15,7 +15,7 @@ use crate::decide::{refused_field, resolve, store_cause, Decider, MILLI, NO_ROOM
 use crate::fallback::LocalCharge;
 use crate::policy::{FailMode, Rule};
 use crate::request::{self, InvalidField, RequestTarget};
-use crate::script::{reply, ScriptCall, ScriptKind};
+use crate::store::script::{reply, ScriptCall, ScriptKind};
 use crate::store::StoreError;
 
 /// How long a gateway may spend a block after it was granted.

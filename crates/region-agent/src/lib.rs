@@ -6,17 +6,20 @@
 //! the allocator hands the agent its room.
 //!
 //! Map:
-//! - [`script`]: the scripts in `lua/`, one call's shape, script errors.
+//! - [`store`]: everything that reaches Redis or its twin: the batch-first
+//!   `BucketStore` trait and its typed outcomes; [`store::script`] (the
+//!   scripts in `lua/`, one call's shape, script errors); [`store::memory`]
+//!   (`MemoryStore`, the twin store: embedded default, simulation,
+//!   fallback) over [`store::keyspace`]; [`store::redis`] (`RedisStore`:
+//!   pipelined EVALSHA, deadline, in-flight cap, breaker) and
+//!   [`store::cluster`] (a Redis Cluster: calls routed by slot, per-shard
+//!   stores in parallel, redirects followed); [`store::coalesce`]
+//!   (concurrent calls gathered into multi_decision calls);
+//!   [`store::breaker`] (pure circuit breaker); [`store::auth`] (ACL user,
+//!   password file, TLS).
 //! - [`args`]: argument validation, the twin of `lua/prelude.lua`.
 //! - [`algorithm`]: each script's exact Rust twin (pure integer math).
 //! - [`key`]: the key model: hash tags, HMAC'd principals, id checks.
-//! - [`keyspace`]: the in-memory keys those twins read and write.
-//! - [`store`]: the batch-first `BucketStore` trait and its typed outcomes.
-//! - [`memory`]: `MemoryStore`, the twin store (embedded default, simulation, fallback).
-//! - [`redis_store`]: `RedisStore`: pipelined EVALSHA, deadline, in-flight cap, breaker.
-//! - [`coalesce`]: `CoalescingStore`: concurrent calls gathered into multi_decision
-//!   calls in front of `RedisStore` ([`coalesce::gather`]: the pure decisions).
-//! - [`breaker`]: the circuit breaker (pure state machine).
 //! - [`policy`]: versioned, checksummed policy bundles: parse, validate, resolve, hot reload.
 //! - [`request`]: validation of what gateways send (INVALID_ARGUMENT naming the field).
 //! - [`decide`]: the Check path: rules → keys → one multi_rule call → decision; fail modes.
@@ -37,8 +40,6 @@
 
 pub mod algorithm;
 pub mod args;
-pub mod breaker;
-pub mod coalesce;
 pub mod config;
 pub mod decide;
 pub mod envoy;
@@ -48,18 +49,13 @@ pub mod envoy_target;
 pub mod fallback;
 pub mod global;
 pub mod key;
-pub mod keyspace;
 pub mod lease;
-pub mod memory;
 pub mod metrics;
 pub mod policy;
-pub mod redis_auth;
-pub mod redis_store;
 pub mod request;
 pub mod rls;
 pub mod rls_engine;
 pub mod rls_ext;
-pub mod script;
 pub mod server;
 pub mod service;
 pub mod sim_mutation;

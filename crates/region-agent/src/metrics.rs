@@ -49,6 +49,11 @@ pub struct AgentMetrics {
     pub store_batch_calls: prometheus::Histogram,
     /// Requests the coalescer refused because its queue was full.
     pub store_queue_refusals: prometheus::IntCounter,
+    /// Redis Cluster refusals followed, by kind: moved | ask | tryagain |
+    /// clusterdown | readonly | masterdown | crossslot.
+    pub store_cluster_redirects: IntCounterVec,
+    /// `CLUSTER SLOTS` refreshes by outcome: ok | failed.
+    pub store_cluster_refreshes: IntCounterVec,
     pub invalid_requests: IntCounterVec,
     /// Per global pool: the rate the Region enforces (rate pools) or the
     /// tokens its chunks still hold (window pools), and its mode.
@@ -103,6 +108,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_local_fallback_keys",
     "leasehold_store_batch_calls",
     "leasehold_store_queue_refusals_total",
+    "leasehold_store_cluster_redirects_total",
+    "leasehold_store_cluster_refreshes_total",
     "leasehold_invalid_requests_total",
     "leasehold_global_room_millitokens",
     "leasehold_global_mode",
@@ -170,6 +177,20 @@ impl AgentMetrics {
         let store_queue_refusals = prometheus::IntCounter::new(
             "store_queue_refusals_total",
             "Store requests refused because the coalescing queue was full",
+        )?;
+        let store_cluster_redirects = IntCounterVec::new(
+            Opts::new(
+                "store_cluster_redirects_total",
+                "Redis Cluster refusals (the call did not run) followed, by kind",
+            ),
+            &["kind"],
+        )?;
+        let store_cluster_refreshes = IntCounterVec::new(
+            Opts::new(
+                "store_cluster_refreshes_total",
+                "Redis Cluster slot map refreshes by outcome",
+            ),
+            &["outcome"],
         )?;
         let invalid_requests = IntCounterVec::new(
             Opts::new(
@@ -266,6 +287,8 @@ impl AgentMetrics {
         registry.register(Box::new(local_fallback_keys.clone()))?;
         registry.register(Box::new(store_batch_calls.clone()))?;
         registry.register(Box::new(store_queue_refusals.clone()))?;
+        registry.register(Box::new(store_cluster_redirects.clone()))?;
+        registry.register(Box::new(store_cluster_refreshes.clone()))?;
         registry.register(Box::new(invalid_requests.clone()))?;
         Ok(AgentMetrics {
             registry,
@@ -279,6 +302,8 @@ impl AgentMetrics {
             local_fallback_keys,
             store_batch_calls,
             store_queue_refusals,
+            store_cluster_redirects,
+            store_cluster_refreshes,
             invalid_requests,
             global_room,
             global_mode,

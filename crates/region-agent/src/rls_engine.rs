@@ -35,7 +35,7 @@ use crate::rls::tree;
 use crate::rls::unit::Unit;
 use crate::rls::watch::RlsHolder;
 use crate::rls_ext::{self, ExtPlan, ExtRule, Pending};
-use crate::script::{reply, ScriptCall, ScriptKind};
+use crate::store::script::{reply, ScriptCall, ScriptKind};
 
 /// Slack past a pool bucket's full-refill time before it expires.
 pub const COUNTER_SLACK_MS: u64 = 60_000;
@@ -401,7 +401,7 @@ impl RlsEngine {
                         shadow_mode: count.shadow_mode,
                     }
                 }),
-                Err(error) => Err(crate::script::ScriptError::MalformedReply {
+                Err(error) => Err(crate::store::script::ScriptError::MalformedReply {
                     script: "store",
                     detail: error.to_string(),
                 }),

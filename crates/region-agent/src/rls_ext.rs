@@ -41,7 +41,7 @@ use crate::rls::config::{Extension, ExtensionFailMode};
 use crate::rls::extension::{self, Counter};
 use crate::rls::unit::Unit;
 use crate::rls_engine::{RlsError, COUNTER_SLACK_MS};
-use crate::script::{reply, ScriptCall, ScriptKind};
+use crate::store::script::{reply, ScriptCall, ScriptKind};
 use crate::store::CallResult;
 
 /// One line per kind of failure per interval (an outage must not log one
@@ -339,8 +339,8 @@ pub fn read(decider: &Decider, pending: Pending, result: CallResult) -> Result<O
 
 fn outcome_of(
     pending: &Pending,
-    r: &crate::script::ScriptReply,
-) -> Result<Outcome, crate::script::ScriptError> {
+    r: &crate::store::script::ScriptReply,
+) -> Result<Outcome, crate::store::script::ScriptError> {
     let (allowed, remaining_tokens, wait_ms) = match &pending.read {
         Read::Bucket { kind, params } => {
             let a = reply::admission(*kind, r)?;

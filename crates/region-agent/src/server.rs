@@ -24,7 +24,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::coalesce::CoalescingStore;
 use crate::config::{AgentConfig, HttpLimits, ListenerLimits, StoreSettings};
 use crate::decide::{Counters, Decider};
 use crate::envoy::{EnvoyRateLimitService, RateLimitServiceServer};
@@ -33,12 +32,13 @@ use crate::global::room::{GlobalRoom, PoolView};
 use crate::global::settings::GlobalSettings;
 use crate::global::sync::{GlobalSync, SyncError};
 use crate::key::{KeyBuilder, KeyError, MIN_PEPPER_LEN};
-use crate::memory::{Clock, MemoryStore, SystemClock};
 use crate::metrics::{breaker_gauge, AgentMetrics, AGENT_RPC_METHODS};
 use crate::policy::{self, Bundle, PolicyHolder};
-use crate::redis_store::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::rls_engine::RlsEngine;
 use crate::service::AgentService;
+use crate::store::coalesce::CoalescingStore;
+use crate::store::memory::{Clock, MemoryStore, SystemClock};
+use crate::store::redis::{RedisStore, RedisStoreConfig, RedisStoreError};
 use crate::store::BucketStore;
 use leasehold_tls::authz::Method;
 use leasehold_tls::gate::Gate;
@@ -538,11 +538,15 @@ pub fn http_router_limited(
             get(move || {
                 let d = for_http.clone();
                 async move {
-                    let state = d.store.breaker_state();
-                    d.metrics
-                        .breaker_state
-                        .with_label_values(&[d.store.name()])
-                        .set(breaker_gauge(state));
+                    // One series per shard (a cluster: per primary, named
+                    // by its first slot); stale shards of an old map go.
+                    d.metrics.breaker_state.reset();
+                    for shard in d.store.shard_breakers() {
+                        d.metrics
+                            .breaker_state
+                            .with_label_values(&[shard.shard.as_str()])
+                            .set(breaker_gauge(shard.state));
+                    }
                     d.metrics.local_fallback_keys.set(d.fallback.len() as i64);
                     // The installed version, even before its first decision.
                     d.metrics.set_policy_version(d.policy.current().version);

@@ -297,10 +297,15 @@ impl Decider {
             region: self.region.clone(),
             policy_version: bundle.version,
             policy_checksum: bundle.checksum.clone(),
-            breakers: vec![pb::BreakerStatus {
-                store: self.store.name().to_string(),
-                state: self.store.breaker_state().to_string(),
-            }],
+            breakers: self
+                .store
+                .shard_breakers()
+                .into_iter()
+                .map(|shard| pb::BreakerStatus {
+                    store: shard.shard,
+                    state: shard.state.to_string(),
+                })
+                .collect(),
             fallback_decisions: self.counters.fallback_decisions.load(Ordering::Relaxed),
             fail_open_decisions: self.counters.fail_open_decisions.load(Ordering::Relaxed),
             local_fallback_keys: self.fallback.len() as u64,

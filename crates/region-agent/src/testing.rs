@@ -5,6 +5,8 @@
 //! dir removed) on drop. Used by this crate's tests, the end-to-end tests and
 //! `leasehold bench`. Bounded: start waits at most [`START_TIMEOUT`].
 
+pub mod cluster;
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

@@ -5,8 +5,8 @@ mod common;
 
 use common::{assert_same_key, differential, Harness};
 use leasehold_region_agent::key::KeyBuilder;
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use proptest::prelude::*;
 
 /// 2^40, the largest granted amount, TTL or cost.
@@ -358,7 +358,7 @@ proptest! {
                 // counters it held just before the call and after it, at the
                 // call's own time.
                 let now = r[r.len() - 1];
-                let values = |mut space: leasehold_region_agent::keyspace::Keyspace| -> Vec<Option<String>> {
+                let values = |mut space: leasehold_region_agent::store::keyspace::Keyspace| -> Vec<Option<String>> {
                     keys.iter().map(|k| space.get(k, now).unwrap()).collect()
                 };
                 let (was, is) = (values(space_before), values(twin.with_keyspace(|k| k.clone())));

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_region_agent::coalesce::{CoalesceConfig, CoalescingStore};
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig, Topology};
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::coalesce::{CoalesceConfig, CoalescingStore};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig, Topology};
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use leasehold_region_agent::store::{BucketStore, NotSent, StoreError};
 use leasehold_region_agent::testing::RedisServer;
 

@@ -3,8 +3,8 @@
 mod common;
 
 use common::{differential, Harness};
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use proptest::prelude::*;
 
 const KEY: &str = "lh:v1:{t}:global-catalog:pool";

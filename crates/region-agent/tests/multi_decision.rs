@@ -4,10 +4,10 @@
 
 mod common;
 
+use common::calls::{multi_rule, sub, to_call, token_bucket};
 use common::Harness;
-use leasehold_region_agent::algorithm::multi_rule::request_digest;
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{
     multi_decision_call, ScriptCall, ScriptError, ScriptKind, MULTI_DECISION_MAX_CALLS,
 };
 use proptest::prelude::*;
@@ -17,12 +17,6 @@ type SubReply = Result<Vec<i64>, ScriptError>;
 /// Bucket hashes {tokens, ts}, shared by token_bucket, multi_rule,
 /// lease_block and give_back sub-calls.
 const BUCKETS: [&str; 3] = ["lh:v1:{t}:a:p", "lh:v1:{t}:b:p", "lh:v1:{t}:c:p"];
-const WINDOW_KEY: &str = "lh:v1:{t}:window:p";
-const GCRA_KEY: &str = "lh:v1:{t}:gcra:p";
-const SLOTS_KEY: &str = "lh:v1:{t}:slots:p";
-/// (capacity, refill, period_ms): slow enough that a case mostly drains.
-const RATE: (u64, u64, u64) = (10_000, 1_000, 1_000);
-const LONG_TTL_MS: u64 = 600_000;
 
 /// Runs a multi_decision call on Redis: the outer error (envelope refused)
 /// or each sub-call's reply, parsed here independently of the store.
@@ -95,62 +89,6 @@ fn differential_multi(
         assert!(nows.len() <= 1, "sub-calls at different times: {nows:?}");
     }
     from_redis
-}
-
-fn token_bucket(key: &str, cost: u64) -> ScriptCall {
-    ScriptCall::new(ScriptKind::TokenBucket)
-        .key(key)
-        .arg(RATE.0)
-        .arg(RATE.1)
-        .arg(RATE.2)
-        .arg(cost)
-        .arg(1_000)
-}
-
-/// A multi_rule call charging `costs` on `buckets`, with a decision record
-/// `decision` (None: no record).
-fn multi_rule(buckets: &[&str], costs: &[u64], decision: Option<u8>) -> ScriptCall {
-    let record = format!("lh:v1:{{t}}:decision:d{}", decision.unwrap_or(0));
-    let digest = request_digest(buckets.iter().copied().zip(costs.iter().copied()));
-    let ttl = if decision.is_some() { LONG_TTL_MS } else { 0 };
-    let mut call = ScriptCall::new(ScriptKind::MultiRule)
-        .key(record)
-        .arg(1_000)
-        .arg(ttl)
-        .arg(digest)
-        .arg(0);
-    for (key, cost) in buckets.iter().zip(costs) {
-        call = call.key(*key).arg(RATE.0).arg(RATE.1).arg(RATE.2).arg(cost);
-    }
-    call
-}
-
-fn lease_record(lease: u8) -> String {
-    format!("lh:v1:{{t}}:_lease:b:lease-{lease}")
-}
-
-fn lease_block(key: &str, lease: u8, block: u64) -> ScriptCall {
-    ScriptCall::new(ScriptKind::LeaseBlock)
-        .key(key)
-        .key(lease_record(lease))
-        .arg(RATE.0)
-        .arg(RATE.1)
-        .arg(RATE.2)
-        .arg(block)
-        .arg(4)
-        .arg(1_000)
-        .arg(LONG_TTL_MS)
-}
-
-fn give_back(key: &str, lease: u8, tokens: u64) -> ScriptCall {
-    ScriptCall::new(ScriptKind::GiveBack)
-        .key(key)
-        .key(lease_record(lease))
-        .arg(RATE.0)
-        .arg(RATE.1)
-        .arg(RATE.2)
-        .arg(tokens)
-        .arg(1_000)
 }
 
 fn hget_tokens(h: &mut Harness, key: &str) -> Option<String> {
@@ -272,113 +210,6 @@ fn a_raised_error_fails_only_its_own_sub_call() {
     assert_eq!(replies[2].as_ref().expect("third")[..2], [1, 9_000]);
 }
 
-#[derive(Debug, Clone)]
-enum Sub {
-    Bucket {
-        key: usize,
-        cost: u64,
-    },
-    Rules {
-        keys: Vec<usize>,
-        costs: Vec<u64>,
-        decision: Option<u8>,
-    },
-    Lease {
-        key: usize,
-        lease: u8,
-        block: u64,
-    },
-    GiveBack {
-        key: usize,
-        lease: u8,
-        tokens: u64,
-    },
-    Window {
-        cost: u64,
-    },
-    Gcra {
-        cost: u64,
-    },
-    Slot {
-        acquire: bool,
-        lease: u8,
-    },
-    Invalid {
-        key: usize,
-    },
-}
-
-fn sub() -> impl Strategy<Value = Sub> {
-    let cost = || prop::sample::select(vec![1u64, 500, 1_000, 3_000, 12_000]);
-    prop_oneof![
-        3 => (0..3usize, cost()).prop_map(|(key, cost)| Sub::Bucket { key, cost }),
-        4 => (prop::sample::subsequence(vec![0usize, 1, 2], 1..=3),
-              prop::collection::vec(cost(), 3),
-              prop::option::of(0u8..4))
-            .prop_map(|(keys, costs, decision)| Sub::Rules { keys, costs, decision }),
-        2 => (0..3usize, 0u8..3, prop::sample::select(vec![1_000u64, 4_000]))
-            .prop_map(|(key, lease, block)| Sub::Lease { key, lease, block }),
-        1 => (0..3usize, 0u8..3, 0u64..5_000)
-            .prop_map(|(key, lease, tokens)| Sub::GiveBack { key, lease, tokens }),
-        1 => (1u64..4).prop_map(|cost| Sub::Window { cost }),
-        1 => cost().prop_map(|cost| Sub::Gcra { cost }),
-        1 => (any::<bool>(), 0u8..4).prop_map(|(acquire, lease)| Sub::Slot { acquire, lease }),
-        1 => (0..3usize).prop_map(|key| Sub::Invalid { key }),
-    ]
-}
-
-fn to_call(sub: &Sub) -> ScriptCall {
-    match sub {
-        Sub::Bucket { key, cost } => token_bucket(BUCKETS[*key], *cost),
-        Sub::Rules {
-            keys,
-            costs,
-            decision,
-        } => {
-            let keys: Vec<&str> = keys.iter().map(|&k| BUCKETS[k]).collect();
-            multi_rule(&keys, &costs[..keys.len()], *decision)
-        }
-        Sub::Lease { key, lease, block } => lease_block(BUCKETS[*key], *lease, *block),
-        Sub::GiveBack { key, lease, tokens } => give_back(BUCKETS[*key], *lease, *tokens),
-        Sub::Window { cost } => ScriptCall::new(ScriptKind::FixedWindow)
-            .key(WINDOW_KEY)
-            .arg(5)
-            .arg(60_000)
-            .arg(cost)
-            .arg(0),
-        Sub::Gcra { cost } => ScriptCall::new(ScriptKind::Gcra)
-            .key(GCRA_KEY)
-            .arg(RATE.0)
-            .arg(RATE.1)
-            .arg(RATE.2)
-            .arg(cost)
-            .arg(1_000),
-        Sub::Slot {
-            acquire: true,
-            lease,
-        } => ScriptCall::new(ScriptKind::Concurrency)
-            .key(SLOTS_KEY)
-            .arg("acquire")
-            .arg(format!("s{lease}"))
-            .arg(2)
-            .arg(LONG_TTL_MS),
-        Sub::Slot {
-            acquire: false,
-            lease,
-        } => ScriptCall::new(ScriptKind::Concurrency)
-            .key(SLOTS_KEY)
-            .arg("release")
-            .arg(format!("s{lease}")),
-        Sub::Invalid { key } => ScriptCall::new(ScriptKind::TokenBucket)
-            .key(BUCKETS[*key])
-            .arg(RATE.0)
-            .arg(0)
-            .arg(RATE.2)
-            .arg(1)
-            .arg(0),
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -397,7 +228,7 @@ proptest! {
             let twin = MemoryStore::default();
             let mut last_now = 0;
             for batch in &batches {
-                let calls: Vec<ScriptCall> = batch.iter().map(to_call).collect();
+                let calls: Vec<ScriptCall> = batch.iter().map(|s| to_call(s, "t")).collect();
                 let replies = differential_multi(h, &twin, &calls, &mut last_now);
                 prop_assert_eq!(replies.map(|r| r.len()), Ok(calls.len()));
             }

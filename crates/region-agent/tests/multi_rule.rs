@@ -4,8 +4,8 @@ mod common;
 
 use common::{differential, Harness};
 use leasehold_region_agent::algorithm::multi_rule::request_digest;
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use proptest::prelude::*;
 
 /// (capacity, refill, period_ms) of a bucket.

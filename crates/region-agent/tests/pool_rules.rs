@@ -11,10 +11,10 @@ use leasehold_region_agent::fallback::LocalFallback;
 use leasehold_region_agent::global::room::{GlobalRoom, HeldChunk, PoolView, RateView, WindowView};
 use leasehold_region_agent::global::share_sync::{BucketRate, Mode};
 use leasehold_region_agent::key::KeyBuilder;
-use leasehold_region_agent::memory::{Clock, MemoryStore, SystemClock};
 use leasehold_region_agent::metrics::AgentMetrics;
 use leasehold_region_agent::policy::{self, PolicyHolder};
-use leasehold_region_agent::script::{ScriptCall, ScriptKind};
+use leasehold_region_agent::store::memory::{Clock, MemoryStore, SystemClock};
+use leasehold_region_agent::store::script::{ScriptCall, ScriptKind};
 use leasehold_region_agent::store::BucketStore;
 use proptest::prelude::*;
 

@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold_region_agent::breaker::BreakerConfig;
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::breaker::BreakerConfig;
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use leasehold_region_agent::store::{BucketStore, NotSent, StoreError};
 use leasehold_region_agent::testing::RedisServer;
 

@@ -13,10 +13,8 @@ use leasehold_region_agent::decide::{Counters, Decider};
 use leasehold_region_agent::fallback::LocalFallback;
 use leasehold_region_agent::global::room::{GlobalRoom, HeldChunk, PoolView, WindowView};
 use leasehold_region_agent::key::KeyBuilder;
-use leasehold_region_agent::memory::{Clock, MemoryStore};
 use leasehold_region_agent::metrics::AgentMetrics;
 use leasehold_region_agent::policy::{self, PolicyHolder};
-use leasehold_region_agent::redis_store::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::rls::answer::{Code, Status};
 use leasehold_region_agent::rls::config::parse_files;
 use leasehold_region_agent::rls::unit::Unit;
@@ -24,7 +22,9 @@ use leasehold_region_agent::rls::watch::RlsHolder;
 use leasehold_region_agent::rls_engine::{
     RlsAnswer, RlsDescriptor, RlsEngine, RlsError, RlsRequest,
 };
-use leasehold_region_agent::script::{ScriptCall, ScriptKind};
+use leasehold_region_agent::store::memory::{Clock, MemoryStore};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::script::{ScriptCall, ScriptKind};
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 use leasehold_region_agent::testing::RedisServer;
 

@@ -8,8 +8,8 @@ mod common;
 use common::{assert_same_key, differential, Harness, HashAt};
 use leasehold_region_agent::algorithm::fixed_window::WindowParams;
 use leasehold_region_agent::algorithm::sliding_counter::{decide, CounterState};
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use proptest::prelude::*;
 
 const KEY: &str = "lh:v1:{t}:smooth:u1";

@@ -3,8 +3,8 @@
 mod common;
 
 use common::{differential, Harness};
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
 use proptest::prelude::*;
 
 fn call(key: &str, capacity: u64, refill: u64, period: u64, cost: u64, slack: u64) -> ScriptCall {

@@ -42,10 +42,10 @@ use leasehold_region_agent::global::room::PoolView;
 use leasehold_region_agent::global::settings::{GlobalPoolSettings, GlobalSettings};
 use leasehold_region_agent::global::share_sync::Mode;
 use leasehold_region_agent::global::sync::SyncObserver;
-use leasehold_region_agent::memory::{Clock, MemoryStore};
 use leasehold_region_agent::policy;
-use leasehold_region_agent::script::ScriptCall;
 use leasehold_region_agent::server::{self, AgentSpec};
+use leasehold_region_agent::store::memory::{Clock, MemoryStore};
+use leasehold_region_agent::store::script::ScriptCall;
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 use crate::checker::{self, Violation};

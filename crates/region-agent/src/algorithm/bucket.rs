@@ -3,8 +3,8 @@
 //! floor on refill, ceiling on retry (ARCHITECTURE §2).
 
 use crate::args;
-use crate::keyspace::{Keyspace, WrongType};
-use crate::script::ScriptError;
+use crate::store::keyspace::{Keyspace, WrongType};
+use crate::store::script::ScriptError;
 
 /// A validated rate: `refill_millitokens` every `period_ms`, at most
 /// `capacity_millitokens` stored.

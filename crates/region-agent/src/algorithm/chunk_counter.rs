@@ -32,8 +32,8 @@
 
 use super::bucket::wrong_type;
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// Most counters one `chunk_spend` call reads (bounds the script's work).
 pub const MAX_CHUNK_KEYS: usize = 16;
@@ -229,8 +229,8 @@ fn check_keys(keys: &[String]) -> Result<(), ScriptError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     fn live(left_millitokens: u64, expires_in_ms: i64) -> Option<ChunkCounter> {
         Some(ChunkCounter {

@@ -27,8 +27,8 @@
 use super::bucket::wrong_type;
 use super::sliding_log::valid_id;
 use crate::args;
-use crate::keyspace::{Keyspace, SortedSet};
-use crate::script::ScriptError;
+use crate::store::keyspace::{Keyspace, SortedSet};
+use crate::store::script::ScriptError;
 
 /// Largest max_in_flight: bounds the leases one key can hold.
 pub const MAX_IN_FLIGHT: u64 = 100_000;
@@ -154,8 +154,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     const KEY: &str = "lh:v1:{t}:export:tenant";
 
@@ -290,7 +290,7 @@ mod tests {
         // A heartbeat from the past keeps the later expiry.
         store.eval_at(&acquire("a", 2, 1_000), 5_000).unwrap();
         let score = store.with_keyspace(|k| match k.get_value(KEY, 5_000) {
-            Some(crate::keyspace::Value::SortedSet(s)) => s.score("a"),
+            Some(crate::store::keyspace::Value::SortedSet(s)) => s.score("a"),
             _ => None,
         });
         assert_eq!(score, Some(11_000));

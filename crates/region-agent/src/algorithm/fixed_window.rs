@@ -15,8 +15,8 @@
 use super::bucket::{lua_number, wrong_type};
 use super::Verdict;
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// Validated window parameters: at most `limit` units per `window_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,8 +162,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     /// P-ANON from the reference: 20 requests per 10 s.
     const P_ANON: WindowParams = WindowParams {

@@ -13,8 +13,8 @@
 use super::bucket::{self, BucketParams};
 use super::Verdict;
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// Millitokens a meter at `tat` holds at `now_ms`: floor((burst − (tat −
 /// now)) × refill / period), never below 0 nor above the capacity.
@@ -96,8 +96,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     const P_READ: BucketParams = BucketParams {
         capacity_millitokens: 20_000,

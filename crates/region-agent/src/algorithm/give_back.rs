@@ -18,8 +18,8 @@
 use super::bucket::{self, BucketParams, BucketState};
 use super::lease_block::{load_record, refused, LeaseRecord};
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// The decision of one give_back call (before `now_ms` is appended).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,8 +130,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     const P: BucketParams = BucketParams {
         capacity_millitokens: 20_000,

@@ -18,8 +18,8 @@
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// Most gateways a block may be shared among.
 pub const MAX_GATEWAYS: u64 = 1024;
@@ -215,8 +215,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     const P: BucketParams = BucketParams {
         capacity_millitokens: 20_000,

@@ -17,8 +17,8 @@ pub mod sliding_counter;
 pub mod sliding_log;
 pub mod token_bucket;
 
-use crate::keyspace::Keyspace;
-use crate::script::{ScriptCall, ScriptError, ScriptKind};
+use crate::store::keyspace::Keyspace;
+use crate::store::script::{ScriptCall, ScriptError, ScriptKind};
 
 /// Runs `call` on `space` at store time `now_ms`, exactly as its Lua would.
 pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<i64>, ScriptError> {

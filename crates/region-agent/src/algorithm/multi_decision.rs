@@ -4,8 +4,8 @@
 //! or error is its own; a malformed envelope runs nothing.
 
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::{sub_call_kind, ScriptCall, ScriptError, MULTI_DECISION_MAX_CALLS};
+use crate::store::keyspace::Keyspace;
+use crate::store::script::{sub_call_kind, ScriptCall, ScriptError, MULTI_DECISION_MAX_CALLS};
 
 /// One sub-call's answer: its integer reply (ending with its `now_ms`) or
 /// its script error.
@@ -66,7 +66,7 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::{multi_decision_call, ScriptKind};
+    use crate::store::script::{multi_decision_call, ScriptKind};
 
     fn bucket(key: &str, cost: u64) -> ScriptCall {
         ScriptCall::new(ScriptKind::TokenBucket)

@@ -32,8 +32,8 @@
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// Most rules one request may carry (ARCHITECTURE §3.6).
 pub const MAX_RULES: usize = 8;
@@ -364,8 +364,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     const USER: BucketParams = BucketParams {
         capacity_millitokens: 20_000,

@@ -15,8 +15,8 @@
 
 use super::fixed_window::{current, load, WindowParams, WindowState};
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// The count after adding `hits` at `now_ms` (saturating at 2^40, as the
 /// Lua's `math.min`), and the state to store (None when `hits` is 0, or

@@ -28,8 +28,8 @@ use super::bucket::{lua_number, wrong_type};
 use super::fixed_window::WindowParams;
 use super::Verdict;
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// The hash {w, cur, prev}.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,8 +209,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     /// Reference chapter 5: W = 10 s, limit 20.
     const TEN_S: WindowParams = WindowParams {

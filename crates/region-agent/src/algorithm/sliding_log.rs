@@ -24,8 +24,8 @@
 
 use super::bucket::wrong_type;
 use crate::args;
-use crate::keyspace::{Keyspace, SortedSet};
-use crate::script::ScriptError;
+use crate::store::keyspace::{Keyspace, SortedSet};
+use crate::store::script::ScriptError;
 
 /// Largest limit: bounds the entries one key can hold.
 pub const MAX_LIMIT: u64 = 100_000;
@@ -142,8 +142,8 @@ pub fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
-    use crate::script::{ScriptCall, ScriptKind};
+    use crate::store::memory::MemoryStore;
+    use crate::store::script::{ScriptCall, ScriptKind};
 
     const TEN_S: LogParams = LogParams {
         limit: 20,

@@ -4,8 +4,8 @@
 use super::bucket::{self, BucketParams, BucketState};
 use super::Verdict;
 use crate::args;
-use crate::keyspace::Keyspace;
-use crate::script::ScriptError;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
 
 /// Pure decision: returns the decision and the state to store (None: write nothing).
 pub fn decide(

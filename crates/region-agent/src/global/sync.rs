@@ -39,8 +39,8 @@ use crate::global::share_sync::{
     AgentReclaim, ShareOutcome, ShareReplyIn, ShareSync, ShareSyncConfig,
 };
 use crate::key::KeyBuilder;
-use crate::memory::Clock;
-use crate::script::{ScriptCall, ScriptKind};
+use crate::store::memory::Clock;
+use crate::store::script::{ScriptCall, ScriptKind};
 use crate::store::BucketStore;
 
 /// Longest pause between attempts to learn or register a pool.
@@ -731,7 +731,7 @@ impl GlobalSync {
             // Credited only on a reply of chunk_credit's shape (§8).
             let ok = matches!(
                 results.get(index),
-                Some(Ok(reply)) if crate::script::reply::chunk_credit(reply).is_ok()
+                Some(Ok(reply)) if crate::store::script::reply::chunk_credit(reply).is_ok()
             );
             if !ok {
                 tracing::warn!(lease_id = %chunk.lease_id, "chunk not yet credited into the store; retrying");

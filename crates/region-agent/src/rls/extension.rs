@@ -16,7 +16,7 @@ use crate::algorithm::bucket::BucketParams;
 use crate::algorithm::sliding_log;
 use crate::args::{MAX_ARG, MAX_PRODUCT};
 use crate::policy::Algorithm;
-use crate::script::ScriptKind;
+use crate::store::script::ScriptKind;
 
 use super::unit::Unit;
 

@@ -4,8 +4,10 @@
 
 #![allow(dead_code)]
 
-use leasehold_region_agent::memory::MemoryStore;
-use leasehold_region_agent::script::{ScriptCall, ScriptError};
+pub mod calls;
+
+use leasehold_region_agent::store::memory::MemoryStore;
+use leasehold_region_agent::store::script::{ScriptCall, ScriptError};
 use leasehold_region_agent::testing::RedisServer;
 
 pub struct Harness {
@@ -229,7 +231,7 @@ pub enum Held {
 /// had. Contents are not compared when the key may expire during the
 /// inspection. Call it after every call on `key`.
 pub fn assert_same_key(harness: &mut Harness, twin: &MemoryStore, key: &str, now_ms: i64) {
-    use leasehold_region_agent::keyspace::Value;
+    use leasehold_region_agent::store::keyspace::Value;
     use std::collections::HashMap;
     // key → (twin's expiry, Redis's expiry) at the previous inspection.
     thread_local!(static LAST_EXPIRY: std::cell::RefCell<HashMap<String, (Option<i64>, i64)>> = Default::default());

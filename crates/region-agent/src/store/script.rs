@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 pub mod reply;
 
-const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
+const PRELUDE: &str = include_str!("../../../../lua/prelude.lua");
 
 /// Which script a call runs. One variant per file in `lua/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,19 +69,19 @@ impl ScriptKind {
 
     fn body(self) -> &'static str {
         match self {
-            ScriptKind::TokenBucket => include_str!("../../../lua/token_bucket.lua"),
-            ScriptKind::MultiRule => include_str!("../../../lua/multi_rule.lua"),
-            ScriptKind::LeaseBlock => include_str!("../../../lua/lease_block.lua"),
-            ScriptKind::GiveBack => include_str!("../../../lua/give_back.lua"),
-            ScriptKind::Concurrency => include_str!("../../../lua/concurrency.lua"),
-            ScriptKind::FixedWindow => include_str!("../../../lua/fixed_window.lua"),
-            ScriptKind::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
-            ScriptKind::SlidingCounter => include_str!("../../../lua/sliding_counter.lua"),
-            ScriptKind::Gcra => include_str!("../../../lua/gcra.lua"),
-            ScriptKind::ChunkCredit => include_str!("../../../lua/chunk_credit.lua"),
-            ScriptKind::ChunkSpend => include_str!("../../../lua/chunk_spend.lua"),
-            ScriptKind::RlsWindow => include_str!("../../../lua/rls_window.lua"),
-            ScriptKind::MultiDecision => include_str!("../../../lua/multi_decision.lua"),
+            ScriptKind::TokenBucket => include_str!("../../../../lua/token_bucket.lua"),
+            ScriptKind::MultiRule => include_str!("../../../../lua/multi_rule.lua"),
+            ScriptKind::LeaseBlock => include_str!("../../../../lua/lease_block.lua"),
+            ScriptKind::GiveBack => include_str!("../../../../lua/give_back.lua"),
+            ScriptKind::Concurrency => include_str!("../../../../lua/concurrency.lua"),
+            ScriptKind::FixedWindow => include_str!("../../../../lua/fixed_window.lua"),
+            ScriptKind::SlidingLog => include_str!("../../../../lua/sliding_log.lua"),
+            ScriptKind::SlidingCounter => include_str!("../../../../lua/sliding_counter.lua"),
+            ScriptKind::Gcra => include_str!("../../../../lua/gcra.lua"),
+            ScriptKind::ChunkCredit => include_str!("../../../../lua/chunk_credit.lua"),
+            ScriptKind::ChunkSpend => include_str!("../../../../lua/chunk_spend.lua"),
+            ScriptKind::RlsWindow => include_str!("../../../../lua/rls_window.lua"),
+            ScriptKind::MultiDecision => include_str!("../../../../lua/multi_decision.lua"),
         }
     }
 

@@ -7,8 +7,8 @@
 use std::sync::{Arc, Mutex};
 
 use crate::algorithm;
-use crate::keyspace::Keyspace;
-use crate::script::{ScriptCall, ScriptError, ScriptReply};
+use crate::store::keyspace::Keyspace;
+use crate::store::script::{ScriptCall, ScriptError, ScriptReply};
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 /// Default of `store.memory_max_keys`: a million keys is a few hundred MB
@@ -171,7 +171,7 @@ impl BucketStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::ScriptKind;
+    use crate::store::script::ScriptKind;
 
     /// A fixed-window call on `key`: at most 2 units per 100 ms window, the
     /// key living to its window's end (slack 0).

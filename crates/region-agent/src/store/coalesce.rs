@@ -1,5 +1,5 @@
 //! `CoalescingStore`: concurrent store requests gathered into multi_decision
-//! calls in front of a [`RedisStore`] (ARCHITECTURE §3.3, performance
+//! calls in front of a [`PackStore`] (one Redis node or a cluster, ARCHITECTURE §3.3, performance
 //! shape). The per-call Lua overhead, not the network, is the ceiling; one
 //! script call carrying many decisions pays it once.
 //!
@@ -17,7 +17,7 @@
 //! cancelled caller must not strand them); when it completes it steps the
 //! gatherer again, so what gathered meanwhile goes out at once; one timer
 //! task per gathering window flushes at `max_wait`. Each flush is one
-//! pipeline through [`RedisStore::run_packs`].
+//! pipeline through [`PackStore::run_packs`].
 //!
 //! Limits and what happens at them:
 //! - `max_queue` calls waiting: a request that would pass it is refused at
@@ -27,11 +27,11 @@
 //!   never sent. Once sent, the batch runs to the latest deadline of its
 //!   requests (they were queued close together: within `max_wait` unless
 //!   every send slot was busy): past it every call of the batch is
-//!   `Ambiguous`, as in [`RedisStore`].
+//!   `Ambiguous`, as in [`crate::store::redis::RedisStore`].
 //! - `max_in_flight` batches (pipelines) in flight: later requests wait in
 //!   the queue (bounded above) until one completes.
 //! - A caller that gives up (its future dropped) after submitting may still
-//!   have its calls sent: the same as a dropped call on [`RedisStore`].
+//!   have its calls sent: the same as a dropped call on the store itself.
 
 pub mod gather;
 
@@ -41,9 +41,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::redis_store::{RedisStore, Topology};
-use crate::script::{ScriptCall, MULTI_DECISION_MAX_CALLS};
+use crate::store::script::{ScriptCall, MULTI_DECISION_MAX_CALLS};
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
+use crate::store::{PackStore, Topology};
 use gather::{Flush, GatherLimits, Gatherer, Grouping, Step};
 
 /// Coalescer tuning (`[store]` `coalesce`, `max_batch`, `max_wait_us`,
@@ -118,7 +118,7 @@ impl Ticket {
 
 /// What callers, send tasks and the timer share.
 struct Shared {
-    inner: Arc<RedisStore>,
+    inner: Arc<dyn PackStore>,
     /// Set once (constructor or `attach_metrics`).
     metrics: OnceLock<CoalesceMetrics>,
     state: Mutex<State>,
@@ -133,7 +133,7 @@ struct State {
     timer_at_us: Option<u64>,
 }
 
-/// A [`RedisStore`] whose concurrent callers share multi_decision calls.
+/// A [`PackStore`] whose concurrent callers share multi_decision calls.
 pub struct CoalescingStore {
     config: CoalesceConfig,
     shared: Arc<Shared>,
@@ -143,7 +143,7 @@ impl CoalescingStore {
     /// A coalescer in front of `inner`; limits are clamped to their ranges
     /// (`max_batch` to [1, 64], the others to at least 1). Needs no
     /// runtime; its calls run on the caller's Tokio runtime.
-    pub fn new(inner: Arc<RedisStore>, config: CoalesceConfig) -> Self {
+    pub fn new(inner: Arc<dyn PackStore>, config: CoalesceConfig) -> Self {
         let limits = GatherLimits {
             max_batch: config.max_batch,
             max_wait_us: duration_us(config.max_wait),
@@ -196,7 +196,7 @@ impl CoalescingStore {
     }
 
     /// The store the batches go to.
-    pub fn inner(&self) -> &Arc<RedisStore> {
+    pub fn inner(&self) -> &Arc<dyn PackStore> {
         &self.shared.inner
     }
 }

@@ -14,7 +14,7 @@
 //! - connect: `connect_timeout`; a failed connect is `NotSent::Unreachable`.
 //!
 //! [`RedisStore::run_packs`] sends several calls as one multi_decision
-//! EVALSHA each (the coalescer's path, `crate::coalesce`); at connect the
+//! EVALSHA each (the coalescer's path, `crate::store::coalesce`); at connect the
 //! store reads `INFO cluster` so the coalescer knows whether one pack may
 //! mix hash tags ([`Topology`]).
 
@@ -26,10 +26,12 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ServerErrorKind, Value};
 use tokio::sync::{Mutex as AsyncMutex, Semaphore};
 
-use crate::breaker::{Admission, Breaker, BreakerConfig};
-use crate::redis_auth::{RedisAuthError, RedisAuthSettings};
-use crate::script::{multi_decision_call, ScriptCall, ScriptError, ScriptKind, ScriptReply};
-use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
+use crate::store::auth::{RedisAuthError, RedisAuthSettings};
+use crate::store::breaker::{Admission, Breaker, BreakerConfig};
+use crate::store::script::{multi_decision_call, ScriptCall, ScriptError, ScriptKind, ScriptReply};
+use crate::store::slots::Redirect;
+pub use crate::store::Topology;
+use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, PackStore, StoreError};
 
 /// Connect failures repeat on every call while Redis is down or refuses
 /// the credentials: one line per cause per interval.
@@ -70,17 +72,6 @@ pub enum RedisStoreError {
     Url(#[from] redis::RedisError),
     #[error(transparent)]
     Auth(#[from] RedisAuthError),
-}
-
-/// What the server said about Redis Cluster at the last connect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Topology {
-    /// Not connected yet (or `INFO cluster` unreadable): treat as a cluster.
-    Unknown,
-    /// `cluster_enabled:0`: one keyspace, a script may name any keys.
-    Standalone,
-    /// `cluster_enabled:1`: a script's keys must share one slot.
-    Cluster,
 }
 
 /// The Redis-backed [`BucketStore`].
@@ -199,8 +190,9 @@ impl RedisStore {
         &self,
         mut conn: MultiplexedConnection,
         wires: &[Wire<'_>],
+        asking: bool,
     ) -> Result<Vec<Vec<Reply>>, Failure> {
-        let mut results = pipeline(&mut conn, wires).await?;
+        let mut results = pipeline(&mut conn, wires, asking).await?;
         let missing: Vec<usize> = (0..wires.len())
             .filter(|&i| matches!(results[i], WireReply::NoScript))
             .collect();
@@ -210,7 +202,7 @@ impl RedisStore {
                 .await
                 .map_err(|e| Failure::Ambiguous(e.to_string()))?;
             let retry: Vec<Wire<'_>> = missing.iter().map(|&i| wires[i].clone()).collect();
-            let again = pipeline(&mut conn, &retry).await?;
+            let again = pipeline(&mut conn, &retry, asking).await?;
             for (slot, reply) in missing.into_iter().zip(again) {
                 results[slot] = reply;
             }
@@ -229,6 +221,7 @@ impl RedisStore {
         wires: &[Wire<'_>],
         calls: usize,
         deadline: tokio::time::Instant,
+        asking: bool,
     ) -> Result<Vec<Vec<Reply>>, StoreError> {
         let admission = self.lock_breaker().admit(self.monotonic_ms());
         if admission == Admission::Refused {
@@ -240,7 +233,7 @@ impl RedisStore {
         };
         let connected = tokio::time::timeout_at(deadline, self.connection()).await;
         let outcome = match connected {
-            Ok(Ok(conn)) => tokio::time::timeout_at(deadline, self.send(conn, wires)).await,
+            Ok(Ok(conn)) => tokio::time::timeout_at(deadline, self.send(conn, wires, asking)).await,
             Ok(Err(failure)) => Ok(Err(failure)),
             Err(_elapsed) => Ok(Err(Failure::NotSent(NotSent::Unreachable(
                 "connect timed out".into(),
@@ -270,54 +263,101 @@ impl RedisStore {
         }
     }
 
+    /// One command on this node's connection (the cluster store's `CLUSTER
+    /// SLOTS`), within `deadline`; outside the breaker and the in-flight
+    /// cap, which count decisions.
+    pub async fn query(
+        &self,
+        cmd: &redis::Cmd,
+        deadline: tokio::time::Instant,
+    ) -> Result<Value, StoreError> {
+        let run = async {
+            let mut conn = match self.connection().await {
+                Ok(conn) => conn,
+                Err(Failure::NotSent(reason)) => return Err(reason.into()),
+                Err(Failure::Ambiguous(reason)) => return Err(StoreError::Ambiguous(reason)),
+            };
+            cmd.query_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| match classify(e) {
+                    Failure::NotSent(reason) => reason.into(),
+                    Failure::Ambiguous(reason) => StoreError::Ambiguous(reason),
+                })
+        };
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => Err(StoreError::Ambiguous("no reply in time".into())),
+        }
+    }
+
     /// Runs packs of calls, each pack as one multi_decision EVALSHA (a pack
     /// of one as its own script), all in one pipeline, answered per call in
     /// pack order. Each call stays atomic and independent; a call's script
     /// error is its own. `deadline` covers connecting and the replies: past
     /// it every call is `Ambiguous`. The caller keeps each pack within
-    /// [`crate::script::MULTI_DECISION_MAX_CALLS`] calls of no
-    /// multi_decision kind and, on a cluster, of one hash tag.
-    pub fn run_packs<'a>(
+    /// [`crate::store::script::MULTI_DECISION_MAX_CALLS`] calls of no
+    /// multi_decision kind and, on a cluster, of one hash tag. `asking`:
+    /// each EVALSHA follows an `ASKING` (a cluster's ASK redirect to a slot
+    /// being imported here).
+    pub async fn run_packs_asking<P: AsRef<[ScriptCall]> + Sync>(
+        &self,
+        packs: &[P],
+        deadline: tokio::time::Instant,
+        asking: bool,
+    ) -> Vec<Vec<CallResult>> {
+        let wires: Vec<Wire<'_>> = packs
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|pack| !pack.is_empty())
+            .map(|pack| match pack {
+                [one] => Wire::Plain(one),
+                many => Wire::Packed(multi_decision_call(many), many.len()),
+            })
+            .collect();
+        let calls = packs.iter().map(|pack| pack.as_ref().len()).sum();
+        if calls == 0 {
+            return packs.iter().map(|_| Vec::new()).collect();
+        }
+        match self.execute(&wires, calls, deadline, asking).await {
+            Ok(results) => {
+                let mut results = results.into_iter();
+                packs
+                    .iter()
+                    .map(|pack| match pack.as_ref().is_empty() {
+                        true => Vec::new(),
+                        // One reply list per non-empty pack, in order.
+                        false => results
+                            .next()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(Reply::into_result)
+                            .collect(),
+                    })
+                    .collect()
+            }
+            Err(e) => packs
+                .iter()
+                .map(|pack| pack.as_ref().iter().map(|_| Err(e.clone())).collect())
+                .collect(),
+        }
+    }
+}
+
+impl PackStore for RedisStore {
+    fn run_packs<'a>(
         &'a self,
         packs: &'a [Vec<ScriptCall>],
         deadline: tokio::time::Instant,
     ) -> BoxFuture<'a, Vec<Vec<CallResult>>> {
-        Box::pin(async move {
-            let wires: Vec<Wire<'_>> = packs
-                .iter()
-                .filter(|pack| !pack.is_empty())
-                .map(|pack| match pack.as_slice() {
-                    [one] => Wire::Plain(one),
-                    many => Wire::Packed(multi_decision_call(many), many.len()),
-                })
-                .collect();
-            let calls = packs.iter().map(Vec::len).sum();
-            if calls == 0 {
-                return packs.iter().map(|_| Vec::new()).collect();
-            }
-            match self.execute(&wires, calls, deadline).await {
-                Ok(results) => {
-                    let mut results = results.into_iter();
-                    packs
-                        .iter()
-                        .map(|pack| match pack.is_empty() {
-                            true => Vec::new(),
-                            // One reply list per non-empty pack, in order.
-                            false => results
-                                .next()
-                                .unwrap_or_default()
-                                .into_iter()
-                                .map(Reply::into_result)
-                                .collect(),
-                        })
-                        .collect()
-                }
-                Err(e) => packs
-                    .iter()
-                    .map(|pack| pack.iter().map(|_| Err(e.clone())).collect())
-                    .collect(),
-            }
-        })
+        Box::pin(self.run_packs_asking(packs, deadline, false))
+    }
+
+    fn call_deadline(&self) -> Duration {
+        self.config.call_deadline
+    }
+
+    fn topology(&self) -> Topology {
+        RedisStore::topology(self)
     }
 }
 
@@ -338,7 +378,7 @@ impl BucketStore for RedisStore {
             let wires: Vec<Wire<'_>> = calls.iter().map(Wire::Plain).collect();
             // One deadline covers connecting and the reply: no call waits past it.
             let deadline = tokio::time::Instant::now() + self.config.call_deadline;
-            match self.execute(&wires, calls.len(), deadline).await {
+            match self.execute(&wires, calls.len(), deadline, false).await {
                 Ok(results) => results
                     .into_iter()
                     .map(|mut replies| match replies.pop() {
@@ -411,23 +451,28 @@ impl WireReply {
                 items.into_iter().map(Reply::from_value).collect()
             }
             other => {
-                let error = match Reply::from_value(other) {
-                    Reply::Script(e) => e,
-                    _ => ScriptError::MalformedReply {
+                let whole = match Reply::from_value(other) {
+                    Reply::Values(_) => Reply::Script(ScriptError::MalformedReply {
                         script: ScriptKind::MultiDecision.name(),
                         detail: format!("not {calls} replies"),
-                    },
+                    }),
+                    // Refused whole (a script error, a cluster redirect,
+                    // NOSCRIPT): each call alike.
+                    whole => whole,
                 };
-                (0..calls).map(|_| Reply::Script(error.clone())).collect()
+                (0..calls).map(|_| whole.clone()).collect()
             }
         }
     }
 }
 
 /// One call's raw reply.
+#[derive(Clone)]
 enum Reply {
     Values(Vec<i64>),
     Script(ScriptError),
+    /// A cluster refusal: not run (followed by the cluster store).
+    Cluster(Redirect),
     NoScript,
 }
 
@@ -436,10 +481,10 @@ impl Reply {
         match self {
             Reply::Values(values) => Ok(ScriptReply { values }),
             Reply::Script(e) => Err(StoreError::Script(e)),
-            // Still missing after a reload: the server refuses the script.
-            Reply::NoScript => Err(StoreError::Script(ScriptError::Other(
-                "NOSCRIPT after reload".into(),
-            ))),
+            Reply::Cluster(redirect) => Err(NotSent::Cluster(redirect).into()),
+            // Still missing after a reload (a promoted replica whose load
+            // failed): not run, a store error, never a policy fault.
+            Reply::NoScript => Err(NotSent::ScriptMissing.into()),
         }
     }
 
@@ -462,7 +507,11 @@ impl Reply {
                 Reply::NoScript
             }
             Value::ServerError(err) => {
-                let text = format!("{} {}", err.code(), err.details().unwrap_or_default());
+                let details = err.details().unwrap_or_default();
+                if let Some(redirect) = Redirect::parse(err.code(), details) {
+                    return Reply::Cluster(redirect);
+                }
+                let text = format!("{} {details}", err.code());
                 Reply::Script(ScriptError::from_reply_text(&text))
             }
             other => Reply::Script(ScriptError::Other(format!("unexpected reply {other:?}"))),
@@ -473,11 +522,16 @@ impl Reply {
 async fn pipeline(
     conn: &mut MultiplexedConnection,
     wires: &[Wire<'_>],
+    asking: bool,
 ) -> Result<Vec<WireReply>, Failure> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for wire in wires {
         let call = wire.call();
+        if asking {
+            // ASKING holds for the next command only: one before each.
+            pipe.cmd("ASKING").ignore();
+        }
         pipe.cmd("EVALSHA")
             .arg(call.kind.script().get_hash())
             .arg(call.keys.len())

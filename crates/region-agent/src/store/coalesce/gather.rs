@@ -1,6 +1,6 @@
 //! The coalescer's decisions, pure: what to queue, what to refuse, when to
 //! flush and how to pack. Time is an argument (microseconds on any
-//! monotonic origin); the I/O shell is `crate::coalesce`.
+//! monotonic origin); the I/O shell is `crate::store::coalesce`.
 //!
 //! Flush policy (ARCHITECTURE §3.3 "coalesce concurrent requests per shard
 //! into one script call within a tiny window"):
@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 
-use crate::script::{ScriptCall, ScriptKind, MULTI_DECISION_MAX_CALLS};
+use crate::store::script::{ScriptCall, ScriptKind, MULTI_DECISION_MAX_CALLS};
 
 /// The gatherer's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,18 +262,7 @@ impl Packer {
     }
 }
 
-/// The part of a key Redis Cluster hashes: the text between the first `{`
-/// and the first `}` after it when not empty, else the whole key.
-pub fn hash_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
-}
+pub use crate::store::slots::hash_tag;
 
 /// The one hash tag of all the call's keys; None when they differ or there
 /// are no keys (such a call goes in a pack of its own).
@@ -300,17 +289,6 @@ mod tests {
         ScriptCall::new(ScriptKind::TokenBucket)
             .key(format!("lh:v1:{{{tag}}}:r:p"))
             .arg(n)
-    }
-
-    #[test]
-    fn hash_tag_follows_redis_cluster() {
-        assert_eq!(hash_tag("lh:v1:{atlas}:r:p"), "atlas");
-        assert_eq!(hash_tag("a{}b{c}"), "a{}b{c}", "empty first tag: whole key");
-        assert_eq!(hash_tag("a{b"), "a{b");
-        assert_eq!(hash_tag("{x}{y}"), "x");
-        let mixed = call("a", 1).key("lh:v1:{b}:r:p");
-        assert_eq!(call_tag(&mixed), None);
-        assert_eq!(call_tag(&ScriptCall::new(ScriptKind::TokenBucket)), None);
     }
 
     #[test]
