@@ -87,6 +87,11 @@ pub struct AgentConfig {
     /// Redis URL; absent → the in-memory store (the embedded default).
     #[serde(default)]
     pub redis_url: Option<String>,
+    /// A Redis Cluster instead: `redis://` or `rediss://` URLs of some of
+    /// its nodes (1 to 64; the slot map is read from them and followed).
+    /// Not with `redis_url`.
+    #[serde(default)]
+    pub redis_cluster: Option<Vec<String>>,
     /// File holding the HMAC pepper for principals (≥ 16 bytes).
     pub pepper_file: PathBuf,
     /// The policy bundle, watched for changes.
@@ -512,7 +517,16 @@ impl AgentConfig {
         if let Some(url) = &self.redis_url {
             check_redis_url(url).map_err(|message| ("redis_url".to_string(), message))?;
         }
-        self.redis.check(self.redis_url.as_deref())?;
+        if let Some(seeds) = &self.redis_cluster {
+            check_redis_cluster(seeds, self.redis_url.is_some())
+                .map_err(|message| ("redis_cluster".to_string(), message))?;
+        }
+        let first_cluster_url = self.redis_cluster.as_ref().and_then(|s| s.first());
+        self.redis.check(
+            self.redis_url
+                .as_deref()
+                .or(first_cluster_url.map(String::as_str)),
+        )?;
         if let Some(tls) = &self.tls {
             tls.check()?;
         }
@@ -586,6 +600,36 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
             quote_with(&e.to_string(), 160)
         )
     })
+}
+
+/// `redis_cluster`: 1 to [`crate::store::cluster::MAX_SEEDS`] URLs, each a
+/// usable `redis://` or `rediss://` URL (one scheme for all), and not beside
+/// `redis_url`. No URL is echoed.
+pub fn check_redis_cluster(seeds: &[String], with_redis_url: bool) -> Result<(), String> {
+    use crate::store::cluster::MAX_SEEDS;
+    if with_redis_url {
+        return Err("set with redis_url: a Region uses one Redis or one Redis Cluster".into());
+    }
+    if seeds.is_empty() || seeds.len() > MAX_SEEDS {
+        return Err(format!(
+            "{} URLs; name 1 to {MAX_SEEDS} of the cluster's nodes",
+            seeds.len()
+        ));
+    }
+    for (i, url) in seeds.iter().enumerate() {
+        check_redis_url(url).map_err(|m| format!("URL {}: {m}", i + 1))?;
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            return Err(format!(
+                "URL {}: a cluster node is a redis:// or rediss:// URL",
+                i + 1
+            ));
+        }
+    }
+    let tls = seeds[0].starts_with("rediss://");
+    if seeds.iter().any(|url| url.starts_with("rediss://") != tls) {
+        return Err("mixes redis:// and rediss:// URLs".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -849,6 +893,53 @@ policy_file = "policy.toml"
         // rustls is compiled in: rediss:// is a usable URL.
         let tls = format!("{GOOD}redis_url = \"rediss://h:1/\"\n");
         assert!(AgentConfig::parse("eu.toml", &tls).is_ok());
+    }
+
+    #[test]
+    fn a_redis_cluster_needs_one_to_64_node_urls_of_one_scheme_and_no_redis_url() {
+        let good = format!(
+            "{GOOD}redis_cluster = [\"redis://127.0.0.1:7000/\", \"redis://127.0.0.1:7001/\"]\n"
+        );
+        let config = AgentConfig::parse("eu.toml", &good).expect("a cluster");
+        assert_eq!(config.redis_cluster.map(|s| s.len()), Some(2));
+        let cases = [
+            ("redis_cluster = []\n", "0 URLs; name 1 to 64"),
+            (
+                "redis_cluster = [\"redis://a:1/\"]\nredis_url = \"redis://a:1/\"\n",
+                "set with redis_url",
+            ),
+            (
+                "redis_cluster = [\"redis://secret@\"]\n",
+                "URL 1: not a usable Redis URL",
+            ),
+            (
+                "redis_cluster = [\"unix:///tmp/r.sock\"]\n",
+                "URL 1: a cluster node is a redis://",
+            ),
+            (
+                "redis_cluster = [\"redis://a:1/\", \"rediss://b:1/\"]\n",
+                "mixes redis:// and rediss://",
+            ),
+        ];
+        for (line, expected) in cases {
+            let e = error(&format!("{GOOD}{line}"));
+            assert!(
+                e.starts_with("eu.toml:7: field redis_cluster: "),
+                "{line}: {e}"
+            );
+            assert!(e.contains(expected), "{line}: {e}");
+            assert!(!e.contains("secret"), "{e}");
+        }
+        let many: Vec<String> = (0..65)
+            .map(|i| format!("\"redis://h:{}/\"", 7000 + i))
+            .collect();
+        let e = error(&format!("{GOOD}redis_cluster = [{}]\n", many.join(", ")));
+        assert!(e.contains("65 URLs"), "{e}");
+        // [redis] credentials and TLS go with a cluster as with one node.
+        let tls = format!(
+            "{GOOD}redis_cluster = [\"redis://a:1/\"]\n[redis]\ntls_ca_file = \"ca.pem\"\n"
+        );
+        assert!(error(&tls).contains("rediss://"), "{}", error(&tls));
     }
 
     #[test]

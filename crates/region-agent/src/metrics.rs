@@ -462,6 +462,10 @@ mod names_tests {
         );
         m.allocator_call("grant", "failed", std::time::Duration::from_millis(1));
         m.give_backs.with_label_values(&["added"]).inc();
+        m.store_cluster_redirects
+            .with_label_values(&["moved"])
+            .inc();
+        m.store_cluster_refreshes.with_label_values(&["ok"]).inc();
         m.concurrency
             .with_label_values(&["acquire", "acquired"])
             .inc();

@@ -36,10 +36,11 @@ use crate::metrics::{breaker_gauge, AgentMetrics, AGENT_RPC_METHODS};
 use crate::policy::{self, Bundle, PolicyHolder};
 use crate::rls_engine::RlsEngine;
 use crate::service::AgentService;
+use crate::store::cluster::{ClusterStore, ClusterStoreConfig, ClusterStoreError};
 use crate::store::coalesce::CoalescingStore;
 use crate::store::memory::{Clock, MemoryStore, SystemClock};
 use crate::store::redis::{RedisStore, RedisStoreConfig, RedisStoreError};
-use crate::store::BucketStore;
+use crate::store::{BucketStore, PackStore};
 use leasehold_tls::authz::Method;
 use leasehold_tls::gate::Gate;
 use leasehold_tls::rpc_timing::Timed;
@@ -129,12 +130,24 @@ pub enum StartError {
     },
 }
 
-/// The Redis store as the agent uses it: behind the coalescer unless
-/// `store.coalesce = false`.
-fn redis_store(redis: RedisStore, settings: &StoreSettings) -> Arc<dyn BucketStore> {
+/// A Redis store (one node or a cluster) as the agent uses it: behind the
+/// coalescer unless `store.coalesce = false`.
+fn redis_store<S: PackStore + 'static>(redis: S, settings: &StoreSettings) -> Arc<dyn BucketStore> {
     match settings.coalesce_config() {
         Some(coalesce) => Arc::new(CoalescingStore::new(Arc::new(redis), coalesce)),
         None => Arc::new(redis),
+    }
+}
+
+/// Each node's store settings from `[store]` and `[redis]`.
+fn node_store_config(config: &AgentConfig, url: String) -> RedisStoreConfig {
+    RedisStoreConfig {
+        call_deadline: config.store.call_deadline(),
+        connect_timeout: Duration::from_millis(config.store.connect_timeout_ms.max(1)),
+        max_in_flight: config.store.max_in_flight.max(1),
+        breaker: config.store.breaker(),
+        auth: config.redis.clone(),
+        ..RedisStoreConfig::new(url)
     }
 }
 
@@ -173,23 +186,30 @@ impl AgentSpec {
         let file_name = config.policy_file.display().to_string();
         let bundle = policy::parse(&file_name, &policy_text, None)
             .map_err(|e| refused("policy_file", e.to_string()))?;
-        let store: Arc<dyn BucketStore> = match &config.redis_url {
-            Some(url) => redis_store(
-                RedisStore::new(RedisStoreConfig {
-                    call_deadline: config.store.call_deadline(),
-                    connect_timeout: Duration::from_millis(config.store.connect_timeout_ms.max(1)),
-                    max_in_flight: config.store.max_in_flight.max(1),
-                    breaker: config.store.breaker(),
-                    auth: config.redis.clone(),
-                    ..RedisStoreConfig::new(url.clone())
-                })
-                .map_err(|e| match e {
+        let store: Arc<dyn BucketStore> = match (&config.redis_url, &config.redis_cluster) {
+            (Some(url), _) => redis_store(
+                RedisStore::new(node_store_config(config, url.clone())).map_err(|e| match e {
                     RedisStoreError::Auth(auth) => refused("redis", auth.to_string()),
                     other => refused("redis_url", other.to_string()),
                 })?,
                 &config.store,
             ),
-            None => Arc::new(MemoryStore::with_max_keys(
+            (None, Some(seeds)) => {
+                let cluster = ClusterStoreConfig {
+                    node: node_store_config(config, String::new()),
+                    ..ClusterStoreConfig::new(seeds.clone())
+                };
+                redis_store(
+                    ClusterStore::new(cluster).map_err(|e| match e {
+                        ClusterStoreError::Store(RedisStoreError::Auth(auth)) => {
+                            refused("redis", auth.to_string())
+                        }
+                        other => refused("redis_cluster", other.to_string()),
+                    })?,
+                    &config.store,
+                )
+            }
+            (None, None) => Arc::new(MemoryStore::with_max_keys(
                 Arc::new(SystemClock),
                 config.store.memory_max_keys,
             )),

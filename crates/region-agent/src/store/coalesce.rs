@@ -210,7 +210,12 @@ impl BucketStore for CoalescingStore {
         self.shared.inner.breaker_state()
     }
 
+    fn shard_breakers(&self) -> Vec<crate::store::ShardBreaker> {
+        self.shared.inner.shard_breakers()
+    }
+
     fn attach_metrics(&self, metrics: &crate::metrics::AgentMetrics) {
+        self.shared.inner.attach_metrics(metrics);
         // The first registry wins; an agent has one.
         let _ = self.shared.metrics.set(CoalesceMetrics {
             batch_calls: metrics.store_batch_calls.clone(),
