@@ -465,6 +465,7 @@ fn a_killed_primary_degrades_only_its_keys_until_its_replica_serves_them() {
         .all(Result::is_ok));
 
     cluster.kill(victim.port);
+    let killed_at = Instant::now();
     // Until the failover: the victim's keys fail (store errors), the others
     // in the same batch are answered; its breaker opens after 5 failures.
     for _ in 0..6 {
@@ -500,6 +501,12 @@ fn a_killed_primary_degrades_only_its_keys_until_its_replica_serves_them() {
     loop {
         let replies = rt.block_on(store.run_batch(&batch));
         if replies.iter().all(Result::is_ok) {
+            // The README's failover figure (`--nocapture`).
+            eprintln!(
+                "killed primary's keys served again {:?} after the kill (cluster-node-timeout {} ms)",
+                killed_at.elapsed(),
+                leasehold_region_agent::testing::cluster::NODE_TIMEOUT_MS
+            );
             break;
         }
         assert!(
