@@ -13,11 +13,17 @@
 //! machine store that feeds committed entries to [`Machine::apply`], the
 //! tonic raft transport, the node with its init rule, proposals and
 //! linearizable reads), the `leasehold.allocator.v1` gRPC [`service`] with
-//! its [`wire`] conversions and typed errors, the leader-following
-//! [`client`], the Region health [`prober`] (verdicts arrive here as
-//! `HealthVerdict` commands), node configs ([`node_config`]), CLI rendering
-//! ([`render`]) and a process cluster for tests and benches
-//! ([`local_cluster`]).
+//! its [`wire`] conversions and typed errors, the Region health [`prober`]
+//! (verdicts arrive here as `HealthVerdict` commands), node configs
+//! ([`node_config`]), CLI rendering ([`render`]) and a process cluster for
+//! tests and benches ([`local_cluster`]).
+//!
+//! **Shared with the agent, in `leasehold-allocator-client`** (no openraft,
+//! no sled) and re-exported here at their old paths: the ids ([`id`]), pool
+//! configs ([`config`]), the leader-following [`client`] and its [`follow`]
+//! core, the [`transport`] seam, the client's half of [`wire`] and the
+//! config-file helpers of [`node_config`] ([`node_config::Bound`],
+//! [`node_config::check_bounds`], [`node_config::GrpcLimits`], the caps).
 //!
 //! **Simulation seams:** a node runs unchanged in a deterministic turmoil
 //! simulation. Every outgoing connection goes through a
@@ -29,7 +35,8 @@
 //! The turmoil network and clock are in `sim_net` (feature `turmoil`).
 //!
 //! **Does not own:** Region-local buckets, block leasing and fallback
-//! enforcement (`leasehold-region-agent`); the wire types (`leasehold-proto`).
+//! enforcement (`leasehold-region-agent`); the wire types (`leasehold-proto`);
+//! the shared contract above (`leasehold-allocator-client`).
 //!
 //! # Units
 //! - Time: integer milliseconds (`*_ms`), allocator time only.
@@ -44,8 +51,10 @@
 //! # Map
 //! - [`machine`]: [`Machine`], `apply`, the time rule, epochs, invariants.
 //! - [`command`]: the commands, replies and typed errors.
-//! - [`config`]: pool configs and their validation.
-//! - [`id`]: pool, Region and lease ids, charsets and length cap.
+//! - [`config`]: pool configs and their validation (re-exported from
+//!   `leasehold-allocator-client`).
+//! - [`id`]: pool, Region and lease ids, charsets and length cap
+//!   (re-exported from `leasehold-allocator-client`).
 //! - [`pool`]: a pool (window or rate), creation, update, registration.
 //! - [`grant`]: §4.2 window pools and idempotent, window-clamped chunk grants.
 //! - [`share`]: §4.3 rate pools: targets, the six rebalance steps, named
@@ -78,14 +87,10 @@
 //! | numbers | [1, 2^40] (demand, applied share: [0, 2^40]); time ≤ 2^53 ms | `InvalidValue { field }` |
 
 pub mod apportion;
-pub mod client;
 pub mod clock;
 pub mod command;
-pub mod config;
 pub mod fence;
-pub mod follow;
 pub mod grant;
-pub mod id;
 pub mod local_cluster;
 pub mod machine;
 pub mod metrics;
@@ -103,9 +108,12 @@ pub mod sim_mutation;
 #[cfg(feature = "turmoil")]
 pub mod sim_net;
 pub mod snapshot;
-pub mod transport;
 pub mod units;
 pub mod wire;
+
+// The contract shared with the agent, at its old paths (`crate::client`,
+// `leasehold_allocator::id`, ...): see `leasehold-allocator-client`.
+pub use leasehold_allocator_client::{client, config, follow, id, transport};
 
 pub use command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
 pub use config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};

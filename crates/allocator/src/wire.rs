@@ -5,6 +5,10 @@
 //! A refusal is a gRPC status whose details hold a prost-encoded
 //! [`pb::ErrorDetail`] naming the field at fault; NOT_LEADER also carries the
 //! leader's address in the [`LEADER_METADATA_KEY`] metadata entry.
+//!
+//! The conversions a client needs (pool configs to the wire, a status's
+//! [`pb::ErrorDetail`]) live with the client in `leasehold-allocator-client`
+//! and are re-exported here.
 
 use prost::Message;
 use tonic::{Code, Status};
@@ -20,6 +24,9 @@ use crate::reclaim::ReclaimReport;
 use crate::region::{Member, MemberStatus, Retired};
 use crate::removal::RemovalReport;
 use crate::share::{RatePool, ShareReply};
+pub use leasehold_allocator_client::wire::{
+    error_detail, pool_config_to_wire, rate_config_to_wire, window_config_to_wire,
+};
 use leasehold_proto::allocator::v1 as pb;
 
 /// Metadata entry of a NOT_LEADER status: the leader's `host:port`.
@@ -85,54 +92,6 @@ fn reclaim_from_wire(policy: pb::reclaim_policy::Policy) -> Result<ReclaimPolicy
             ))
         }
     })
-}
-
-pub fn window_config_to_wire(config: &WindowPoolConfig) -> pb::WindowPoolConfig {
-    pb::WindowPoolConfig {
-        capacity_millitokens_per_window: config.capacity_millitokens_per_window,
-        window_ms: config.window_ms,
-        lease_ttl_ms: config.lease_ttl_ms,
-    }
-}
-
-pub fn rate_config_to_wire(config: &RatePoolConfig) -> pb::RatePoolConfig {
-    let policy = match config.reclaim {
-        ReclaimPolicy::Freeze => pb::reclaim_policy::Policy::Freeze(pb::FreezePolicy {}),
-        ReclaimPolicy::TwoSignal { silent_intervals } => {
-            pb::reclaim_policy::Policy::TwoSignal(pb::TwoSignalPolicy { silent_intervals })
-        }
-        ReclaimPolicy::Lease {
-            share_ttl_ms,
-            max_drift_ms,
-        } => pb::reclaim_policy::Policy::Lease(pb::LeasePolicy {
-            share_ttl_ms,
-            max_drift_ms,
-        }),
-        // Reported as it is (Inspect of a simulated pool); never accepted in.
-        ReclaimPolicy::SilenceOnly { silent_intervals } => {
-            pb::reclaim_policy::Policy::SilenceOnly(pb::SilenceOnlyPolicy { silent_intervals })
-        }
-    };
-    pb::RatePoolConfig {
-        limit_millitokens_per_s: config.limit_millitokens_per_s,
-        burst_millitokens: config.burst_millitokens,
-        burst_seconds: config.burst_seconds,
-        floor_basis_points: config.floor_basis_points,
-        interval_ms: config.interval_ms,
-        max_raise_basis_points: config.max_raise_basis_points,
-        reclaim: Some(pb::ReclaimPolicy {
-            policy: Some(policy),
-        }),
-        fallback_allowance_millitokens_per_s: config.fallback_allowance_millitokens_per_s,
-    }
-}
-
-pub fn pool_config_to_wire(config: &PoolConfig) -> pb::PoolConfig {
-    let kind = match config {
-        PoolConfig::Window(window) => pb::pool_config::Kind::Window(window_config_to_wire(window)),
-        PoolConfig::Rate(rate) => pb::pool_config::Kind::Rate(rate_config_to_wire(rate)),
-    };
-    pb::PoolConfig { kind: Some(kind) }
 }
 
 // ---- replies ------------------------------------------------------------
@@ -486,14 +445,6 @@ impl ErrorInfo {
             metadata,
         )
     }
-}
-
-/// The typed detail of a status, if it carries one.
-pub fn error_detail(status: &Status) -> Option<pb::ErrorDetail> {
-    if status.details().is_empty() {
-        return None;
-    }
-    pb::ErrorDetail::decode(status.details()).ok()
 }
 
 /// gRPC code, error code and field of a state machine refusal.

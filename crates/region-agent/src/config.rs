@@ -3,14 +3,14 @@
 //! number is checked against its documented range first ([`AGENT_BOUNDS`],
 //! [`GRPC_LIMITS_BOUNDS`], [`GLOBAL_BOUNDS`], table in `docs/configuration.md`) and a refusal states
 //! that range. Line numbers come from [`leasehold_config_text`] and the
-//! allocator's config helpers ([`check_bounds`]), shared by every Leasehold
-//! config file.
+//! config helpers shared by every Leasehold config file ([`check_bounds`],
+//! `leasehold_allocator_client::config_file`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use leasehold_allocator::node_config::{
+use leasehold_allocator_client::config_file::{
     check_bounds, check_path_text, read_config_file, Bound, GrpcLimits, GRPC_LIMITS_BOUNDS,
     MAX_TIMEOUT_MS, MAX_URL_BYTES,
 };

@@ -17,7 +17,7 @@ pub const MAX_PRINCIPAL_LEN: usize = 256;
 /// Shortest pepper accepted: 16 bytes.
 pub const MIN_PEPPER_LEN: usize = 16;
 /// Longest global pool id (the allocator's `PoolId` cap).
-pub const MAX_POOL_LEN: usize = leasehold_allocator::id::MAX_ID_BYTES;
+pub const MAX_POOL_LEN: usize = leasehold_allocator_client::id::MAX_ID_BYTES;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -216,7 +216,7 @@ impl KeyBuilder {
     /// is kept as it is: its `:` cannot be mistaken for a separator, as
     /// the segments before it are fixed, and no `{`/`}` can move the tag.
     pub fn chunk_counter(&self, pool: &str, lease_id: &str) -> Result<String, KeyError> {
-        if leasehold_allocator::id::PoolId::parse(pool).is_err() {
+        if leasehold_allocator_client::id::PoolId::parse(pool).is_err() {
             return Err(KeyError::Pool);
         }
         Ok(format!("lh:v1:{{g-{pool}}}:_chunk:{}", check_id(lease_id)?))

@@ -3,7 +3,12 @@
 //! Owns the regional data plane of ARCHITECTURE §3: the Lua scripts' Rust
 //! side, the stores they run on, block leasing, policies, fail modes, and
 //! the gRPC services (native and Envoy RLS). Does not own global pools:
-//! the allocator hands the agent its room.
+//! the allocator hands the agent its room. The agent reaches it through
+//! `leasehold-allocator-client` (ids, the leader-following client, its
+//! connector seam, the shared config helpers) and never links the
+//! allocator itself, nor openraft or sled
+//! (`cargo tree -p leasehold-region-agent -e normal` shows neither); the
+//! allocator is only a dev-dependency, for tests that start a node.
 //!
 //! Map:
 //! - [`store`]: everything that reaches Redis or its twin: the batch-first

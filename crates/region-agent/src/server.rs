@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use axum::response::IntoResponse;
 use axum::routing::get;
-use leasehold_allocator::transport::{self, Connector};
+use leasehold_allocator_client::transport::{self, Connector};
 use leasehold_proto::agent::v1::agent_server::AgentServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -879,7 +879,7 @@ fn allocator_connector(config: &AgentConfig) -> Result<Option<Arc<dyn Connector>
             tls.cert_file.display()
         )));
     }
-    let connector = leasehold_allocator::transport::TlsNodeConnector::new(tls)
+    let connector = leasehold_allocator_client::transport::TlsNodeConnector::new(tls)
         .map_err(|e| refused(e.to_string()))?;
     Ok(Some(Arc::new(connector)))
 }
@@ -890,12 +890,13 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
-    use leasehold_allocator::config::{
-        PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig,
-    };
+    // The allocator (a dev-dependency) only to start an in-process node.
     use leasehold_allocator::node_config::{NodeConfig, ProberSettings, RaftSettings, SeedPool};
     use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
-    use leasehold_allocator::transport::{ConnectError, StreamFuture, TcpConnector};
+    use leasehold_allocator_client::config::{
+        PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig,
+    };
+    use leasehold_allocator_client::transport::{ConnectError, StreamFuture, TcpConnector};
     use tonic::transport::Channel;
 
     use super::*;

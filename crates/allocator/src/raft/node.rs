@@ -97,8 +97,9 @@ pub const MAX_QUEUED_COMMANDS: usize = 8_192;
 /// Most batched entries the leader has being written (`client_write`) at
 /// once: one being flushed and replicated while the next one fills.
 pub const MAX_ENTRIES_IN_FLIGHT: usize = 2;
-/// Largest Allocator message (an Inspect with grant records can be MBs).
-pub const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest Allocator message, the clients' own cap (defined with the
+/// client in `leasehold-allocator-client`).
+pub use crate::client::MAX_API_MESSAGE_BYTES;
 /// How often an uninitialized node without `--init` looks at its peers.
 const AUTO_INIT_PERIOD: Duration = Duration::from_millis(300);
 /// Bound on one peer status query during auto-initialization.

@@ -15,8 +15,8 @@
 //! `expires_at_ms` is compared with the `now_ms` passed in; the caller maps
 //! allocator time to its own clock (conservatively) before calling.
 
-/// Mirror of `leasehold_allocator::id::MAX_ID_BYTES`.
-pub const MAX_LEASE_ID_BYTES: usize = 64;
+/// The allocator's cap on a lease id.
+pub const MAX_LEASE_ID_BYTES: usize = leasehold_allocator_client::id::MAX_ID_BYTES;
 
 /// Why a lease-id prefix is unusable.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -8,7 +8,7 @@
 //! Those two are pure: no I/O and no clock reads, time is an argument.
 //! [`room::GlobalRoom`] is what the decider reads on every request (the room
 //! each pool holds now); [`sync`] is the I/O that feeds it from the
-//! allocator (through `leasehold_allocator::client`) and credits chunks into
+//! allocator (through `leasehold_allocator_client::client`) and credits chunks into
 //! the regional store; [`settings`] is the `[global]` config.
 
 pub mod chunk;

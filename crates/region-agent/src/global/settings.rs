@@ -3,7 +3,7 @@
 //! interval, burst, reclaim policy, fallback allowance) are read from the
 //! allocator, so one source of truth sizes every Region.
 
-use leasehold_allocator::node_config::{Bound, MAX_HOST_PORT_BYTES, MAX_TIMEOUT_MS};
+use leasehold_allocator_client::config_file::{Bound, MAX_HOST_PORT_BYTES, MAX_TIMEOUT_MS};
 use leasehold_logging::quote;
 use serde::Deserialize;
 
@@ -157,7 +157,7 @@ impl GlobalSettings {
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
             let field = |name: &str| format!("global.pool[{i}].{name}");
-            if leasehold_allocator::id::PoolId::parse(&pool.id).is_err() {
+            if leasehold_allocator_client::id::PoolId::parse(&pool.id).is_err() {
                 return Err((
                     field("id"),
                     format!(

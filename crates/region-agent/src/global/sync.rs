@@ -13,7 +13,7 @@
 //! [`GlobalSettings::sim_unclamped_lease`] is set).
 //!
 //! Connections to the allocator go through a
-//! [`leasehold_allocator::transport::Connector`]: real TCP by default
+//! [`leasehold_allocator_client::transport::Connector`]: real TCP by default
 //! ([`GlobalSync::new`]), turmoil's network in the simulation
 //! ([`GlobalSync::with_connector`]). A [`SyncObserver`] (optional) hears of
 //! every share reply applied and every chunk grant taken.
@@ -24,8 +24,8 @@ use std::time::Duration;
 // tokio's clock: simulated under turmoil, so the lease clock is too.
 use tokio::time::Instant;
 
-use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
-use leasehold_allocator::transport::{self, Connector};
+use leasehold_allocator_client::client::{AllocatorClient, ClientError, ClientSettings};
+use leasehold_allocator_client::transport::{self, Connector};
 use leasehold_proto::allocator::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -746,7 +746,7 @@ impl GlobalSync {
 /// a hedge to another node after a quarter of it (at most 500 ms), and
 /// calls bounded by twice the timeout. A hung leader costs one hedge delay
 /// plus the election; a node that timed out is passed over (see
-/// `leasehold_allocator::follow`).
+/// `leasehold_allocator_client::follow`).
 fn client_settings(request_timeout_ms: u64) -> ClientSettings {
     let timeout = Duration::from_millis(request_timeout_ms.max(1));
     ClientSettings {

@@ -848,7 +848,7 @@ impl RuleReader<'_> {
             return Some(None);
         }
         let raw = self.string(table, "", "pool", true)?;
-        if leasehold_allocator::id::PoolId::parse(raw).is_err() {
+        if leasehold_allocator_client::id::PoolId::parse(raw).is_err() {
             self.fail(
                 "",
                 "pool",

@@ -467,3 +467,16 @@ impl Node {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::MEMBERSHIP_CALL_TIMEOUT;
+    use crate::node_config::RaftSettings;
+
+    #[test]
+    fn membership_attempts_outlast_the_slowest_add_node_at_the_default_write_timeout() {
+        let default_write = RaftSettings::default().write_timeout();
+        assert!(MEMBERSHIP_CALL_TIMEOUT >= add_node_bound(default_write));
+    }
+}

@@ -1,10 +1,11 @@
-//! The network seams of a node: how it dials out ([`Connector`]) and what
-//! it serves on ([`Listen`]), so the same node runs over real TCP or over a
-//! simulated network (`sim_net`, feature `turmoil`).
+//! The network seams of a node and of its clients: how they dial out
+//! ([`Connector`]) and what a node serves on ([`Listen`]), so the same node,
+//! client and agent run over real TCP or over a simulated network
+//! (`leasehold_allocator::sim_net`, feature `turmoil`).
 //!
-//! - **Outgoing**: every connection this crate opens goes through a
-//!   [`Connector`]: gRPC channels to peers (raft), to nodes (the
-//!   [`crate::client::AllocatorClient`], auto-initialization's status
+//! - **Outgoing**: every connection an allocator node or a client opens
+//!   goes through a [`Connector`]: gRPC channels to peers (raft), to nodes
+//!   (the [`crate::client::AllocatorClient`], auto-initialization's status
 //!   queries) and the prober's byte streams to agents' health endpoints.
 //!   [`TcpConnector`] is the real one: lazily connected tonic channels
 //!   (TCP_NODELAY, [`CONNECT_TIMEOUT`]) and tokio TCP streams.
@@ -79,7 +80,7 @@ pub fn lazy_channel(address: &str) -> Result<Channel, tonic::transport::Error> {
         .connect_lazy())
 }
 
-/// The endpoint every channel of this crate uses: `http://{address}`, the
+/// The endpoint every channel to a node uses: `http://{address}`, the
 /// connect timeout.
 pub fn endpoint(address: &str) -> Result<Endpoint, ConnectError> {
     Endpoint::from_shared(format!("http://{address}"))

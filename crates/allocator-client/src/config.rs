@@ -112,8 +112,9 @@ pub enum ReclaimPolicy {
     /// exceeds L; the simulation uses it to show that bound breaking.
     ///
     /// Unreachable from outside: a pools file refuses it
-    /// ([`crate::node_config::parse_pools`]) and so do `CreatePool` /
-    /// `UpdatePool` on the wire ([`crate::wire::pool_config_from_wire`]);
+    /// (`leasehold_allocator::node_config::parse_pools`) and so do
+    /// `CreatePool` / `UpdatePool` on the wire
+    /// (`leasehold_allocator::wire::pool_config_from_wire`);
     /// only a pool seeded programmatically (`NodeConfig.pools`) carries it.
     /// It stays serialisable (serde, and `silence_only` on the wire out)
     /// because the raft log, replication and snapshots carry pool configs

@@ -2,7 +2,7 @@
 //!
 //! [`AllocatorClient::connect`] takes any node addresses (`host:port`); no
 //! connection is made until the first call. Which node is tried is decided
-//! by a [`Follower`] (`crate::follow`): the leader it last heard of unless
+//! by a [`Follower`] ([`crate::follow`]): the leader it last heard of unless
 //! that node is a *suspect*, else the next address in turn. After a failed
 //! attempt a call:
 //! - on NOT_LEADER with a leader address, goes there at once — unless that
@@ -49,18 +49,22 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use crate::config::PoolConfig;
 use crate::follow::Follower;
-use crate::raft::node::MAX_API_MESSAGE_BYTES;
 use crate::transport::{self, Connector};
 use crate::wire;
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::allocator_client::AllocatorClient as RawClient;
 
+/// Largest Allocator message (an Inspect with grant records can be MBs),
+/// sent or received by a client and by a node's API
+/// (`leasehold_allocator::raft::node` uses this one).
+pub const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Cap on node addresses a client knows (configured plus learned).
 pub const MAX_ADDRESSES: usize = 64;
 /// Per-attempt deadline of AddNode / RemoveNode (at least): the longest
 /// AddNode on nodes with the default 2 s write timeout, plus a margin.
 /// Nodes with a longer `write_timeout_ms` need a client whose
-/// `call_timeout` is at least `raft::node::add_node_bound` of it.
+/// `call_timeout` is at least `leasehold_allocator::raft::node::add_node_bound`
+/// of it (a test there checks the default).
 pub const MEMBERSHIP_CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// Attempts of one call in flight at once when hedging.
 pub const MAX_IN_FLIGHT: usize = 2;
@@ -627,15 +631,4 @@ impl AllocatorClient {
 /// connect"), as opposed to a node answering UNAVAILABLE itself.
 fn is_broken_connection(status: &Status) -> bool {
     wire::error_detail(status).is_none()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn membership_attempts_outlast_the_slowest_add_node_at_the_default_write_timeout() {
-        let default_write = crate::node_config::RaftSettings::default().write_timeout();
-        assert!(MEMBERSHIP_CALL_TIMEOUT >= crate::raft::node::add_node_bound(default_write));
-    }
 }

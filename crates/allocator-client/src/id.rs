@@ -24,7 +24,7 @@ pub const MAX_ID_BYTES: usize = 64;
 pub enum IdError {
     #[error("empty")]
     Empty,
-    /// Says the length the way [`leasehold_logging::quote`] does (`(N
+    /// Says the length the way `leasehold_logging::quote` does (`(N
     /// bytes)`) and never echoes the id itself: an oversized id is refused
     /// without quoting any of it.
     #[error("too long ({length_bytes} bytes), the cap is {cap_bytes} bytes")]
