@@ -117,10 +117,18 @@ pub async fn run(args: &StoreBench) -> anyhow::Result<()> {
     if primaries.len() != PRIMARIES {
         anyhow::bail!("the cluster map names {} primaries", primaries.len());
     }
-    let keys: Arc<Vec<u64>> = Arc::new((0..args.keys).collect());
+    let tags = args.tags.unwrap_or(args.keys);
+    if tags == 0 {
+        anyhow::bail!("--tags must be at least 1");
+    }
+    let keys: Arc<Vec<Bucket>> = Arc::new(
+        (0..args.keys)
+            .map(|k| Bucket { k, tag: k % tags })
+            .collect(),
+    );
     let owner: Arc<Vec<usize>> = Arc::new(
         keys.iter()
-            .map(|&k| owner_index(&primaries, map.owner(slot_of_key(&bucket_key(k)))))
+            .map(|&b| owner_index(&primaries, map.owner(slot_of_key(&bucket_key(b)))))
             .collect(),
     );
     let one_target = Target {
@@ -144,11 +152,11 @@ pub async fn run(args: &StoreBench) -> anyhow::Result<()> {
         cpus: RedisCpus::new(&primary_urls)?,
     };
     // Warm up: connect every node, load the scripts, learn the topology.
-    for k in 0..args.keys.min(64) {
+    for &b in keys.iter().take(64) {
         for target in [&one_target, &cluster_target] {
             target
                 .store
-                .run(&bucket_call(k))
+                .run(&bucket_call(b))
                 .await
                 .map_err(|e| anyhow::anyhow!("warm-up on {}: {e}", target.label))?;
         }
@@ -206,13 +214,20 @@ fn map_slots<'a>(
     slots
 }
 
-/// Bucket `k`: its own hash tag, so buckets spread over the slots.
-fn bucket_key(k: u64) -> String {
-    format!("lh:v1:{{b{k}}}:rb")
+/// Bucket `k` of the workload: key `k` in hash tag `k mod tags` (by
+/// default each key its own tag), so buckets spread over the slots.
+#[derive(Clone, Copy)]
+struct Bucket {
+    k: u64,
+    tag: u64,
 }
 
-fn bucket_call(k: u64) -> ScriptCall {
-    let mut call = ScriptCall::new(ScriptKind::TokenBucket).key(bucket_key(k));
+fn bucket_key(b: Bucket) -> String {
+    format!("lh:v1:{{b{}}}:rb{}", b.tag, b.k)
+}
+
+fn bucket_call(b: Bucket) -> ScriptCall {
+    let mut call = ScriptCall::new(ScriptKind::TokenBucket).key(bucket_key(b));
     for arg in BUCKET_ARGS {
         call = call.arg(arg);
     }
@@ -221,11 +236,12 @@ fn bucket_call(k: u64) -> ScriptCall {
 
 /// A block of [`BLOCK_TOKENS`] from bucket `k` under a fresh lease id: the
 /// bucket and its lease record share the bucket's tag.
-fn lease_call(k: u64, lease_id: &str) -> ScriptCall {
+fn lease_call(b: Bucket, lease_id: &str) -> ScriptCall {
+    let Bucket { k, tag } = b;
     ScriptCall::new(ScriptKind::LeaseBlock)
-        .key(format!("lh:v1:{{b{k}}}:lb"))
+        .key(format!("lh:v1:{{b{tag}}}:lb{k}"))
         .key(format!(
-            "lh:v1:{{b{k}}}:_lease:{:016x}:{lease_id}",
+            "lh:v1:{{b{tag}}}:_lease:{:016x}:{lease_id}",
             k.wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ))
         .arg(BUCKET_ARGS[0])
@@ -242,7 +258,7 @@ fn lease_call(k: u64, lease_id: &str) -> ScriptCall {
 async fn priced(
     target: &Target,
     args: &StoreBench,
-    keys: &Arc<Vec<u64>>,
+    keys: &Arc<Vec<Bucket>>,
     owner: &Arc<Vec<usize>>,
     workload: Workload,
 ) -> anyhow::Result<Priced> {
@@ -258,10 +274,10 @@ async fn priced(
             (store.clone(), keys.clone(), owner.clone(), tally.clone());
         async move {
             let index = (task as u64).wrapping_mul(1_000_003).wrapping_add(i) % keys.len() as u64;
-            let k = keys[index as usize];
+            let b = keys[index as usize];
             let call = match workload {
-                Workload::Bucket => bucket_call(k),
-                Workload::Lease => lease_call(k, &format!("{task}.{i}")),
+                Workload::Bucket => bucket_call(b),
+                Workload::Lease => lease_call(b, &format!("{task}.{i}")),
             };
             match store.run(&call).await {
                 Ok(_) => {
@@ -307,7 +323,9 @@ fn print_cluster(
     println!(
         "leasehold bench store --cluster (token bucket, allow path, {} keys of {} hash tags, \
          {} callers, coalesced as the agent ships it)",
-        args.keys, args.keys, args.concurrency
+        args.keys,
+        args.tags.unwrap_or(args.keys).min(args.keys),
+        args.concurrency
     );
     println!(
         "  {:<32} {:>12} {:>12} {:>16} {:>14} {:>8} {:>8}",
@@ -569,9 +587,11 @@ fn print_capacity(
     cluster: [&Priced; 2],
 ) {
     println!(
-        "leasehold bench store --capacity ({} keys, {} callers, coalesced; block leasing: one \
-         lease_block of B = {BLOCK_TOKENS} tokens serves {BLOCK_TOKENS} requests)",
-        args.keys, args.concurrency
+        "leasehold bench store --capacity ({} keys of {} hash tags, {} callers, coalesced; block \
+         leasing: one lease_block of B = {BLOCK_TOKENS} tokens serves {BLOCK_TOKENS} requests)",
+        args.keys,
+        args.tags.unwrap_or(args.keys).min(args.keys),
+        args.concurrency
     );
     println!("  bytes per key (MEMORY USAGE … SAMPLES 0, after a realistic call):");
     println!(

@@ -77,6 +77,11 @@ pub struct StoreBench {
     /// keys. With --cluster, both in one run.
     #[arg(long, conflicts_with_all = ["redis_url", "redis_cell_module"])]
     pub(crate) capacity: bool,
+    /// With --cluster or --capacity: hash tags the keys share, key k in
+    /// tag k mod N (default: each key its own tag). Fewer tags let the
+    /// coalescer pack calls of one tag on the cluster.
+    #[arg(long)]
+    pub(crate) tags: Option<u64>,
 }
 
 /// A bucket of 10^6 tokens refilling 1 token per 1,000 s, cost 1 token: it
