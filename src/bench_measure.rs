@@ -111,6 +111,89 @@ impl RedisCpu {
     }
 }
 
+/// One server's counters at one instant: CPU seconds and EVALSHA calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ServerCounters {
+    pub(crate) cpu_s: f64,
+    pub(crate) evalsha_calls: u64,
+}
+
+impl std::ops::Sub for ServerCounters {
+    type Output = ServerCounters;
+    fn sub(self, before: ServerCounters) -> ServerCounters {
+        ServerCounters {
+            cpu_s: (self.cpu_s - before.cpu_s).max(0.0),
+            evalsha_calls: self.evalsha_calls.saturating_sub(before.evalsha_calls),
+        }
+    }
+}
+
+impl RedisCpu {
+    /// CPU seconds and `cmdstat_evalsha` calls, from one `INFO`.
+    pub(crate) fn counters(&self) -> anyhow::Result<ServerCounters> {
+        let mut conn = self.client.get_connection()?;
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .arg("commandstats")
+            .query(&mut conn)?;
+        Ok(ServerCounters {
+            cpu_s: parse_cpu_seconds(&info)
+                .with_context(|| format!("no CPU times in INFO CPU: {info}"))?,
+            evalsha_calls: parse_command_calls(&info, "evalsha"),
+        })
+    }
+}
+
+/// Several Redis servers read together (a cluster's primaries): each
+/// server's CPU and EVALSHA calls before and after one run.
+pub(crate) struct RedisCpus {
+    servers: Vec<RedisCpu>,
+}
+
+impl RedisCpus {
+    pub(crate) fn new(urls: &[String]) -> anyhow::Result<Self> {
+        Ok(RedisCpus {
+            servers: urls
+                .iter()
+                .map(|url| RedisCpu::new(url))
+                .collect::<anyhow::Result<_>>()?,
+        })
+    }
+
+    fn counters(&self) -> anyhow::Result<Vec<ServerCounters>> {
+        self.servers.iter().map(RedisCpu::counters).collect()
+    }
+
+    /// Runs `run` and returns its value with what it cost each server, in
+    /// the order of the URLs given.
+    pub(crate) async fn priced<T>(
+        &self,
+        run: impl std::future::Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<(T, Vec<ServerCounters>)> {
+        let before = self.counters()?;
+        let value = run.await?;
+        let after = self.counters()?;
+        Ok((
+            value,
+            after.into_iter().zip(before).map(|(a, b)| a - b).collect(),
+        ))
+    }
+}
+
+/// `calls=` of `cmdstat_<command>` in an `INFO commandstats` reply (0 when
+/// the command never ran).
+fn parse_command_calls(info: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|field| field.strip_prefix("calls="))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// This process's CPU time (user + system, all threads) in seconds, from
 /// `/proc/self/stat`; None where there is no procfs. The bench process
 /// holds the callers and the agent: its CPU per decision prices both ends
@@ -169,6 +252,15 @@ mod tests {
         assert_eq!(parse_proc_stat_seconds(stat, 100.0), Some(3.0));
         assert_eq!(parse_proc_stat_seconds("garbage", 100.0), None);
         assert!(process_cpu_seconds().is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn reads_command_calls_from_info_commandstats() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=1234,usec=99,usec_per_call=0.08\r\n\
+                    cmdstat_info:calls=7,usec=1\r\n";
+        assert_eq!(parse_command_calls(info, "evalsha"), 1234);
+        assert_eq!(parse_command_calls(info, "info"), 7);
+        assert_eq!(parse_command_calls(info, "hincrby"), 0);
     }
 
     #[test]

@@ -39,13 +39,13 @@ use crate::bench_measure::{per_cpu_second, RedisCpu};
 pub struct StoreBench {
     /// Concurrent tasks calling the store (and redis-benchmark clients).
     #[arg(long, default_value_t = 32)]
-    concurrency: usize,
+    pub(crate) concurrency: usize,
     /// Calls per caller-side RedisStore batch.
     #[arg(long, default_value_t = 16)]
     batch: usize,
     /// Seconds to drive each RedisStore measurement.
     #[arg(long, default_value_t = 3)]
-    seconds: u64,
+    pub(crate) seconds: u64,
     /// Pipeline depth of the pipelined redis-benchmark runs.
     #[arg(long, default_value_t = 16)]
     pipeline: usize,
@@ -57,7 +57,7 @@ pub struct StoreBench {
     multi: usize,
     /// Distinct buckets the decisions spread over, uniformly.
     #[arg(long, default_value_t = 10_000)]
-    keys: u64,
+    pub(crate) keys: u64,
     /// A redis-cell module (`libredis_cell.so`) to load into the private
     /// redis-server, for `CL.THROTTLE` on the same server in the same run.
     #[arg(long)]
@@ -65,12 +65,29 @@ pub struct StoreBench {
     /// Use this Redis instead of starting a private redis-server.
     #[arg(long, conflicts_with = "redis_cell_module")]
     redis_url: Option<String>,
+    /// Instead of the table above: the agent's coalesced store on one
+    /// private redis-server vs a private 3-primary Redis Cluster, in one
+    /// run (decisions/s, Redis CPU per decision summed over the primaries,
+    /// key share and decisions per CPU-second of each primary).
+    #[arg(long, conflicts_with_all = ["redis_url", "redis_cell_module"])]
+    pub(crate) cluster: bool,
+    /// Instead of the table above: bytes per key of every script
+    /// (`MEMORY USAGE`), decisions per Redis CPU-second with block leasing
+    /// off and on, and the sizing of 1,000,000 checks/s over 5,000,000
+    /// keys. With --cluster, both in one run.
+    #[arg(long, conflicts_with_all = ["redis_url", "redis_cell_module"])]
+    pub(crate) capacity: bool,
+    /// With --cluster or --capacity: hash tags the keys share, key k in
+    /// tag k mod N (default: each key its own tag). Fewer tags let the
+    /// coalescer pack calls of one tag on the cluster.
+    #[arg(long)]
+    pub(crate) tags: Option<u64>,
 }
 
 /// A bucket of 10^6 tokens refilling 1 token per 1,000 s, cost 1 token: it
 /// never runs dry during a bench and its key lives for the whole run (as a
 /// busy production bucket does). Millitokens on the wire.
-const BUCKET_ARGS: [&str; 5] = ["1000000000", "1000", "1000000", "1000", "0"];
+pub(crate) const BUCKET_ARGS: [&str; 5] = ["1000000000", "1000", "1000000", "1000", "0"];
 
 /// redis-cell's equivalent: burst 10^6, 1 per 1,000 s, quantity 1.
 const CELL_ARGS: [&str; 4] = ["1000000", "1", "1000", "1"];
@@ -96,6 +113,9 @@ pub async fn run(args: StoreBench) -> anyhow::Result<()> {
     }
     if !(1..=64).contains(&args.multi) {
         anyhow::bail!("--multi must be in [1, 64] (multi_decision's bound)");
+    }
+    if args.cluster || args.capacity {
+        return crate::bench_cluster::run(&args).await;
     }
     // The private server (if any) lives until the bench ends.
     let (_private, url, port) = match &args.redis_url {

@@ -6,6 +6,7 @@ mod allocator_cli;
 mod bench;
 mod bench_agent;
 mod bench_allocator;
+mod bench_cluster;
 mod bench_envoy;
 mod bench_measure;
 mod bench_store;

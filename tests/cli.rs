@@ -91,6 +91,43 @@ fn bench_store_prices_every_path_per_redis_cpu_second() {
 }
 
 #[test]
+fn bench_store_cluster_and_capacity_price_one_node_and_three_primaries_in_one_run() {
+    let out = leasehold()
+        .args(["bench", "store", "--cluster", "--capacity"])
+        .args(["--seconds", "1", "--concurrency", "4", "--keys", "300"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "RedisStore, one node",
+        "ClusterStore, 3 primaries",
+        "ratio cluster / one node",
+        "What limits the scaling here",
+        "token_bucket     bucket hash",
+        "sliding_log      sorted set, 10 entries",
+        "leasing off (1 decision / request)",
+        "leasing on (B = 10: 10 requests)",
+        "leasing off: primaries = ceil(1000000 /",
+        "memory, 1 replica(s) per primary: 5000000 ×",
+    ] {
+        assert!(text.contains(row), "no {row}: {text}");
+    }
+    // Every call on the allow path was answered (no store error).
+    assert!(!text.contains("errors)"), "{text}");
+    // Three primaries, each owning part of the keys.
+    let shares = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("127.0.0.1:"))
+        .count();
+    assert_eq!(shares, 3, "{text}");
+}
+
+#[test]
 fn bench_envoy_prints_rls_to_check_ratios_and_every_answer_is_ok() {
     let out = leasehold()
         .args(["bench", "envoy", "--seconds", "1", "--concurrency", "2"])
