@@ -71,6 +71,10 @@ pub struct EnvoyBench {
 
 pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
     match target {
+        BenchTarget::Store(args) if crate::bench_store::wants_cluster(&args) => {
+            crate::bench_store::check_args(&args)?;
+            crate::bench_cluster::run(&args).await
+        }
         BenchTarget::Store(args) => crate::bench_store::run(args).await,
         BenchTarget::Agent(args) => {
             crate::bench_agent::run(

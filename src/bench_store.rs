@@ -107,16 +107,26 @@ struct Line {
     errors: u64,
 }
 
-pub async fn run(args: StoreBench) -> anyhow::Result<()> {
+/// Refuses flag values no measurement can run with.
+pub(crate) fn check_args(args: &StoreBench) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.batch == 0 || args.keys == 0 || args.pipeline == 0 {
         anyhow::bail!("--concurrency, --batch, --keys and --pipeline must be at least 1");
     }
     if !(1..=64).contains(&args.multi) {
         anyhow::bail!("--multi must be in [1, 64] (multi_decision's bound)");
     }
-    if args.cluster || args.capacity {
-        return crate::bench_cluster::run(&args).await;
-    }
+    Ok(())
+}
+
+/// Whether `--cluster` or `--capacity` asks for `bench_cluster` instead.
+pub(crate) fn wants_cluster(args: &StoreBench) -> bool {
+    args.cluster || args.capacity
+}
+
+/// The one-node table (`--cluster` / `--capacity`: `crate::bench_cluster`,
+/// chosen by `crate::bench`).
+pub async fn run(args: StoreBench) -> anyhow::Result<()> {
+    check_args(&args)?;
     // The private server (if any) lives until the bench ends.
     let (_private, url, port) = match &args.redis_url {
         Some(url) => (None, url.clone(), port_of(url)?),

@@ -280,15 +280,17 @@ fn a_node_that_refuses_to_load_the_scripts_is_a_store_error() {
     );
 }
 
-/// Token buckets that refill nothing within a test: capacity 1,000 tokens,
-/// 1 millitoken per 46 days (capacity × period ≤ 2^52).
+/// Token buckets that refill nothing within a test (1 millitoken per 46
+/// days; capacity × period ≤ 2^52) and cost 1 of their 1,000,000
+/// millitokens a call: however fast the machine, the traffic never drains
+/// one during the test, so every call takes the debit path.
 fn frozen_bucket(key: &str) -> ScriptCall {
     ScriptCall::new(ScriptKind::TokenBucket)
         .key(key)
         .arg(1_000_000)
         .arg(1)
         .arg(4_000_000_000u64)
-        .arg(1_000)
+        .arg(1)
         .arg(600_000)
 }
 
@@ -350,7 +352,10 @@ fn resharding_under_traffic_loses_and_doubles_no_decision() {
                         Ok(r) if r.values[0] == 1 => {
                             admitted[index].fetch_add(1, Ordering::Relaxed);
                         }
-                        Ok(_) => {}
+                        Ok(r) => errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("refused: {:?}", r.values)),
                         Err(e) => errors.lock().unwrap().push(e.to_string()),
                     }
                 }
@@ -414,7 +419,7 @@ fn resharding_under_traffic_loses_and_doubles_no_decision() {
         // A probe of cost = capacity is refused and reports the tokens left.
         let reply = rt.block_on(store.run(&probe)).expect("probe");
         let admitted = count.load(Ordering::Relaxed) as i64;
-        assert_eq!(reply.values[1], 1_000_000 - admitted * 1_000, "{key}");
+        assert_eq!(reply.values[1], 1_000_000 - admitted, "{key}");
         assert_eq!(reply.values[0], i64::from(admitted == 0), "{key}");
     }
     let slot_owner = store
@@ -443,9 +448,11 @@ fn a_killed_primary_degrades_only_its_keys_until_its_replica_serves_them() {
     let mut cluster = RedisCluster::start(3, 1).expect("cluster");
     let rt = runtime();
     let mut config = ClusterStoreConfig::new(cluster.seeds());
+    // Patient: a loaded machine never times out a healthy primary's call
+    // (the killed one refuses connections at once).
     config.node = RedisStoreConfig {
-        call_deadline: Duration::from_millis(500),
-        connect_timeout: Duration::from_millis(200),
+        call_deadline: Duration::from_secs(5),
+        connect_timeout: Duration::from_millis(500),
         ..RedisStoreConfig::new("")
     };
     let store = ClusterStore::new(config).expect("store");
@@ -474,7 +481,7 @@ fn a_killed_primary_degrades_only_its_keys_until_its_replica_serves_them() {
             match (victims, reply) {
                 (false, Ok(_)) => {}
                 (true, Err(StoreError::NotSent(_) | StoreError::Ambiguous(_))) => {}
-                (true, Ok(_)) => break, // already failed over
+                (true, Ok(_)) => {} // already failed over
                 _ => panic!("{key}: {reply:?}"),
             }
         }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_region_agent::store::coalesce::{CoalesceConfig, CoalescingStore};
-use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig, Topology};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::store::script::{ScriptCall, ScriptError, ScriptKind};
+use leasehold_region_agent::store::Topology;
 use leasehold_region_agent::store::{BucketStore, NotSent, StoreError};
 use leasehold_region_agent::testing::RedisServer;
 

@@ -172,8 +172,8 @@ impl ClusterStore {
         self.inner.map()
     }
 
-    /// Reads `CLUSTER SLOTS` now (unless one ran within the minimum
-    /// interval); true when the map covers at least one slot afterwards.
+    /// Reads `CLUSTER SLOTS` now (even within the minimum interval); true
+    /// when the map covers at least one slot afterwards.
     pub async fn refresh(&self) -> bool {
         let deadline = Instant::now() + self.inner.config.refresh_deadline;
         self.inner.refresh(deadline, true).await;
@@ -391,7 +391,7 @@ impl Inner {
             .iter()
             .map(|pack| pack.is_empty().then(Vec::new))
             .collect();
-        if self.map().primaries().is_empty() {
+        if self.map().is_empty() {
             self.refresh(deadline, false).await;
         }
         let mut pending: Vec<Pending> = (0..packs.len())
@@ -419,7 +419,9 @@ impl Inner {
                     answers[pack] = Some(results);
                     continue;
                 };
-                self.count_redirect(&redirect);
+                if redirect != Redirect::CrossSlot {
+                    self.count_redirect(&redirect);
+                }
                 // Not run: the call may go again. Its answer stands only if
                 // no resend happens (deadline) — kept until replaced.
                 answers[pack] = Some(results);

@@ -30,8 +30,7 @@ use crate::store::auth::{RedisAuthError, RedisAuthSettings};
 use crate::store::breaker::{Admission, Breaker, BreakerConfig};
 use crate::store::script::{multi_decision_call, ScriptCall, ScriptError, ScriptKind, ScriptReply};
 use crate::store::slots::Redirect;
-pub use crate::store::Topology;
-use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, PackStore, StoreError};
+use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, PackStore, StoreError, Topology};
 
 /// Connect failures repeat on every call while Redis is down or refuses
 /// the credentials: one line per cause per interval.

@@ -252,6 +252,11 @@ impl SlotMap {
         counts
     }
 
+    /// True when no range is known (before the first refresh).
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
     /// The first slot of every range, in slot order.
     pub fn range_starts(&self) -> Vec<u16> {
         self.ranges.keys().copied().collect()
