@@ -1,6 +1,6 @@
 //! The allocator node's Prometheus metrics (ARCHITECTURE §7), on a
 //! registry of its own (several nodes can live in one process: `leasehold
-//! dev`, tests), served on `metrics_listen` ([`crate::raft::node`]).
+//! dev`, tests), served on `metrics_listen` (by `raft::node`).
 //!
 //! Two kinds:
 //! - **Counted** as things happen on this node: proposals by outcome,
@@ -30,7 +30,7 @@ use prometheus::{
 
 use crate::machine::Machine;
 use crate::pool::Pool;
-use crate::raft::types::MAX_COMMANDS_PER_ENTRY;
+use crate::raft::types::{MAX_COMMANDS_PER_ENTRY, MAX_QUEUED_COMMANDS};
 
 /// The Allocator service's methods (the `method` label's values).
 pub const ALLOCATOR_METHODS: &[&str] = &[
@@ -491,9 +491,7 @@ impl AllocatorMetrics {
         register(Box::new(pool_interval.clone()))?;
         register(Box::new(member_last_heard.clone()))?;
         register(Box::new(region_healthy.clone()))?;
-        queue_capacity.set(saturating_i64(
-            crate::raft::node::MAX_QUEUED_COMMANDS as u64,
-        ));
+        queue_capacity.set(saturating_i64(MAX_QUEUED_COMMANDS as u64));
         Ok(AllocatorMetrics {
             registry,
             scrape: Arc::default(),

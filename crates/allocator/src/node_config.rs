@@ -149,10 +149,10 @@ pub const HTTP_LIMITS_BOUNDS: &[Bound] = &[
 /// The allocator node's default `limits.max_message_bytes`: the 64 MiB its
 /// clients and peers send at most (Inspect replies and raft messages).
 pub const NODE_MAX_MESSAGE_BYTES: u64 = 64 << 20;
-// The default is what the node's own clients send at most.
+// The default is what the node's own clients send at most (the raft
+// transport asserts the same of its messages, `raft::network`).
 const _: () = assert!(
-    NODE_MAX_MESSAGE_BYTES as usize == crate::raft::node::MAX_API_MESSAGE_BYTES
-        && NODE_MAX_MESSAGE_BYTES as usize == crate::raft::network::MAX_RAFT_MESSAGE_BYTES
+    NODE_MAX_MESSAGE_BYTES as usize == leasehold_allocator_client::client::MAX_API_MESSAGE_BYTES
 );
 
 /// The ranges of one `[[pool]]` table's numbers (paths relative to it).

@@ -56,6 +56,9 @@ use leasehold_proto::allocator::v1::raft_client::RaftClient;
 /// Largest raft message accepted or sent (a snapshot chunk is at most
 /// `snapshot_max_chunk_size`, 1 MiB, about 4 MiB as JSON).
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+// A node's default `limits.max_message_bytes` lets every raft message in.
+const _: () =
+    assert!(MAX_RAFT_MESSAGE_BYTES == crate::node_config::NODE_MAX_MESSAGE_BYTES as usize);
 /// First pause before openraft retries a node it could not reach; it
 /// doubles per failure in a row up to [`MAX_UNREACHABLE_BACKOFF`].
 pub const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(250);

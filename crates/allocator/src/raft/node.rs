@@ -91,9 +91,7 @@ mod members;
 
 pub use members::{add_node_bound, remove_node_bound, CATCH_UP_FACTOR, PROBE_TIMEOUT};
 
-/// Cap on validated commands queued for the batcher on one node; when the
-/// queue is full, `propose` refuses with [`ProposeError::Busy`].
-pub const MAX_QUEUED_COMMANDS: usize = 8_192;
+pub use crate::raft::types::MAX_QUEUED_COMMANDS;
 /// Most batched entries the leader has being written (`client_write`) at
 /// once: one being flushed and replicated while the next one fills.
 pub const MAX_ENTRIES_IN_FLIGHT: usize = 2;

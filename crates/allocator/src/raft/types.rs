@@ -20,6 +20,11 @@ use crate::{Command, Rejection, Reply};
 /// The most commands the leader packs into one entry's [`Proposal`].
 pub const MAX_COMMANDS_PER_ENTRY: usize = 512;
 
+/// Cap on validated commands queued for the batcher on one node; when the
+/// queue is full, `propose` refuses with `ProposeError::Busy`
+/// (`raft::node`); the metrics report the queue against it.
+pub const MAX_QUEUED_COMMANDS: usize = 8_192;
+
 /// Client commands as proposed by the leader in one log entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
