@@ -5,6 +5,7 @@
 
 pub mod bucket;
 pub mod chunk_counter;
+pub mod chunk_index;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -12,9 +13,13 @@ pub mod give_back;
 pub mod lease_block;
 pub mod multi_decision;
 pub mod multi_rule;
+pub mod pool_demand;
 pub mod rls_window;
+pub mod share_gate;
+pub mod share_record;
 pub mod sliding_counter;
 pub mod sliding_log;
+pub mod syncer_lease;
 pub mod token_bucket;
 
 use crate::store::keyspace::Keyspace;
@@ -36,6 +41,12 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::ChunkCredit => chunk_counter::eval_credit(space, keys, argv, now_ms),
         ScriptKind::ChunkSpend => chunk_counter::eval_spend(space, keys, argv, now_ms),
         ScriptKind::RlsWindow => rls_window::eval(space, keys, argv, now_ms),
+        ScriptKind::ShareGate => share_gate::eval(space, keys, argv, now_ms),
+        ScriptKind::ShareWrite => share_record::eval_write(space, keys, argv, now_ms),
+        ScriptKind::ShareRead => share_record::eval_read(space, keys, argv, now_ms),
+        ScriptKind::PoolDemand => pool_demand::eval(space, keys, argv, now_ms),
+        ScriptKind::ChunkIndex => chunk_index::eval(space, keys, argv, now_ms),
+        ScriptKind::SyncerLease => syncer_lease::eval(space, keys, argv, now_ms),
         // Its reply is one reply per sub-call, not one integer array: see
         // `multi_decision::eval`. Refused whole, like a malformed envelope.
         ScriptKind::MultiDecision => Err(ScriptError::InvalidArgument("calls".into())),

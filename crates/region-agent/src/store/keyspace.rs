@@ -304,6 +304,38 @@ impl Keyspace {
         }
     }
 
+    /// HGETALL: every field and its text (field order; Redis's is unspecified,
+    /// so a script that returns them sorts first).
+    pub fn hgetall(&mut self, key: &str, now_ms: i64) -> Result<Vec<(String, String)>, WrongType> {
+        match self.get_value(key, now_ms) {
+            None => Ok(Vec::new()),
+            Some(Value::Hash(map)) => Ok(map.iter().map(|(f, v)| (f.clone(), v.clone())).collect()),
+            Some(_) => Err(WrongType),
+        }
+    }
+
+    /// HDEL of one field; the key goes when its last field does, as in Redis.
+    pub fn hdel(&mut self, key: &str, field: &str, now_ms: i64) -> Result<(), WrongType> {
+        self.expire_if_due(key, now_ms);
+        let empty = match self.entries.get_mut(key).map(|e| &mut e.value) {
+            None => return Ok(()),
+            Some(Value::Hash(map)) => {
+                map.remove(field);
+                map.is_empty()
+            }
+            Some(_) => return Err(WrongType),
+        };
+        if empty {
+            self.remove_entry(key);
+        }
+        Ok(())
+    }
+
+    /// PEXPIREAT: an instant not after `now_ms` deletes the key.
+    pub fn pexpire_at(&mut self, key: &str, at_ms: i64, now_ms: i64) {
+        self.pexpire(key, at_ms - now_ms, now_ms);
+    }
+
     /// GET of a string key.
     pub fn get(&mut self, key: &str, now_ms: i64) -> Result<Option<String>, WrongType> {
         match self.get_value(key, now_ms) {

@@ -26,13 +26,22 @@ pub enum ScriptKind {
     ChunkCredit,
     ChunkSpend,
     RlsWindow,
+    /// A `token_bucket`, `multi_rule` or `lease_block` call under the
+    /// shares a Region's syncer wrote into the store
+    /// ([`crate::algorithm::share_gate::gated`]).
+    ShareGate,
+    ShareWrite,
+    ShareRead,
+    PoolDemand,
+    ChunkIndex,
+    SyncerLease,
     /// Up to [`MULTI_DECISION_MAX_CALLS`] calls of the other kinds in one
     /// EVALSHA ([`multi_decision_call`]); its reply is one reply per call.
     MultiDecision,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 13] = [
+    pub const ALL: [ScriptKind; 19] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -45,6 +54,12 @@ impl ScriptKind {
         ScriptKind::ChunkCredit,
         ScriptKind::ChunkSpend,
         ScriptKind::RlsWindow,
+        ScriptKind::ShareGate,
+        ScriptKind::ShareWrite,
+        ScriptKind::ShareRead,
+        ScriptKind::PoolDemand,
+        ScriptKind::ChunkIndex,
+        ScriptKind::SyncerLease,
         ScriptKind::MultiDecision,
     ];
 
@@ -63,6 +78,12 @@ impl ScriptKind {
             ScriptKind::ChunkCredit => "chunk_credit",
             ScriptKind::ChunkSpend => "chunk_spend",
             ScriptKind::RlsWindow => "rls_window",
+            ScriptKind::ShareGate => "share_gate",
+            ScriptKind::ShareWrite => "share_write",
+            ScriptKind::ShareRead => "share_read",
+            ScriptKind::PoolDemand => "pool_demand",
+            ScriptKind::ChunkIndex => "chunk_index",
+            ScriptKind::SyncerLease => "syncer_lease",
             ScriptKind::MultiDecision => "multi_decision",
         }
     }
@@ -81,6 +102,12 @@ impl ScriptKind {
             ScriptKind::ChunkCredit => include_str!("../../../../lua/chunk_credit.lua"),
             ScriptKind::ChunkSpend => include_str!("../../../../lua/chunk_spend.lua"),
             ScriptKind::RlsWindow => include_str!("../../../../lua/rls_window.lua"),
+            ScriptKind::ShareGate => include_str!("../../../../lua/share_gate.lua"),
+            ScriptKind::ShareWrite => include_str!("../../../../lua/share_write.lua"),
+            ScriptKind::ShareRead => include_str!("../../../../lua/share_read.lua"),
+            ScriptKind::PoolDemand => include_str!("../../../../lua/pool_demand.lua"),
+            ScriptKind::ChunkIndex => include_str!("../../../../lua/chunk_index.lua"),
+            ScriptKind::SyncerLease => include_str!("../../../../lua/syncer_lease.lua"),
             ScriptKind::MultiDecision => include_str!("../../../../lua/multi_decision.lua"),
         }
     }
@@ -92,6 +119,7 @@ impl ScriptKind {
                 .iter()
                 .map(|kind| match kind {
                     ScriptKind::MultiDecision => multi_decision_source(),
+                    ScriptKind::ShareGate => share_gate_source(),
                     _ => format!("{PRELUDE}\n{}", kind.body()),
                 })
                 .collect()
@@ -109,6 +137,28 @@ impl ScriptKind {
         });
         &SCRIPTS[self as usize]
     }
+}
+
+/// The prelude, one clock read per call, the bodies a gate may run wrapped
+/// into `LH_SCRIPTS` (as in multi_decision), then the gate's own body.
+fn share_gate_source() -> String {
+    let mut source = format!("{PRELUDE}\n{MULTI_DECISION_CLOCK}\nlocal LH_SCRIPTS = {{}}\n");
+    for kind in ScriptKind::ALL {
+        if crate::algorithm::share_gate::gateable(kind) {
+            source.push_str(&wrapped(kind));
+        }
+    }
+    source.push_str(ScriptKind::ShareGate.body());
+    source
+}
+
+/// A script body as a function of (KEYS, ARGV) in `LH_SCRIPTS`.
+fn wrapped(kind: ScriptKind) -> String {
+    format!(
+        "LH_SCRIPTS['{}'] = function(KEYS, ARGV)\n{}\nend\n",
+        kind.name(),
+        kind.body()
+    )
 }
 
 /// Most sub-calls one multi_decision call carries (`LH_MULTI_MAX` in
@@ -139,11 +189,7 @@ fn multi_decision_source() -> String {
         if kind == ScriptKind::MultiDecision {
             continue;
         }
-        source.push_str(&format!(
-            "LH_SCRIPTS['{}'] = function(KEYS, ARGV)\n{}\nend\n",
-            kind.name(),
-            kind.body()
-        ));
+        source.push_str(&wrapped(kind));
     }
     source.push_str(ScriptKind::MultiDecision.body());
     source

@@ -17,6 +17,11 @@ pub fn bucket_key(tag: &str, i: usize) -> String {
     format!("lh:v1:{{{tag}}}:{}:p", ["a", "b", "c"][i % 3])
 }
 
+/// Share record `i` of `tag` (share_write, share_read, share_gate).
+pub fn share_record(tag: &str, i: u8) -> String {
+    format!("lh:v1:{{{tag}}}:_share:pool-{i}")
+}
+
 fn key(tag: &str, what: &str) -> String {
     format!("lh:v1:{{{tag}}}:{what}:p")
 }
@@ -130,7 +135,80 @@ pub enum Sub {
     Invalid {
         key: usize,
     },
+    /// A token_bucket, multi_rule or lease_block call under share record
+    /// `record` (share_gate).
+    Gated {
+        inner: Box<Sub>,
+        record: u8,
+    },
+    ShareWrite {
+        record: u8,
+        token: u64,
+        ttl_ms: u64,
+        capacity: u64,
+    },
+    ShareRead {
+        record: u8,
+    },
+    Demand {
+        requests: u64,
+        spent: u64,
+        take: bool,
+    },
+    /// op 1 add (token, n, granted, expires_at_ms), 2 read, 3 clear (token).
+    Index {
+        op: u8,
+        token: u64,
+        n: u64,
+        expires_at_ms: u64,
+    },
+    SyncerLease {
+        release: bool,
+        agent: u8,
+        ttl_ms: u64,
+    },
 }
+
+/// The state several agents of a Region share: share records and the
+/// gate that reads them, pool demand, the chunk index, the syncer lease.
+pub fn shared_state() -> impl Strategy<Value = Sub> {
+    let ttl = || prop::sample::select(vec![1u64, 40, LONG_TTL_MS]);
+    let gateable = prop_oneof![
+        (0..3usize, prop::sample::select(vec![1_000u64, 3_000]))
+            .prop_map(|(key, cost)| Sub::Bucket { key, cost }),
+        (
+            prop::sample::subsequence(vec![0usize, 1, 2], 1..=3),
+            prop::collection::vec(prop::sample::select(vec![1_000u64, 4_000]), 3),
+            prop::option::of(0u8..3)
+        )
+            .prop_map(|(keys, costs, decision)| Sub::Rules {
+                keys,
+                costs,
+                decision
+            }),
+        (
+            0..3usize,
+            0u8..3,
+            prop::sample::select(vec![1_000u64, 4_000])
+        )
+            .prop_map(|(key, lease, block)| Sub::Lease { key, lease, block }),
+    ];
+    prop_oneof![
+        4 => (gateable, 0u8..2).prop_map(|(inner, record)| Sub::Gated { inner: Box::new(inner), record }),
+        2 => (0u8..2, 1u64..4, ttl(), prop::sample::select(vec![0u64, 3_000, 20_000]))
+            .prop_map(|(record, token, ttl_ms, capacity)| Sub::ShareWrite { record, token, ttl_ms, capacity }),
+        1 => (0u8..2).prop_map(|record| Sub::ShareRead { record }),
+        1 => (0u64..5, 0u64..3_000, any::<bool>())
+            .prop_map(|(requests, spent, take)| Sub::Demand { requests, spent, take }),
+        2 => (1u8..=3, 1u64..4, 0u64..4, prop::sample::select(vec![1u64, FAR_FUTURE_MS]))
+            .prop_map(|(op, token, n, expires_at_ms)| Sub::Index { op, token, n, expires_at_ms }),
+        2 => (any::<bool>(), 0u8..2, ttl())
+            .prop_map(|(release, agent, ttl_ms)| Sub::SyncerLease { release, agent, ttl_ms }),
+    ]
+}
+
+/// An instant no test reaches (2096).
+pub const FAR_FUTURE_MS: u64 = 4_000_000_000_000;
 
 /// The kinds the multi_decision test has always mixed.
 pub fn sub() -> impl Strategy<Value = Sub> {
@@ -163,6 +241,7 @@ pub fn any_kind() -> impl Strategy<Value = Sub> {
         1 => (prop::sample::subsequence(vec![0u8, 1, 2], 1..=3), 1u64..1_500)
             .prop_map(|(chunks, cost)| Sub::Spend { chunks, cost }),
         1 => (0u64..4).prop_map(|hits| Sub::Rls { hits }),
+        3 => shared_state(),
     ]
 }
 
@@ -246,5 +325,74 @@ pub fn to_call(sub: &Sub, tag: &str) -> ScriptCall {
             .arg(RATE.2)
             .arg(1)
             .arg(0),
+        Sub::Gated { inner, record } => {
+            let call = to_call(inner, tag);
+            // Every rule of the call is gated by the same record: the
+            // capacity of token_bucket and lease_block is ARGV[1]; a
+            // multi_rule's are at 4 + 4 × i.
+            let positions: Vec<usize> = match call.kind {
+                ScriptKind::MultiRule => (0..call.keys.len() - 1).map(|i| 4 + 4 * i).collect(),
+                _ => vec![0],
+            };
+            let record = share_record(tag, *record);
+            let gates: Vec<(String, usize)> =
+                positions.into_iter().map(|p| (record.clone(), p)).collect();
+            leasehold_region_agent::algorithm::share_gate::gated(call, &gates)
+        }
+        Sub::ShareWrite {
+            record,
+            token,
+            ttl_ms,
+            capacity,
+        } => ScriptCall::new(ScriptKind::ShareWrite)
+            .key(share_record(tag, *record))
+            .arg(token)
+            .arg(ttl_ms)
+            .arg(capacity)
+            .arg(capacity / 4)
+            .arg(1)
+            .arg(2)
+            .arg(3)
+            .arg(0)
+            .arg(5_000)
+            .arg(0),
+        Sub::ShareRead { record } => {
+            ScriptCall::new(ScriptKind::ShareRead).key(share_record(tag, *record))
+        }
+        Sub::Demand {
+            requests,
+            spent,
+            take,
+        } => ScriptCall::new(ScriptKind::PoolDemand)
+            .key(key(tag, "_demand"))
+            .arg(requests)
+            .arg(spent)
+            .arg(u8::from(*take))
+            .arg(LONG_TTL_MS),
+        Sub::Index {
+            op,
+            token,
+            n,
+            expires_at_ms,
+        } => {
+            let call = ScriptCall::new(ScriptKind::ChunkIndex)
+                .key(key(tag, "_chunks"))
+                .arg(op);
+            match op {
+                1 => call.arg(token).arg(7).arg(n).arg(500).arg(expires_at_ms),
+                3 => call.arg(token),
+                _ => call,
+            }
+        }
+        Sub::SyncerLease {
+            release,
+            agent,
+            ttl_ms,
+        } => ScriptCall::new(ScriptKind::SyncerLease)
+            .key(key(tag, "_syncer"))
+            .key(key(tag, "_syncer_token"))
+            .arg(if *release { 2 } else { 1 })
+            .arg(format!("agent-{agent}"))
+            .arg(ttl_ms),
     }
 }
