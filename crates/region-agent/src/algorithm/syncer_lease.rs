@@ -4,9 +4,9 @@
 //! KEYS = the lease hash `{a, t, x}` (holder, token, expires_at_ms) and the
 //! token counter (a string without expiry). ARGV = op (1 acquire or renew,
 //! 2 release), agent_id (`[a-z0-9-]{1,32}`), ttl_ms ([1, 2^40]). Reply
-//! `{held, token, ttl_left_ms, now}`. Acquire: the holder renews until now
-//! + ttl; with no live lease the caller takes it with the next token;
-//! otherwise `{0, holder's token, its time left}`. Release: `{1, token, 0}`
+//! `{held, token, ttl_left_ms, now}`. Acquire: the holder renews until
+//! now plus ttl; with no live lease the caller takes it with the next token;
+//! otherwise `{0, holder token, its time left}`; release: `{1, token, 0}`
 //! when the caller held it (deleted), else `{0, token or 0, 0}`.
 
 use super::bucket::wrong_type;
