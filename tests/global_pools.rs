@@ -215,6 +215,8 @@ impl World {
                 tick_ms: 50,
                 pools,
                 sim_unclamped_lease: false,
+                agent_id: None,
+                syncer_lease_ttl_ms: 3_000,
             }),
             connector: None,
             listeners: Default::default(),

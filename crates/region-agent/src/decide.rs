@@ -657,6 +657,17 @@ impl Decider {
                 .arg(params.period_ms)
                 .arg(cost_millitokens);
         }
+        // Each enforcing rate-pool rule's (capacity, refill) is ARGV 5 + 4i
+        // (1-based); shadow riders never refuse and are not gated.
+        let gates: Vec<(String, &str, usize)> = rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, rule)| {
+                let pool = rule.pool.as_deref()?;
+                Some((call.keys[1 + i].clone(), pool, 4 + 4 * i))
+            })
+            .collect();
+        let call = self.gated(call, &gates);
         let plan = Planned {
             kind: ScriptKind::MultiRule,
             rules: rules.to_vec(),
@@ -666,6 +677,22 @@ impl Decider {
             chunk_cost_millitokens: None,
         };
         Ok((plan, call))
+    }
+
+    /// Under several agents per Region, a call charging rate-pool buckets
+    /// runs under `share_gate`: each `(bucket key, pool, capacity index)`
+    /// of `gates` is held to the share record the Region's syncer wrote for
+    /// that bucket, atomically with the decision. One agent per Region (or
+    /// no pool rule): the call as it is.
+    pub(crate) fn gated(&self, call: ScriptCall, gates: &[(String, &str, usize)]) -> ScriptCall {
+        if gates.is_empty() || !self.global.shared() {
+            return call;
+        }
+        let gates: Vec<(String, usize)> = gates
+            .iter()
+            .map(|(bucket, pool, position)| (self.keys.share_record(bucket, pool), *position))
+            .collect();
+        crate::algorithm::share_gate::gated(call, &gates)
     }
 
     fn plan_single<'b>(
@@ -679,6 +706,8 @@ impl Decider {
             return self.plan_chunk_spend(rule, cost);
         }
         let key = self.bucket_key(rule, target)?;
+        // The share record a rate-pool bucket is gated by names its key.
+        let pool_bucket = key.clone();
         let units = rule.cost_tokens.saturating_mul(cost);
         let rate = rule.rate;
         let call = match rule.algorithm {
@@ -737,6 +766,10 @@ impl Decider {
             shadow_no_room: Vec::new(),
             idempotent: rule.algorithm == Algorithm::SlidingLog,
             chunk_cost_millitokens: None,
+        };
+        let call = match (&rule.pool, rule.algorithm) {
+            (Some(pool), Algorithm::TokenBucket) => self.gated(call, &[(pool_bucket, pool, 0)]),
+            _ => call,
         };
         Ok((plan, call))
     }

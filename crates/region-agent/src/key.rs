@@ -221,6 +221,45 @@ impl KeyBuilder {
         }
         Ok(format!("lh:v1:{{g-{pool}}}:_chunk:{}", check_id(lease_id)?))
     }
+
+    /// The share record of rate pool `pool` that `share_gate` reads for
+    /// the bucket `bucket_key` (several agents per Region): under the
+    /// bucket's own hash tag, so gate and bucket share a slot.
+    /// `pool` is a validated pool id (`[a-z0-9-]`).
+    pub fn share_record(&self, bucket_key: &str, pool: &str) -> String {
+        let tag = crate::store::slots::hash_tag(bucket_key);
+        format!("lh:v1:{{{tag}}}:_share:{pool}")
+    }
+
+    /// A pool's Region-wide records, all under `{g-<pool>}`: its share as
+    /// the syncer last wrote it (`share`), the requests and chunk spends
+    /// the agents saw since the syncer last took them (`demand`), the
+    /// chunks the Region holds (`chunks`).
+    pub fn pool_record(&self, pool: &str, what: PoolRecord) -> String {
+        let what = match what {
+            PoolRecord::Share => "share",
+            PoolRecord::Demand => "demand",
+            PoolRecord::Chunks => "chunks",
+        };
+        format!("lh:v1:{{g-{pool}}}:_pool:{what}")
+    }
+
+    /// The Region's syncer lease and its token counter (one Redis per
+    /// Region: no Region in the name). `_region` cannot be a tenant tag.
+    pub fn syncer_lease(&self) -> [String; 2] {
+        [
+            "lh:v1:{_region}:syncer".to_string(),
+            "lh:v1:{_region}:syncer_token".to_string(),
+        ]
+    }
+}
+
+/// One of a pool's Region-wide records ([`KeyBuilder::pool_record`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolRecord {
+    Share,
+    Demand,
+    Chunks,
 }
 
 #[cfg(test)]
@@ -229,6 +268,21 @@ mod tests {
 
     fn builder() -> KeyBuilder {
         KeyBuilder::new(b"0123456789abcdef-test-pepper").unwrap()
+    }
+
+    #[test]
+    fn a_share_record_shares_its_buckets_slot() {
+        let b = builder();
+        let bucket = b.shared_bucket(
+            &Tenant::parse("g-edge").unwrap(),
+            &RuleId::parse("api").unwrap(),
+        );
+        let record = b.share_record(&bucket, "api-rps");
+        assert_eq!(record, "lh:v1:{g-edge}:_share:api-rps");
+        assert_eq!(
+            crate::store::slots::slot_of_key(&record),
+            crate::store::slots::slot_of_key(&bucket)
+        );
     }
 
     #[test]

@@ -113,6 +113,10 @@ impl Decider {
             .arg(gateways)
             .arg(rule.slack_ms)
             .arg(LEASE_RECORD_TTL_MS);
+        let call = match rule.pool.as_deref() {
+            Some(pool) => self.gated(call, &[(key.clone(), pool, 0)]),
+            None => call,
+        };
         let mut response = pb::LeaseBlockResponse {
             lease_id,
             policy_version: bundle.version,

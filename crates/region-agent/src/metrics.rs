@@ -60,6 +60,10 @@ pub struct AgentMetrics {
     pub global_room: IntGaugeVec,
     pub global_mode: IntGaugeVec,
     pub allocator_reachable: IntGauge,
+    /// 1 while this agent is its Region's syncer (several agents per
+    /// Region), and how often it became one.
+    pub syncer: IntGauge,
+    pub syncer_takeovers: prometheus::IntCounter,
     /// envoyproxy/ratelimit statistics per limit: kind is total_hits |
     /// within_limit | near_limit | over_limit |
     /// over_limit_with_local_cache | shadow_mode.
@@ -114,6 +118,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_global_room_millitokens",
     "leasehold_global_mode",
     "leasehold_allocator_reachable",
+    "leasehold_syncer",
+    "leasehold_syncer_takeovers_total",
     "leasehold_rls_hits_total",
     "leasehold_rpc_duration_seconds",
     "leasehold_rpc_in_flight",
@@ -217,6 +223,14 @@ impl AgentMetrics {
             "allocator_reachable",
             "1 when the latest allocator call was answered",
         )?;
+        let syncer = IntGauge::new(
+            "syncer",
+            "1 while this agent is its Region's syncer (several agents per Region)",
+        )?;
+        let syncer_takeovers = prometheus::IntCounter::new(
+            "syncer_takeovers_total",
+            "Times this agent became its Region's syncer",
+        )?;
         let rls_hits = IntCounterVec::new(
             Opts::new(
                 "rls_hits_total",
@@ -277,6 +291,8 @@ impl AgentMetrics {
         registry.register(Box::new(global_room.clone()))?;
         registry.register(Box::new(global_mode.clone()))?;
         registry.register(Box::new(allocator_reachable.clone()))?;
+        registry.register(Box::new(syncer.clone()))?;
+        registry.register(Box::new(syncer_takeovers.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(policy_version.clone()))?;
         registry.register(Box::new(store_latency.clone()))?;
@@ -308,6 +324,8 @@ impl AgentMetrics {
             global_room,
             global_mode,
             allocator_reachable,
+            syncer,
+            syncer_takeovers,
             rls_hits,
             rls_keys: Default::default(),
             rpc_duration,

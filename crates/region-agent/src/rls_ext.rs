@@ -251,12 +251,13 @@ fn plan_pool(decider: &Decider, rule: &ExtRule<'_>, pool: &str) -> Result<ExtPla
                 return Ok(ExtPlan::Now(look(&ExtRule { current, ..*rule })));
             }
             let call = ScriptCall::new(ScriptKind::TokenBucket)
-                .key(key)
+                .key(key.clone())
                 .arg(params.capacity_millitokens)
                 .arg(params.refill_millitokens)
                 .arg(params.period_ms)
                 .arg(millitokens(rule.hits)?)
                 .arg(COUNTER_SLACK_MS);
+            let call = decider.gated(call, &[(key, pool, 0)]);
             let read = Read::Bucket {
                 kind: ScriptKind::TokenBucket,
                 params,

@@ -252,6 +252,9 @@ pub struct RunningAgent {
     /// The plaintext Envoy RLS listener's address (`rls_listen`), if any.
     pub rls_addr: Option<SocketAddr>,
     pub decider: Arc<Decider>,
+    /// The global-pool sync (with `[global]`): its role in a Region of
+    /// several agents, for status and tests.
+    pub sync: Option<Arc<GlobalSync>>,
     engine: Arc<RlsEngine>,
     shutdown: watch::Sender<bool>,
     /// The listeners' tasks: they finish once their requests in flight do.
@@ -285,6 +288,17 @@ impl RunningAgent {
             task.abort();
             let _ = task.await;
         }
+    }
+
+    /// Ends every task at once without telling any of them, as a crashed
+    /// process would: nothing is released or handed over (the syncer lease
+    /// of a Region of several agents runs out instead). Tests.
+    pub async fn kill(self) {
+        for task in self.servers.into_iter().chain(self.background) {
+            task.abort();
+            let _ = task.await;
+        }
+        drop(self.shutdown);
     }
 
     /// Stops as an orchestrator expects on SIGTERM: every listener stops
@@ -400,6 +414,11 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
     };
     if let Some(sync) = &sync {
         sync.set_metrics(metrics.clone());
+        sync.set_policy(policy.clone());
+        if sync.shared() {
+            global.set_shared();
+            tracing::info!(region = %spec.region, agent = sync.settings.agent_id.as_deref().unwrap_or(""), "several agents serve this Region: its room lives in its Redis");
+        }
     }
     let decider = Arc::new(Decider {
         region: spec.region,
@@ -751,6 +770,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         http_addr,
         rls_addr,
         decider: built.decider,
+        sync: built.sync.clone(),
         engine: built.engine,
         shutdown,
         servers: tasks,
@@ -1033,6 +1053,8 @@ fail_mode = "closed"
                     })
                     .collect(),
                 sim_unclamped_lease: false,
+                agent_id: None,
+                syncer_lease_ttl_ms: 3_000,
             }),
             connector: Some(connector.clone()),
             listeners: Default::default(),

@@ -401,6 +401,8 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
             })
             .collect(),
         sim_unclamped_lease: region.unclamped_lease,
+        agent_id: None,
+        syncer_lease_ttl_ms: 3_000,
     };
     let spec = AgentSpec {
         region: region.name.clone(),

@@ -12,7 +12,9 @@
 //! the regional store; [`settings`] is the `[global]` config.
 
 pub mod chunk;
+pub mod region_state;
 pub mod room;
 pub mod settings;
 pub mod share_sync;
+pub mod shared;
 pub mod sync;

@@ -145,6 +145,9 @@ pub enum Room {
 pub struct GlobalRoom {
     slots: BTreeMap<String, PoolSlot>,
     allocator_reachable: AtomicBool,
+    /// Several agents serve the Region: rate-pool calls run under the
+    /// share records in the store (`share_gate`).
+    shared: AtomicBool,
 }
 
 impl GlobalRoom {
@@ -168,6 +171,15 @@ impl GlobalRoom {
 
     pub fn pools(&self) -> impl Iterator<Item = (&str, &PoolSlot)> {
         self.slots.iter().map(|(id, slot)| (id.as_str(), slot))
+    }
+
+    /// Marks the Region as served by several agents (set once, at build).
+    pub fn set_shared(&self) {
+        self.shared.store(true, Ordering::Relaxed);
+    }
+
+    pub fn shared(&self) -> bool {
+        self.shared.load(Ordering::Relaxed)
     }
 
     pub fn set_allocator_reachable(&self, reachable: bool) {

@@ -22,10 +22,18 @@ const TICK: Bound = Bound::new("global.tick_ms", 10, 10_000);
 const PHASE: Bound = Bound::new("global.pool.phase_ms", 0, MAX_PHASE_MS);
 const CHUNK: Bound = Bound::new("global.pool.chunk_millitokens", 1, MAX_ARG);
 const LOW_WATER: Bound = Bound::new("global.pool.low_water_millitokens", 0, MAX_ARG - 1);
+const SYNCER_LEASE_TTL: Bound = Bound::new("global.syncer_lease_ttl_ms", 300, 60_000);
 
 /// The ranges of the `[global]` numbers, paths from the agent config's root
 /// (documented in `docs/configuration.md`).
-pub const GLOBAL_BOUNDS: &[Bound] = &[REQUEST_TIMEOUT, TICK, PHASE, CHUNK, LOW_WATER];
+pub const GLOBAL_BOUNDS: &[Bound] = &[
+    REQUEST_TIMEOUT,
+    TICK,
+    PHASE,
+    CHUNK,
+    LOW_WATER,
+    SYNCER_LEASE_TTL,
+];
 
 /// `Err((field, "v is outside [min, max]"))` unless `bound` admits `value`.
 fn in_bound(field: String, value: u64, bound: Bound) -> Result<(), (String, String)> {
@@ -50,6 +58,19 @@ pub struct GlobalSettings {
     pub tick_ms: u64,
     #[serde(default, rename = "pool")]
     pub pools: Vec<GlobalPoolSettings>,
+    /// This agent's name among the agents of its Region
+    /// (`[a-z0-9-]{1,32}`, unique in the Region). Set: the Region is served
+    /// by several agents sharing its Redis — one of them (the syncer, by a
+    /// Redis lease) talks to the allocator and writes the Region's room
+    /// into Redis, every agent's decisions read it there. Unset: this agent
+    /// is the Region's only one and holds the room in its memory.
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    /// Time to live of the syncer lease; the syncer renews it every third
+    /// of it. A dead syncer is replaced within ttl + ttl/3 +
+    /// `request_timeout_ms` ([`GlobalSettings::takeover_bound_ms`]).
+    #[serde(default = "default_syncer_lease_ttl_ms")]
+    pub syncer_lease_ttl_ms: u64,
     /// **Simulation only, unsafe; unreachable from config files** (serde
     /// skips it, so `deny_unknown_fields` refuses it in a file). When true, a
     /// rate pool under the `lease` policy never falls to its fallback
@@ -68,6 +89,10 @@ fn default_request_timeout_ms() -> u64 {
 
 fn default_tick_ms() -> u64 {
     100
+}
+
+fn default_syncer_lease_ttl_ms() -> u64 {
+    3_000
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -120,6 +145,19 @@ impl GlobalPoolSettings {
 }
 
 impl GlobalSettings {
+    /// Several agents serve this Region (`agent_id` is set).
+    pub fn shared(&self) -> bool {
+        self.agent_id.is_some()
+    }
+
+    /// The longest a Region with several agents goes without a syncer after
+    /// its syncer dies: the lease runs out (ttl after its last renewal),
+    /// another agent tries within a third of it, then registers within one
+    /// request timeout.
+    pub fn takeover_bound_ms(&self) -> u64 {
+        self.syncer_lease_ttl_ms + self.syncer_lease_ttl_ms / 3 + self.request_timeout_ms
+    }
+
     /// Checks every range and what serde cannot (a config file's numbers
     /// were range-checked already, with their line, by [`GLOBAL_BOUNDS`]);
     /// returns the field at fault (`global.pool[1].id`) and why.
@@ -154,6 +192,19 @@ impl GlobalSettings {
             REQUEST_TIMEOUT,
         )?;
         in_bound(TICK.path.into(), self.tick_ms, TICK)?;
+        in_bound(
+            SYNCER_LEASE_TTL.path.into(),
+            self.syncer_lease_ttl_ms,
+            SYNCER_LEASE_TTL,
+        )?;
+        if let Some(id) = &self.agent_id {
+            if !crate::algorithm::syncer_lease::valid_agent_id(id) {
+                return Err((
+                    "global.agent_id".into(),
+                    format!("{} must match [a-z0-9-]{{1,32}}", quote(id)),
+                ));
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
             let field = |name: &str| format!("global.pool[{i}].{name}");

@@ -33,11 +33,13 @@ use tokio::task::JoinHandle;
 use crate::global::chunk::{
     ChunkConfig, ChunkHolder, GrantOutcome, GrantReplyIn, LeaseIdError, LeaseIds,
 };
+use crate::global::region_state::{Role, Written};
 use crate::global::room::{GlobalRoom, HeldChunk, PoolSlot, PoolView, RateView, WindowView};
 use crate::global::settings::{GlobalPoolSettings, GlobalSettings};
 use crate::global::share_sync::{
     AgentReclaim, ShareOutcome, ShareReplyIn, ShareSync, ShareSyncConfig,
 };
+use crate::global::shared;
 use crate::key::KeyBuilder;
 use crate::store::memory::Clock;
 use crate::store::script::{ScriptCall, ScriptKind};
@@ -76,6 +78,13 @@ pub struct GlobalSync {
     observer: RwLock<Option<Arc<dyn SyncObserver>>>,
     /// The agent's metrics (allocator call latency and failures), once set.
     metrics: std::sync::OnceLock<crate::metrics::AgentMetrics>,
+    /// Several agents per Region: whether this one is the syncer now.
+    pub(crate) role: watch::Sender<Role>,
+    /// The policy (which buckets spend each rate pool: where the share
+    /// records go), once set.
+    pub(crate) policy: std::sync::OnceLock<Arc<crate::policy::holder::PolicyHolder>>,
+    /// What the syncer last wrote of each rate pool.
+    written: std::sync::Mutex<std::collections::BTreeMap<String, Written>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +137,9 @@ impl GlobalSync {
             started: Instant::now(),
             observer: RwLock::new(None),
             metrics: std::sync::OnceLock::new(),
+            role: watch::Sender::new(Role::Follower),
+            policy: std::sync::OnceLock::new(),
+            written: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -154,27 +166,88 @@ impl GlobalSync {
         }
     }
 
+    pub(crate) fn metrics(&self) -> Option<&crate::metrics::AgentMetrics> {
+        self.metrics.get()
+    }
+
+    /// Tells the sync which policy spends the pools (set once, at build).
+    pub fn set_policy(&self, policy: Arc<crate::policy::holder::PolicyHolder>) {
+        let _ = self.policy.set(policy);
+    }
+
+    /// Several agents serve this Region: the room lives in its Redis.
+    pub fn shared(&self) -> bool {
+        self.settings.shared()
+    }
+
+    /// Who syncs the Region now, as this agent knows it.
+    pub fn role(&self) -> Role {
+        *self.role.borrow()
+    }
+
+    pub(crate) fn written_get(&self, pool: &str) -> Option<Written> {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(pool)
+            .copied()
+    }
+
+    pub(crate) fn written_set(&self, pool: &str, written: Written) {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(pool.to_string(), written);
+    }
+
+    pub(crate) fn written_forget(&self, pool: &str) {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(pool);
+    }
+
     /// Monotonic ms since the agent started (the `lease` clock).
     fn mono_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn wall_ms(&self) -> u64 {
+    pub(crate) fn wall_ms(&self) -> u64 {
         u64::try_from(self.clock.now_ms()).unwrap_or(0)
     }
 
     /// One task per configured pool; they end when `stop` turns true.
+    /// Several agents per Region: the syncer lease's task, and per pool a
+    /// reader (always) and the pool's sync (while this agent is the syncer).
     pub fn spawn(self: Arc<Self>, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
-        self.settings
-            .pools
-            .clone()
-            .into_iter()
-            .map(|pool| {
-                let sync = self.clone();
-                let stop = stop.clone();
-                tokio::spawn(async move { sync.run_pool(pool, stop).await })
-            })
-            .collect()
+        let mut tasks = Vec::new();
+        if self.shared() {
+            let sync = self.clone();
+            let lease_stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                sync.run_syncer_lease(lease_stop).await
+            }));
+        }
+        for pool in self.settings.pools.clone() {
+            let sync = self.clone();
+            let pool_stop = stop.clone();
+            if self.shared() {
+                let reader = self.clone();
+                let reader_pool = pool.clone();
+                let reader_stop = stop.clone();
+                tasks.push(tokio::spawn(async move {
+                    reader.run_reader(reader_pool, reader_stop).await
+                }));
+                tasks.push(tokio::spawn(async move {
+                    sync.run_pool_when_syncer(pool, pool_stop).await
+                }));
+            } else {
+                tasks.push(tokio::spawn(
+                    async move { sync.run_pool(pool, pool_stop).await },
+                ));
+            }
+        }
+        tasks
     }
 
     /// Counts the agent's allocator calls in `metrics` from now on (the
@@ -222,7 +295,11 @@ impl GlobalSync {
         }
     }
 
-    async fn run_pool(self: Arc<Self>, pool: GlobalPoolSettings, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run_pool(
+        self: Arc<Self>,
+        pool: GlobalPoolSettings,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let Some(slot) = self.room.slot(&pool.id) else {
             return;
         };
@@ -305,6 +382,14 @@ impl GlobalSync {
         mut stop: watch::Receiver<bool>,
     ) {
         let interval_ms = config.interval_ms.max(1);
+        let record_ttl_ms = shared::record_ttl_ms(
+            self.settings.takeover_bound_ms(),
+            reclaim_wait_ms(
+                config.reclaim.as_ref().and_then(|r| r.policy.as_ref()),
+                interval_ms,
+            ),
+            self.tick(),
+        );
         let reclaim = agent_reclaim(
             config.reclaim.and_then(|r| r.policy),
             self.settings.sim_unclamped_lease,
@@ -329,21 +414,32 @@ impl GlobalSync {
                 reply.epoch,
                 share,
                 sent,
-                &mut stop,
+                (&mut stop, record_ttl_ms),
             )
             .await;
         }
         loop {
             let now = self.mono_ms();
-            self.publish_rate(slot, &sync, epoch);
+            let view = self.publish_rate(slot, &sync, epoch);
+            // Shared Region: the store must hold the view before the
+            // allocator hears of it (a Rebalance reports the applied share).
+            let in_store = !self.shared() || self.write_share(&pool.id, &view, record_ttl_ms).await;
             if sleep_or_stop(self.tick(), &mut stop).await {
                 return;
             }
-            let demand = slot
-                .counters
-                .demand_requests
-                .swap(0, std::sync::atomic::Ordering::Relaxed);
+            let demand = if self.shared() {
+                self.take_demand(&pool.id)
+                    .await
+                    .map_or(0, |(requests, _)| requests)
+            } else {
+                slot.counters
+                    .demand_requests
+                    .swap(0, std::sync::atomic::Ordering::Relaxed)
+            };
             sync.record_requests(demand);
+            if !in_store {
+                continue;
+            }
             if sync.needs_register() {
                 let Some((sent, reply)) = self.register(&pool.id, &mut stop).await else {
                     return;
@@ -358,7 +454,7 @@ impl GlobalSync {
                         reply.epoch,
                         share,
                         sent,
-                        &mut stop,
+                        (&mut stop, record_ttl_ms),
                     )
                     .await;
                 }
@@ -376,7 +472,9 @@ impl GlobalSync {
                 applied_share_millitokens_per_s: request.applied_share_millitokens_per_s,
                 applied_share_version: request.applied_share_version,
             });
-            let result = self.publishing(call, slot, &sync, epoch).await;
+            let result = self
+                .publishing(call, (&pool.id, slot), &sync, epoch, record_ttl_ms)
+                .await;
             self.answered("rebalance", call_started, &result);
             match result {
                 Ok(reply) => {
@@ -389,7 +487,7 @@ impl GlobalSync {
                             reply.epoch,
                             share,
                             now,
-                            &mut stop,
+                            (&mut stop, record_ttl_ms),
                         )
                         .await;
                     }
@@ -410,7 +508,7 @@ impl GlobalSync {
         epoch: u64,
         share: pb::Share,
         sent_at_ms: u64,
-        stop: &mut watch::Receiver<bool>,
+        (stop, record_ttl_ms): (&mut watch::Receiver<bool>, u64),
     ) {
         let outcome = sync.on_share_reply(
             ShareReplyIn {
@@ -433,8 +531,14 @@ impl GlobalSync {
                 None
             }
         };
-        // The lowered bucket is in force before the allocator hears of it.
-        self.publish_rate(slot, sync, epoch);
+        // The lowered bucket is in force before the allocator hears of it:
+        // here, and with several agents in the Region's store for all.
+        let view = self.publish_rate(slot, sync, epoch);
+        if self.shared() && !self.write_share(pool, &view, record_ttl_ms).await {
+            // Not acknowledged: the allocator keeps the room pending until
+            // a later Rebalance reports the share the store then holds.
+            return;
+        }
         let Some(ack) = ack else {
             return;
         };
@@ -450,7 +554,9 @@ impl GlobalSync {
             applied_share_millitokens_per_s: ack.applied_share_millitokens_per_s,
             applied_share_version: ack.applied_share_version,
         });
-        let result = self.publishing(call, slot, sync, epoch).await;
+        let result = self
+            .publishing(call, (pool, slot), sync, epoch, record_ttl_ms)
+            .await;
         self.answered("ack_share", call_started, &result);
         match result {
             Ok(reply) => {
@@ -492,9 +598,9 @@ impl GlobalSync {
         }
     }
 
-    fn publish_rate(&self, slot: &PoolSlot, sync: &ShareSync, epoch: u64) {
+    fn publish_rate(&self, slot: &PoolSlot, sync: &ShareSync, epoch: u64) -> RateView {
         let now = self.mono_ms();
-        slot.set(PoolView::Rate(RateView {
+        let view = RateView {
             bucket: sync.effective_rate(now),
             mode: sync.mode(now),
             incarnation: sync.incarnation(),
@@ -502,7 +608,9 @@ impl GlobalSync {
             epoch,
             interval_ms: sync.interval_ms(),
             fallback_allowance_millitokens_per_s: sync.fallback_allowance_millitokens_per_s(),
-        }));
+        };
+        slot.set(PoolView::Rate(view.clone()));
+        view
     }
 
     /// Awaits an allocator call while republishing the pool's view every
@@ -512,9 +620,10 @@ impl GlobalSync {
     async fn publishing<T>(
         &self,
         call: impl std::future::Future<Output = T>,
-        slot: &PoolSlot,
+        (pool, slot): (&str, &PoolSlot),
         sync: &ShareSync,
         epoch: u64,
+        record_ttl_ms: u64,
     ) -> T {
         tokio::pin!(call);
         let sent = Instant::now();
@@ -522,11 +631,18 @@ impl GlobalSync {
             tokio::select! {
                 out = &mut call => return out,
                 _ = tokio::time::sleep(Duration::from_millis(self.tick())) => {
-                    self.publish_rate(slot, sync, epoch);
+                    let view = self.publish_rate(slot, sync, epoch);
+                    if self.shared() {
+                        self.write_share(pool, &view, record_ttl_ms).await;
+                    }
                     self.unanswered_since(sent);
                 }
             }
         }
+    }
+
+    pub(crate) fn tick_ms(&self) -> u64 {
+        self.tick()
     }
 
     fn tick(&self) -> u64 {
@@ -556,7 +672,7 @@ impl GlobalSync {
         // Chunks granted but not yet credited into the store (store down).
         let mut uncredited: Vec<HeldChunk> = Vec::new();
         loop {
-            drain_spent(slot, &mut holder, self.wall_ms());
+            self.drain_spent(&pool.id, slot, &mut holder).await;
             if fenced_now {
                 let Some((_, reply)) = self.register(&pool.id, &mut stop).await else {
                     return Ok(());
@@ -582,7 +698,7 @@ impl GlobalSync {
                     tokio::select! {
                         out = &mut call => break out,
                         _ = tokio::time::sleep(Duration::from_millis(self.tick())) => {
-                            drain_spent(slot, &mut holder, self.wall_ms());
+                            self.drain_spent(&pool.id, slot, &mut holder).await;
                             self.publish_window(pool, slot, &holder, &uncredited, incarnation, fenced_now);
                             self.unanswered_since(out_since);
                         }
@@ -607,6 +723,9 @@ impl GlobalSync {
                             holder.on_fenced();
                             uncredited.clear();
                             fenced_now = true;
+                            if self.shared() {
+                                self.clear_index(&pool.id).await;
+                            }
                         } else {
                             tracing::warn!(pool = %pool.id, lease_id = %request.lease_id, error = %e, "grant failed; retrying with the same lease id");
                             holder.on_grant_failed(&request.lease_id);
@@ -614,7 +733,7 @@ impl GlobalSync {
                     }
                 }
             }
-            self.credit(&mut uncredited).await;
+            self.credit(&pool.id, &mut uncredited).await;
             self.publish_window(pool, slot, &holder, &uncredited, incarnation, fenced_now);
             if sleep_or_stop(self.tick(), &mut stop).await {
                 return Ok(());
@@ -633,6 +752,11 @@ impl GlobalSync {
         incarnation: u64,
         fenced: bool,
     ) {
+        if self.shared() {
+            // Every agent of the Region, this one included, spends what
+            // the Region's index holds (its reader publishes it).
+            return;
+        }
         let now = self.wall_ms();
         let chunks: Vec<HeldChunk> = holder
             .chunks()
@@ -710,7 +834,7 @@ impl GlobalSync {
 
     /// Credits granted chunks into the store; keeps the ones the store did
     /// not take (retried next tick), drops expired ones.
-    async fn credit(&self, uncredited: &mut Vec<HeldChunk>) {
+    async fn credit(&self, pool: &str, uncredited: &mut Vec<HeldChunk>) {
         if uncredited.is_empty() {
             return;
         }
@@ -726,19 +850,52 @@ impl GlobalSync {
             })
             .collect();
         let results = self.store.run_batch(&calls).await;
-        let mut index = 0;
-        uncredited.retain(|chunk| {
+        let mut done = Vec::with_capacity(uncredited.len());
+        for (chunk, result) in uncredited.iter().zip(&results) {
             // Credited only on a reply of chunk_credit's shape (§8).
-            let ok = matches!(
-                results.get(index),
-                Some(Ok(reply)) if crate::store::script::reply::chunk_credit(reply).is_ok()
-            );
+            let credited = match result {
+                Ok(reply) => crate::store::script::reply::chunk_credit(reply).ok(),
+                Err(_) => None,
+            };
+            let ok = match credited {
+                // Shared Region: done once indexed too (credit again is a
+                // no-op, so a failed index is retried with it).
+                Some(reply) if self.shared() => {
+                    let ttl = chunk.expires_at_ms.saturating_sub(now).max(1);
+                    let expires_at = u64::try_from(reply.now_ms).unwrap_or(0).saturating_add(ttl);
+                    self.index_chunk(pool, &chunk.lease_id, chunk.granted_millitokens, expires_at)
+                        .await
+                }
+                Some(_) => true,
+                None => false,
+            };
             if !ok {
                 tracing::warn!(lease_id = %chunk.lease_id, "chunk not yet credited into the store; retrying");
             }
+            done.push(ok);
+        }
+        let mut index = 0;
+        uncredited.retain(|_| {
+            let keep = !done.get(index).copied().unwrap_or(false);
             index += 1;
-            !ok
+            keep
         });
+    }
+
+    /// Hands what the Region spent since the last call to the holder: this
+    /// agent's own spends, or with several agents what all of them handed
+    /// to the Region's counter.
+    async fn drain_spent(&self, pool: &str, slot: &PoolSlot, holder: &mut ChunkHolder) {
+        if !self.shared() {
+            drain_spent(slot, holder, self.wall_ms());
+            return;
+        }
+        if let Some((_, spent)) = self.take_demand(pool).await {
+            if spent > 0 {
+                // Fails only when the chunks already expired.
+                let _ = holder.spend(spent, self.wall_ms());
+            }
+        }
     }
 }
 
@@ -808,8 +965,24 @@ fn fenced(error: &ClientError) -> Option<u64> {
     (detail.code == pb::ErrorCode::Fenced as i32).then_some(detail.current_incarnation)
 }
 
+/// How long the allocator waits before it may reclaim a silent Region's
+/// room under `policy` (§4.4): `None` when it never does (`freeze`).
+fn reclaim_wait_ms(policy: Option<&pb::reclaim_policy::Policy>, interval_ms: u64) -> Option<u64> {
+    use pb::reclaim_policy::Policy;
+    match policy {
+        Some(Policy::Lease(lease)) => Some(lease.share_ttl_ms),
+        Some(Policy::TwoSignal(p)) => {
+            Some(p.silent_intervals.saturating_mul(interval_ms))
+        }
+        Some(Policy::SilenceOnly(p)) => {
+            Some(p.silent_intervals.saturating_mul(interval_ms))
+        }
+        Some(Policy::Freeze(_)) | None => None,
+    }
+}
+
 /// Sleeps `ms`; true when asked to stop meanwhile.
-async fn sleep_or_stop(ms: u64, stop: &mut watch::Receiver<bool>) -> bool {
+pub(crate) async fn sleep_or_stop(ms: u64, stop: &mut watch::Receiver<bool>) -> bool {
     if *stop.borrow() {
         return true;
     }
