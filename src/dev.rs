@@ -38,6 +38,7 @@ use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_proto::allocator::v1 as allocator_pb;
 use leasehold_region_agent::config::AgentConfig;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
+use leasehold_region_agent::testing::cluster::RedisCluster;
 use leasehold_tls::{Identity, TlsSettings};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
@@ -114,6 +115,13 @@ pub struct DevArgs {
     /// REGION=URL, e.g. eu=redis://127.0.0.1:6381/ (repeatable, once per Region).
     #[arg(long = "redis", value_name = "REGION=URL", value_parser = parse_redis)]
     redis: Vec<RegionRedis>,
+    /// The production topology on loopback: each Region on its own Redis
+    /// Cluster (3 primaries + 3 replicas, free ports, no persistence;
+    /// needs redis-server and redis-cli on PATH) served by two agents that
+    /// share it (agent ids R-a and R-b; R-b listens 10 ports above R-a's
+    /// gRPC and 10 below its HTTP port).
+    #[arg(long, conflicts_with = "redis")]
+    cluster: bool,
     /// Shift every port by N (allocators 7301-7303, agents' gRPC 7101-7103
     /// and HTTP 7191-7193 by default).
     #[arg(long, value_name = "N", default_value_t = 0,
@@ -222,7 +230,17 @@ struct AgentPlace {
     grpc: SocketAddr,
     http: SocketAddr,
     redis_url: Option<String>,
+    /// `--cluster`: the Region's Redis Cluster seeds (set once it runs).
+    redis_cluster: Option<Vec<String>>,
+    /// `--cluster`: this agent's id among its Region's two.
+    agent_id: Option<String>,
+    /// The Region's first agent: the demo and the report talk to it.
+    first: bool,
 }
+
+/// The second agent of a Region (`--cluster`) listens this many ports
+/// above the first's gRPC port and below its HTTP port (7111, 7181 for eu).
+const SECOND_AGENT_PORT_SHIFT: u16 = 10;
 
 /// A node's `metrics_listen`: its gRPC port + 90 (7391 for 7301).
 fn metrics_address(listen: SocketAddr) -> SocketAddr {
@@ -243,11 +261,26 @@ impl Layout {
                 .collect(),
             agents: REGIONS
                 .iter()
-                .map(|r| AgentPlace {
-                    region: r.name,
-                    grpc: loopback(r.grpc_port, offset),
-                    http: loopback(r.http_port, offset),
-                    redis_url: args.redis_url(r.name).map(str::to_string),
+                .flat_map(|r| {
+                    let first = AgentPlace {
+                        region: r.name,
+                        grpc: loopback(r.grpc_port, offset),
+                        http: loopback(r.http_port, offset),
+                        redis_url: args.redis_url(r.name).map(str::to_string),
+                        redis_cluster: None,
+                        agent_id: args.cluster.then(|| format!("{}-a", r.name)),
+                        first: true,
+                    };
+                    let second = args.cluster.then(|| AgentPlace {
+                        region: r.name,
+                        grpc: loopback(r.grpc_port + SECOND_AGENT_PORT_SHIFT, offset),
+                        http: loopback(r.http_port - SECOND_AGENT_PORT_SHIFT, offset),
+                        redis_url: None,
+                        redis_cluster: None,
+                        agent_id: Some(format!("{}-b", r.name)),
+                        first: false,
+                    });
+                    std::iter::once(first).chain(second)
                 })
                 .collect(),
             certs: None,
@@ -401,7 +434,9 @@ fn node_config(
          write_timeout_ms = 2000\n\n[prober]\ninterval_ms = 1000\ntimeout_ms = 500\n\
          failures_to_unhealthy = 3\n",
     );
-    for agent in &layout.agents {
+    // One health target per Region: its first agent's (with two agents
+    // per Region a Region answers while either does; the prober asks one).
+    for agent in layout.agents.iter().filter(|a| a.first) {
         let _ = write!(
             text,
             "\n[[prober.region]]\nregion = \"{}\"\nhealth = \"{}://{}/health\"\n",
@@ -429,7 +464,7 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
         "{plaintext}region = \"{region}\"\nlisten = \"{grpc}\"\nhttp_listen = \"{http}\"\n\
          pepper_file = \"dev-pepper.txt\"\npolicy_file = \"dev-policy.toml\"\n\n\
          [ratelimit]\nconfig_dir = \"ratelimit\"\nresponse_headers = \"upstream\"\n\n\
-         [global]\nallocators = [{allocators}]\nrequest_timeout_ms = 3000\n\n\
+         [global]\nallocators = [{allocators}]\nrequest_timeout_ms = 3000\n{agent_id}\n\
          [[global.pool]]\nid = \"{RATE_POOL}\"\n\n\
          [[global.pool]]\nid = \"edge-rate\"\n\n\
          [[global.pool]]\nid = \"{WINDOW_POOL}\"\nchunk_millitokens = 50000\nlow_water_millitokens = 10000\n",
@@ -438,6 +473,11 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
         grpc = agent.grpc,
         http = agent.http,
         allocators = allocators.join(", "),
+        agent_id = agent
+            .agent_id
+            .as_ref()
+            .map(|id| format!("agent_id = \"{id}\"\n"))
+            .unwrap_or_default(),
     );
     text.push_str(&layout.tls_table(&format!("region-{}", agent.region)));
     let label = format!("leasehold dev: agent-{}.toml (generated)", agent.region);
@@ -448,6 +488,7 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
         ratelimit.config_dir = dir.join(&ratelimit.config_dir);
     }
     config.redis_url = agent.redis_url.clone();
+    config.redis_cluster = agent.redis_cluster.clone();
     Ok(config)
 }
 
@@ -568,10 +609,35 @@ async fn wait_for_pools(layout: &Layout, pools: &[SeedPool]) {
     );
 }
 
+/// `--cluster`: one private Redis Cluster per Region (stopped on drop), its
+/// seeds given to the Region's agents.
+fn start_clusters(layout: &mut Layout) -> anyhow::Result<Vec<RedisCluster>> {
+    let mut clusters = Vec::new();
+    for region in REGIONS.iter().map(|r| r.name) {
+        println!("starting a Redis Cluster for {region} (3 primaries + 3 replicas)…");
+        let cluster = RedisCluster::start(3, 1).with_context(|| {
+            format!(
+                "Redis Cluster for {region} (--cluster needs redis-server and redis-cli on PATH)"
+            )
+        })?;
+        for place in layout.agents.iter_mut().filter(|a| a.region == region) {
+            place.redis_cluster = Some(cluster.seeds());
+        }
+        clusters.push(cluster);
+    }
+    Ok(clusters)
+}
+
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut signals = crate::signals::StopSignals::register()?;
     let mut layout = Layout::new(&args);
     layout.check_ports_free(args.port_offset)?;
+    // Held to the end: dropping a cluster stops its servers.
+    let _clusters = if args.cluster {
+        start_clusters(&mut layout)?
+    } else {
+        Vec::new()
+    };
     let (pools, limit_millitokens_per_s) = embedded_pools()?;
     let dir = DevDir::create()?;
     layout.certs = dev_certs(&args)?;
@@ -638,6 +704,7 @@ impl Watchers {
         let views: Vec<Arc<RegionView>> = layout
             .agents
             .iter()
+            .filter(|a| a.first)
             .map(|a| Arc::new(RegionView::new(a.region, a.grpc, layout.certs.clone())))
             .collect();
         let mut tasks: Vec<JoinHandle<()>> = views
@@ -699,7 +766,8 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "leasehold dev: 3 allocator nodes + 3 Region agents on loopback (data in {}, removed on exit)",
+        "leasehold dev: 3 allocator nodes + {} Region agents on loopback (data in {}, removed on exit)",
+        layout.agents.len(),
         dir.display()
     );
     for (id, address) in &layout.nodes {
@@ -710,11 +778,29 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
         );
     }
     for agent in &layout.agents {
-        let store = agent.redis_url.as_deref().unwrap_or("in-memory");
+        let store = match (&agent.redis_cluster, &agent.redis_url) {
+            (Some(seeds), _) => format!(
+                "Redis Cluster {} (+{} more nodes)",
+                seeds.first().map_or("", String::as_str),
+                seeds.len().saturating_sub(1)
+            ),
+            (None, Some(url)) => url.clone(),
+            (None, None) => "in-memory".to_string(),
+        };
+        let name = match &agent.agent_id {
+            Some(id) => id.clone(),
+            None => agent.region.to_string(),
+        };
         let _ = writeln!(
             out,
-            "  agent {:<3}     gRPC {} (leasehold.agent.v1 + Envoy RLS)  HTTP {} (/health, /metrics)  store {store}",
-            agent.region, agent.grpc, agent.http
+            "  agent {name:<5}   gRPC {} (leasehold.agent.v1 + Envoy RLS)  HTTP {} (/health, /metrics)  store {store}",
+            agent.grpc, agent.http
+        );
+    }
+    if args.cluster {
+        let _ = writeln!(
+            out,
+            "  each Region: two agents on one Redis Cluster; one of them (the syncer, `leasehold_syncer` 1) talks to the allocator"
         );
     }
     let _ = writeln!(

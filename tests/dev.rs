@@ -46,7 +46,11 @@ fn leasehold() -> Command {
 }
 
 fn all_ports(offset: u16) -> Vec<u16> {
-    let agents = AGENTS.iter().flat_map(|(_, grpc, http)| [*grpc, *http]);
+    // With `--cluster` each Region's second agent listens on grpc + 10 and
+    // http − 10.
+    let agents = AGENTS
+        .iter()
+        .flat_map(|(_, grpc, http)| [*grpc, *http, grpc + 10, http - 10]);
     // Each node's metrics_listen is its gRPC port + 90.
     let metrics = ALLOCATOR_PORTS.iter().map(|port| port + 90);
     ALLOCATOR_PORTS
@@ -77,7 +81,7 @@ fn ephemeral_low() -> u16 {
         .unwrap_or(32_768) // Linux's default
 }
 
-/// A random offset whose nine ports are all free now and all below the
+/// A random offset whose ports are all free now and all below the
 /// ephemeral range; random so concurrent runs rarely pick the same ones.
 fn free_offset() -> u16 {
     let low = ephemeral_low();
@@ -98,7 +102,7 @@ fn free_offset() -> u16 {
         }
     }
     panic!(
-        "no offset in {LOWEST_OFFSET}..{} with all nine ports free",
+        "no offset in {LOWEST_OFFSET}..{} with all its ports free",
         LOWEST_OFFSET + span
     );
 }
@@ -334,11 +338,30 @@ fn pooled_check(route_group: &str, id: &str) -> pb::CheckRequest {
 /// POST `/json` (upstream ratelimit's JSON RLS) to `region`'s agent as its
 /// gateway over HTTPS: the answer's JSON, or why none came.
 async fn json_rls(region: &str, http_port: u16, body: &str) -> Result<serde_json::Value, String> {
+    https_json(
+        &format!("gateway-{region}"),
+        region,
+        http_port,
+        "POST /json",
+        body,
+    )
+    .await
+}
+
+/// An HTTPS call to `region`'s agent on `http_port` as the identity whose
+/// certificate stem is `stem`: the JSON body of its answer.
+async fn https_json(
+    stem: &str,
+    region: &str,
+    http_port: u16,
+    request_line: &str,
+    body: &str,
+) -> Result<serde_json::Value, String> {
     use leasehold_allocator::transport::{Connector, TlsNodeConnector};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let tls = leasehold_tls::TlsSettings::in_dir(
         std::path::Path::new(certs_dir()),
-        &format!("gateway-{region}"),
+        stem,
         "leasehold.local",
     );
     let connector = TlsNodeConnector::new(&tls).map_err(|e| e.to_string())?;
@@ -348,7 +371,7 @@ async fn json_rls(region: &str, http_port: u16, body: &str) -> Result<serde_json
         .await
         .map_err(|e| e.to_string())?;
     let request = format!(
-        "POST /json HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{request_line} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream
@@ -612,5 +635,71 @@ fn dev_names_a_busy_port_and_exits_without_starting() {
     assert!(stderr.contains("--port-offset"), "{stderr}");
     for port in all_ports(offset).into_iter().filter(|p| *p != busy_port) {
         assert!(port_is_free(port), "port {port} held after the refusal");
+    }
+}
+
+/// `--cluster`: each Region on its own Redis Cluster, served by two agents
+/// of which exactly one is the syncer; both decide; a stop ends every
+/// Redis node too.
+#[test]
+fn dev_cluster_flag_runs_each_region_on_a_redis_cluster_with_two_agents_and_one_syncer() {
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let offset = free_offset();
+    let mut dev = Dev::start(offset, &["--cluster"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // The second agent of a Region listens 10 above the first's gRPC port
+    // and 10 below its HTTP port.
+    let agents = |region_http: u16| [region_http + offset, region_http - 10 + offset];
+    for (region, grpc, http) in AGENTS {
+        let roles = dev.wait_for(
+            &format!("{region}: one syncer among its two agents"),
+            |_| {
+                let roles: Vec<bool> = agents(http)
+                    .iter()
+                    .map(|port| {
+                        runtime
+                            .block_on(https_json("sre", region, *port, "GET /health", ""))
+                            .ok()
+                            .and_then(|h| h["syncer"].as_bool())
+                    })
+                    .collect::<Option<Vec<bool>>>()?;
+                (roles.iter().filter(|s| **s).count() == 1).then_some(roles)
+            },
+        );
+        assert_eq!(roles.len(), 2, "{region}: {roles:?}");
+        for port in [grpc + offset, grpc + 10 + offset] {
+            let mut attempt = 0;
+            dev.wait_for(&format!("{region} agent on {port} admits a Check"), |_| {
+                attempt += 1;
+                let id = format!("dev-cluster-{region}-{port}-{attempt}");
+                match runtime.block_on(check(region, port, "rate", &id)) {
+                    Ok((_, allowed)) => allowed.then_some(()),
+                    Err(error) => panic!("{region}: Check failed: {error}"),
+                }
+            });
+        }
+    }
+    let stdout = dev.stdout();
+    assert!(stdout.contains("agent eu-b"), "{stdout}");
+    assert!(
+        stdout.contains("store Redis Cluster redis://127.0.0.1:"),
+        "{stdout}"
+    );
+    let seeds: Vec<u16> = stdout
+        .lines()
+        .filter_map(|l| l.split("store Redis Cluster redis://127.0.0.1:").nth(1))
+        .filter_map(|rest| rest.split('/').next()?.parse().ok())
+        .collect();
+    assert_eq!(seeds.len(), 6, "{stdout}");
+    let status = dev.signal_and_wait("TERM");
+    assert!(status.success(), "exit {status}\n{}", dev.output());
+    for port in seeds {
+        assert!(
+            port_is_free(port),
+            "Redis node on {port} still running after exit"
+        );
+    }
+    for port in all_ports(offset) {
+        assert!(port_is_free(port), "port {port} still held after exit");
     }
 }

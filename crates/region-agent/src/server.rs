@@ -620,6 +620,9 @@ pub fn http_router_limited(
                         "store_reachable": h.store_reachable,
                         "policy_version": d.policy.current().version,
                         "allocator_reachable": d.global.allocator_reachable(),
+                        // Several agents per Region: whether this one is the
+                        // syncer (only it calls the allocator); null alone.
+                        "syncer": d.global.syncer(),
                         "global_pools": pools,
                     }))
                 }

@@ -102,10 +102,10 @@ impl GlobalSync {
                     }
                 }
             }
+            let syncing = self.role.borrow().token_now().is_some();
+            self.room.set_syncer(syncing);
             if let Some(metrics) = self.metrics() {
-                metrics
-                    .syncer
-                    .set(i64::from(self.role.borrow().token_now().is_some()));
+                metrics.syncer.set(i64::from(syncing));
             }
             if sleep_or_stop((ttl_ms / 3).max(1), &mut stop).await {
                 break;
@@ -117,6 +117,7 @@ impl GlobalSync {
             tracing::info!(region = %self.region, agent = %agent_id, "syncer lease released");
         }
         self.role.send_replace(Role::Follower);
+        self.room.set_syncer(false);
     }
 
     /// Runs the pool's sync (`run_pool`) whenever this agent is the syncer,

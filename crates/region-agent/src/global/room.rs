@@ -148,6 +148,8 @@ pub struct GlobalRoom {
     /// Several agents serve the Region: rate-pool calls run under the
     /// share records in the store (`share_gate`).
     shared: AtomicBool,
+    /// Several agents: this one is the Region's syncer now.
+    syncer: AtomicBool,
 }
 
 impl GlobalRoom {
@@ -180,6 +182,16 @@ impl GlobalRoom {
 
     pub fn shared(&self) -> bool {
         self.shared.load(Ordering::Relaxed)
+    }
+
+    pub fn set_syncer(&self, syncer: bool) {
+        self.syncer.store(syncer, Ordering::Relaxed);
+    }
+
+    /// Several agents per Region: whether this one syncs (`None`: it is
+    /// the Region's only agent).
+    pub fn syncer(&self) -> Option<bool> {
+        self.shared().then(|| self.syncer.load(Ordering::Relaxed))
     }
 
     pub fn set_allocator_reachable(&self, reachable: bool) {

@@ -971,12 +971,8 @@ fn reclaim_wait_ms(policy: Option<&pb::reclaim_policy::Policy>, interval_ms: u64
     use pb::reclaim_policy::Policy;
     match policy {
         Some(Policy::Lease(lease)) => Some(lease.share_ttl_ms),
-        Some(Policy::TwoSignal(p)) => {
-            Some(p.silent_intervals.saturating_mul(interval_ms))
-        }
-        Some(Policy::SilenceOnly(p)) => {
-            Some(p.silent_intervals.saturating_mul(interval_ms))
-        }
+        Some(Policy::TwoSignal(p)) => Some(p.silent_intervals.saturating_mul(interval_ms)),
+        Some(Policy::SilenceOnly(p)) => Some(p.silent_intervals.saturating_mul(interval_ms)),
         Some(Policy::Freeze(_)) | None => None,
     }
 }
