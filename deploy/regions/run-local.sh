@@ -5,6 +5,13 @@
 # three Region agents (agent-{eu,us,ap}.toml, each on its own Redis).
 #
 #   deploy/regions/run-local.sh up       start what is not running, wait for every /health
+#   deploy/regions/run-local.sh up --cluster
+#                                        the production topology instead: each Region on
+#                                        its own Redis Cluster (3 primaries + 3 replicas:
+#                                        eu 6400-6405, us 6410-6415, ap 6420-6425) served by
+#                                        two agents (R-a on agent-R.toml's ports, R-b 10
+#                                        above its gRPC port and 10 below its HTTP port),
+#                                        one of which syncs with the allocator
 #   deploy/regions/run-local.sh status   what runs, and each agent's /health
 #   deploy/regions/run-local.sh down     stop everything (idempotent)
 #   deploy/regions/run-local.sh clean    down, then delete target/leasehold-run and the
@@ -28,6 +35,8 @@ run="$root/target/leasehold-run"
 certs="$root/target/leasehold-certs"
 regions=(eu us ap)
 nodes=(1 2 3)
+# `up --cluster` writes "cluster" here; down and status read it.
+mode_file="$run/mode"
 # Bound on each wait for a process to answer or to exit, in tenths of a second.
 wait_tenths=300
 
@@ -81,7 +90,9 @@ binary() {
 live_pid() {
   local file="$1" expect="$2" pid state
   [[ -f "$file" ]] || return 0
-  pid="$(tr -dc '0-9' < "$file")"
+  # The file can go between the test and the read (redis-server removes
+  # its own pid file as it exits).
+  pid="$(tr -dc '0-9' < "$file" 2>/dev/null)" || return 0
   [[ -n "$pid" ]] || return 0
   state="$(ps -p "$pid" -o stat= 2>/dev/null || true)"
   [[ -n "$state" && "$state" != Z* ]] || return 0
@@ -111,6 +122,48 @@ wait_until() {
   done
   [[ -f "$log" ]] && { echo "--- last lines of $log" >&2; tail -n 20 "$log" >&2; }
   die "$what: no answer within $((wait_tenths / 10)) s"
+}
+
+cluster_base() { # eu → 6400, us → 6410, ap → 6420: the first of a Region's six nodes
+  case "$1" in eu) echo 6400 ;; us) echo 6410 ;; ap) echo 6420 ;; esac
+}
+
+cluster_mode() { [[ -f "$mode_file" && "$(cat "$mode_file")" == cluster ]]; }
+
+# The Redis Cluster of REGION: six nodes (full coverage off, so a failing
+# primary takes down only its own slots, as the README tells production;
+# no persistence), joined once by redis-cli --cluster create.
+start_redis_cluster() {
+  local region="$1" base port i dir pid seeds=()
+  base="$(cluster_base "$region")"
+  command -v redis-server >/dev/null || die "redis-server not on PATH (apt-get install redis-server)"
+  command -v redis-cli >/dev/null || die "redis-cli not on PATH (apt-get install redis-tools)"
+  for ((i = 0; i < 6; i++)); do
+    port=$((base + i))
+    seeds+=("127.0.0.1:$port")
+    pid="$(live_pid "$run/redis-$region-$i.pid" redis-server)"
+    [[ -n "$pid" ]] && continue
+    require_free "redis $region node $i" "127.0.0.1:$port"
+    dir="$run/redis-$region-$i"
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --cluster-require-full-coverage no --save '' --appendonly no \
+      --daemonize yes --pidfile "$run/redis-$region-$i.pid" --logfile "$run/redis-$region-$i.log" >/dev/null
+    wait_until "redis $region node $i on :$port" "$run/redis-$region-$i.log" port_open "$port"
+  done
+  if ! redis-cli -p "$base" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then
+    redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes >"$run/redis-$region-create.log" 2>&1 \
+      || { tail -n 20 "$run/redis-$region-create.log" >&2; die "redis-cli --cluster create for $region failed"; }
+  fi
+  cluster_ok() {
+    local p
+    for ((p = base; p < base + 6; p++)); do
+      redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+    done
+  }
+  wait_until "the $region Redis Cluster (cluster_state:ok on 6 nodes)" "$run/redis-$region-create.log" cluster_ok
+  say "redis cluster $region: 127.0.0.1:$base-$((base + 5)) (3 primaries + 3 replicas)"
 }
 
 start_redis() {
@@ -170,6 +223,57 @@ derive_agent_config() {
   echo "$out"
 }
 
+# agent-R.toml for `up --cluster`: redis_cluster instead of redis_url,
+# [global] agent_id = R-a or R-b, and for R-b its ports moved (gRPC + 10,
+# HTTP - 10).
+derive_cluster_agent_config() {
+  local region="$1" which="$2" base out="$run/agent-$1-$2.toml" seeds="" i single
+  base="$(cluster_base "$region")"
+  for ((i = 0; i < 6; i++)); do
+    seeds+="${seeds:+, }\"redis://127.0.0.1:$((base + i))/\""
+  done
+  single="$(derive_agent_config "$region")"
+  awk -v seeds="$seeds" -v id="$region-$which" -v shift_ports="$([[ $which == b ]] && echo 10 || echo 0)" '
+    function moved(line, by,    head, port) {
+      if (!match(line, /:[0-9]+"/)) return line
+      head = substr(line, 1, RSTART)
+      port = substr(line, RSTART + 1, RLENGTH - 2) + by
+      return head port "\"" substr(line, RSTART + RLENGTH)
+    }
+    /^[[:space:]]*redis_url[[:space:]]*=/ { next }
+    /^listen[[:space:]]*=/ { print moved($0, shift_ports); next }
+    /^http_listen[[:space:]]*=/ { print moved($0, -shift_ports); next }
+    /^\[/ && !cluster_done { print "redis_cluster = [" seeds "]   # set by run-local.sh --cluster"; cluster_done = 1 }
+    { print }
+    /^\[global\][[:space:]]*$/ { print "agent_id = \"" id "\"   # set by run-local.sh --cluster" }
+  ' "$single" >"$out"
+  rm -f "$single"
+  echo "$out"
+}
+
+start_cluster_agent() {
+  local region="$1" which="$2" bin="$3" name="agent-$1-$2" pid config
+  pid="$(live_pid "$run/$name.pid" leasehold)"
+  if [[ -n "$pid" ]]; then say "agent $region-$which already running (pid $pid)"; return; fi
+  config="$(derive_cluster_agent_config "$region" "$which")"
+  require_free "agent $region-$which" "$(config_value "$config" listen)"
+  require_free "agent $region-$which" "$(config_value "$config" http_listen)"
+  start_leasehold "$name" "$bin" agent --config "$config"
+  say "agent $region-$which: started (pid $(cat "$run/$name.pid"), config $config)"
+}
+
+wait_cluster_agent() {
+  local region="$1" which="$2" name="agent-$1-$2" url
+  url="https://$(config_value "$run/$name.toml" http_listen)/health"
+  cluster_agent_up() {
+    [[ -n "$(live_pid "$run/$name.pid" leasehold)" ]] \
+      || { tail -n 20 "$run/$name.log" >&2; die "agent $region-$which exited (log $run/$name.log)"; }
+    healthy "$url"
+  }
+  wait_until "agent $region-$which $url" "$run/$name.log" cluster_agent_up
+  say "agent $region-$which: $url answers"
+}
+
 start_agent() {
   local region="$1" bin="$2" pid config
   pid="$(live_pid "$run/agent-$region.pid" leasehold)"
@@ -220,9 +324,22 @@ preflight() {
 }
 
 up() {
-  local bin region n
+  local bin region n cluster=0
+  [[ "${1:-}" == --cluster ]] && cluster=1
   bin="$(binary)"
   mkdir -p "$run"
+  if ((cluster)) && ! cluster_mode && compgen -G "$run/*.pid" >/dev/null; then
+    die "the single-Redis layout is running: \`$0 down\` first"
+  fi
+  if ((!cluster)) && cluster_mode && compgen -G "$run/*.pid" >/dev/null; then
+    die "the --cluster layout is running: \`$0 down\` first (or \`$0 up --cluster\`)"
+  fi
+  if ((cluster)); then
+    echo cluster >"$mode_file"
+    up_cluster "$bin"
+    return
+  fi
+  rm -f "$mode_file"
   preflight
   if [[ ! -f "$certs/ca.pem" ]]; then
     "$bin" certs init --dir "$certs" --regions eu,us,ap --nodes 3 >/dev/null
@@ -239,6 +356,30 @@ run-local: up. Try:
   $bin region list --tls-dir $certs          # or: export LEASEHOLD_TLS_DIR=$certs
   $bin lease list --tls-dir $certs           # blocks leased per rule and Region (the agents' Status)
   curl -s --cacert $certs/ca.pem --cert $certs/sre.pem --key $certs/sre.key $(health_url eu)
+  $0 down
+EOF
+}
+
+up_cluster() {
+  local bin="$1" region n which
+  if [[ ! -f "$certs/ca.pem" ]]; then
+    "$bin" certs init --dir "$certs" --regions eu,us,ap --nodes 3 >/dev/null
+    say "certificates: $certs (leasehold certs init)"
+  fi
+  for region in "${regions[@]}"; do start_redis_cluster "$region"; done
+  for n in "${nodes[@]}"; do start_allocator "$n" "$bin"; done
+  for region in "${regions[@]}"; do
+    for which in a b; do start_cluster_agent "$region" "$which" "$bin"; done
+  done
+  for region in "${regions[@]}"; do
+    for which in a b; do wait_cluster_agent "$region" "$which"; done
+  done
+  for n in "${nodes[@]}"; do check_allocator "$n"; done
+  cat <<EOF
+run-local: up (--cluster: each Region on its own Redis Cluster, two agents each). Try:
+  $bin pool show api-rate --tls-dir $certs
+  curl -s --cacert $certs/ca.pem --cert $certs/sre.pem --key $certs/sre.key https://$(config_value "$run/agent-eu-a.toml" http_listen)/health   # "syncer": true or false
+  curl -s --cacert $certs/ca.pem --cert $certs/sre.pem --key $certs/sre.key https://$(config_value "$run/agent-eu-b.toml" http_listen)/health
   $0 down
 EOF
 }
@@ -266,16 +407,34 @@ down() {
   local region n
   stopped=0
   if [[ -d "$run" ]]; then
-    for region in "${regions[@]}"; do stop "agent-$region" leasehold; done
+    for region in "${regions[@]}"; do
+      stop "agent-$region" leasehold
+      stop "agent-$region-a" leasehold
+      stop "agent-$region-b" leasehold
+    done
     for n in "${nodes[@]}"; do stop "allocator-$n" leasehold; done
-    for region in "${regions[@]}"; do stop "redis-$region" redis-server; done
+    for region in "${regions[@]}"; do
+      stop "redis-$region" redis-server
+      for i in 0 1 2 3 4 5; do stop "redis-$region-$i" redis-server; done
+      # A cluster's node ids live in its data dirs: the next `up --cluster`
+      # forms a fresh cluster.
+      rm -rf "$run"/redis-"$region"-[0-5]
+    done
   fi
+  rm -f "$mode_file"
   if ((stopped == 0)); then say "nothing was running"; fi
 }
 
 status() {
   local name expect pid region
-  for name in redis-eu redis-us redis-ap allocator-1 allocator-2 allocator-3 agent-eu agent-us agent-ap; do
+  local names=(redis-eu redis-us redis-ap allocator-1 allocator-2 allocator-3 agent-eu agent-us agent-ap)
+  if cluster_mode; then
+    names=()
+    for region in "${regions[@]}"; do for i in 0 1 2 3 4 5; do names+=("redis-$region-$i"); done; done
+    names+=(allocator-1 allocator-2 allocator-3)
+    for region in "${regions[@]}"; do names+=("agent-$region-a" "agent-$region-b"); done
+  fi
+  for name in "${names[@]}"; do
     case "$name" in redis-*) expect=redis-server ;; *) expect=leasehold ;; esac
     pid="$(live_pid "$run/$name.pid" "$expect")"
     if [[ -n "$pid" ]]; then
@@ -284,6 +443,17 @@ status() {
       printf '%-12s stopped\n' "$name"
     fi
   done
+  if cluster_mode; then
+    local url
+    for name in "${names[@]}"; do
+      [[ "$name" == agent-* && -f "$run/$name.toml" ]] || continue
+      url="https://$(config_value "$run/$name.toml" http_listen)/health"
+      if healthy "$url"; then
+        printf '%-14s %s\n' "health ${name#agent-}" "$(curl_sre -fsS --max-time 1 "$url" 2>/dev/null || echo answers)"
+      fi
+    done
+    return
+  fi
   for region in "${regions[@]}"; do
     if healthy "$(health_url "$region")"; then
       printf '%-12s %s\n' "health $region" "$(curl_sre -fsS --max-time 1 "$(health_url "$region")" 2>/dev/null || echo answers)"
@@ -300,9 +470,9 @@ clean() {
 }
 
 case "${1:-}" in
-  up) up ;;
+  up) up "${2:-}" ;;
   down) down ;;
   status) status ;;
   clean) clean ;;
-  *) echo "usage: $0 up|down|status|clean" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--cluster]|down|status|clean" >&2; exit 2 ;;
 esac
