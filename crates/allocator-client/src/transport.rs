@@ -55,6 +55,16 @@ pub trait Connector: Send + Sync + 'static {
     /// is dialled until the first call.
     fn channel(&self, address: &str) -> Result<Channel, ConnectError>;
 
+    /// A lazily connected gRPC channel to allocator node `node_id` at
+    /// `address`: a connector holding a certificate accepts only a server
+    /// certificate naming exactly `/node/<node_id>` (a raft peer, a node
+    /// whose id the caller knows). Without certificates there is no
+    /// identity to check: [`Connector::channel`].
+    fn node_channel(&self, address: &str, node_id: u64) -> Result<Channel, ConnectError> {
+        let _ = node_id;
+        self.channel(address)
+    }
+
     /// A byte stream to `host_port` (the prober's HTTP exchange).
     fn stream(&self, host_port: &str) -> StreamFuture;
 
@@ -221,7 +231,8 @@ impl fmt::Debug for Listen {
 }
 
 /// mTLS to allocator nodes (ARCHITECTURE §8): channels whose server must
-/// present a node identity (`/node/<id>`) of the trust domain, this
+/// present a node identity (`/node/<id>`, exactly the one dialled when the
+/// caller knows it: [`Connector::node_channel`]) of the trust domain, this
 /// component's own certificate presented; files re-read when they change.
 /// The prober's byte streams stay plain TCP: the agents' health endpoint
 /// is not yet served over TLS.
@@ -255,17 +266,32 @@ impl fmt::Debug for TlsNodeConnector {
     }
 }
 
-impl Connector for TlsNodeConnector {
-    fn channel(&self, address: &str) -> Result<Channel, ConnectError> {
+impl TlsNodeConnector {
+    fn channel_expecting(
+        &self,
+        address: &str,
+        expected: leasehold_tls::ExpectedPeer,
+    ) -> Result<Channel, ConnectError> {
         let address = address
             .strip_prefix("http://")
             .or_else(|| address.strip_prefix("https://"))
             .unwrap_or(address);
-        let connector = leasehold_tls::GrpcConnector::new(
-            self.tls.clone(),
-            leasehold_tls::ExpectedPeer::AnyNode,
-        );
+        let connector = leasehold_tls::GrpcConnector::new(self.tls.clone(), expected);
         Ok(endpoint(address)?.connect_with_connector_lazy(connector))
+    }
+}
+
+impl Connector for TlsNodeConnector {
+    /// Any `/node/<id>`: the caller does not know which node answers.
+    fn channel(&self, address: &str) -> Result<Channel, ConnectError> {
+        self.channel_expecting(address, leasehold_tls::ExpectedPeer::AnyNode)
+    }
+
+    /// Exactly `/node/<node_id>`.
+    fn node_channel(&self, address: &str, node_id: u64) -> Result<Channel, ConnectError> {
+        let expected =
+            leasehold_tls::ExpectedPeer::Identity(leasehold_tls::Identity::Node(node_id));
+        self.channel_expecting(address, expected)
     }
 
     fn stream(&self, host_port: &str) -> StreamFuture {

@@ -11,7 +11,7 @@
 //! | caller | may call |
 //! |---|---|
 //! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config) |
-//! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver) |
+//! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver); the allocator binds all but NodeStatus further to the payload's sender and its membership (`leasehold_allocator::raft::senders`) |
 //! | prober | HealthReport |
 //! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus, `/metrics` |
 //! | sre | Inspect, Status, Health, NodeStatus, `/metrics` (read-only) |

@@ -11,6 +11,8 @@
 //!   the machine, and its snapshots.
 //! - [`runtime`]: openraft's Tokio runtime with a per-node seedable RNG.
 //! - [`network`]: the raft RPCs over tonic, through the node's connector.
+//! - [`senders`]: who may send this node raft messages (the certificate's
+//!   node, as itself, a member).
 //! - [`membership`]: what an AddNode or RemoveNode may do (pure rules).
 //! - [`node`]: a running node ([`node::start`], [`node::start_with`]),
 //!   membership requests carried out on the leader.
@@ -24,6 +26,7 @@ pub mod network;
 pub mod node;
 pub mod recover;
 pub mod runtime;
+pub mod senders;
 pub mod state_machine;
 pub mod storage;
 pub mod types;

@@ -25,12 +25,20 @@
 //! with the count of failures suppressed since), and one INFO when it
 //! answers again.
 //!
-//! Server side ([`RaftRpcService`]): decodes, hands the request to the local
-//! `Raft`, encodes its answer; plus `NodeStatus` for cluster initialization.
+//! Server side ([`RaftRpcService`]): decodes, checks that the certificate's
+//! node is the payload's sender and a member ([`crate::raft::senders`]),
+//! hands the request to the local `Raft`, encodes its answer; plus
+//! `NodeStatus` for cluster initialization.
+//!
+//! Dialling: the channel to peer X goes through
+//! [`Connector::node_channel`], so over mTLS X's server certificate must
+//! name exactly `/node/X` (a removed node or another node's certificate at
+//! X's address fails the handshake).
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
@@ -46,12 +54,15 @@ use serde::Serialize;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::raft::senders::{self, SenderRefused, Senders};
 use crate::raft::types::{NodeId, Raft, TypeConfig};
 pub use crate::transport::{lazy_channel, CONNECT_TIMEOUT};
 use crate::transport::{Connector, TcpConnector};
-use leasehold_logging::{warn_limited, SharedLimiter, DEFAULT_INTERVAL};
+use leasehold_logging::{warn_limited, SharedLimiter, Verdict, DEFAULT_INTERVAL};
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::raft_client::RaftClient;
+use leasehold_tls::authz::{Call, Method};
+use leasehold_tls::Identity;
 
 /// Largest raft message accepted or sent (a snapshot chunk is at most
 /// `snapshot_max_chunk_size`, 1 MiB, about 4 MiB as JSON).
@@ -79,6 +90,9 @@ pub const OPENRAFT_REPLICATION_FILTER: &str =
 /// One WARN per failing peer per interval (causes are per source and target:
 /// the simulation runs several nodes in one process).
 static PEER_LOG: LazyLock<SharedLimiter> = LazyLock::new(|| SharedLimiter::new(DEFAULT_INTERVAL));
+/// One audit line per (identity, method, kind of refusal) per interval: a
+/// removed node still sending heartbeats must not flood the log.
+static SENDER_LOG: LazyLock<SharedLimiter> = LazyLock::new(|| SharedLimiter::new(DEFAULT_INTERVAL));
 
 /// The pauses openraft takes between attempts at an unreachable node.
 pub fn unreachable_backoff() -> impl Iterator<Item = Duration> + Send + 'static {
@@ -88,6 +102,9 @@ pub fn unreachable_backoff() -> impl Iterator<Item = Duration> + Send + 'static 
 }
 /// Bound on the server side of `NodeStatus` (asks the local raft core).
 const NODE_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on asking the local raft core for its committed membership (only
+/// when the sender is not in the effective one).
+const MEMBERSHIP_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Builds a [`Connection`] per target, as openraft asks.
 #[derive(Clone)]
@@ -121,7 +138,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
-        let client = match self.connector.channel(&node.addr) {
+        let client = match self.connector.node_channel(&node.addr, target) {
             Ok(channel) => Some(
                 RaftClient::new(channel)
                     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -370,14 +387,98 @@ pub struct RaftRpcService {
     pub node_id: NodeId,
     /// `id=address` of the configured peers, sorted by id.
     pub configured_peers: Vec<String>,
+    /// The ids of the configured peers: the only senders accepted while
+    /// this node has no membership ([`crate::raft::senders`]).
+    pub configured_peer_ids: BTreeSet<NodeId>,
     /// With mTLS, only node identities pass (a Region's or an admin's
-    /// certificate cannot vote or append; ARCHITECTURE §8).
+    /// certificate cannot vote or append; ARCHITECTURE §8), and only as
+    /// themselves and as members ([`crate::raft::senders`]).
     pub gate: leasehold_tls::gate::Gate,
     /// A `TakeOver` is scheduled (at most one at a time).
     pub take_over_pending: Arc<std::sync::atomic::AtomicBool>,
     /// The least a takeover waits: this node's own lease plus a heartbeat
     /// (a leader configured with a shorter lease cannot hurry it).
     pub take_over_floor: Duration,
+}
+
+impl RaftRpcService {
+    /// Binds an authorized raft call to its sender (see
+    /// [`crate::raft::senders`]): `identity` is the gate's (None on a
+    /// plaintext listener, where there is no identity to bind), `claimed`
+    /// the sender the payload names. A refusal is PERMISSION_DENIED,
+    /// audited (rate-limited), before openraft sees the message.
+    async fn bind_sender(
+        &self,
+        identity: Option<Identity>,
+        claimed: Option<NodeId>,
+        method: Method,
+    ) -> Result<(), Status> {
+        let Some(identity) = identity else {
+            return Ok(());
+        };
+        let Identity::Node(certified) = identity else {
+            // The table lets only node identities reach a raft RPC.
+            let reason = "not a node identity";
+            return Err(refuse(&identity, method, reason, reason));
+        };
+        senders::check_claim(certified, claimed)
+            .map_err(|refused| refused_sender(&identity, method, &refused))?;
+        let senders = self.senders_including(certified).await?;
+        senders::check_member(certified, &senders)
+            .map_err(|refused| refused_sender(&identity, method, &refused))
+    }
+
+    /// The senders this node accepts, read cheaply from the metrics (the
+    /// effective membership); the raft core is asked for the committed one
+    /// only when `id` is not in the effective one.
+    async fn senders_including(&self, id: NodeId) -> Result<Senders, Status> {
+        let effective = self.raft.metrics().borrow().membership_config.clone();
+        if effective.log_id().is_none() {
+            // Never had a membership: the effective one is at least as new
+            // as the committed one, so neither exists.
+            return Ok(Senders::ConfiguredPeers(self.configured_peer_ids.clone()));
+        }
+        let mut ids: BTreeSet<NodeId> = effective.nodes().map(|(id, _)| *id).collect();
+        if !ids.contains(&id) {
+            let committed = self.raft.with_raft_state(|state| {
+                state
+                    .membership_state
+                    .committed()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect::<Vec<NodeId>>()
+            });
+            let committed = tokio::time::timeout(MEMBERSHIP_READ_TIMEOUT, committed)
+                .await
+                .map_err(|_| Status::unavailable("raft core did not answer"))?
+                .map_err(|fatal| Status::unavailable(fatal.to_string()))?;
+            ids.extend(committed);
+        }
+        Ok(Senders::Members(ids))
+    }
+}
+
+/// PERMISSION_DENIED naming the identity, the method and why; written to
+/// the `audit` target at most once per (identity, method, `kind`) per
+/// [`DEFAULT_INTERVAL`], with the count of the refusals not written.
+fn refuse(identity: &Identity, method: Method, kind: &'static str, reason: &str) -> Status {
+    let cause = format!("raft sender {identity} {method}: {kind}");
+    if let Verdict::Log { suppressed } = SENDER_LOG.check(&cause, Instant::now()) {
+        tracing::warn!(
+            target: "audit",
+            identity = %identity,
+            method = method.name(),
+            outcome = "denied",
+            reason,
+            suppressed,
+            "call refused"
+        );
+    }
+    Status::permission_denied(format!("{identity} may not call {method}: {reason}"))
+}
+
+fn refused_sender(identity: &Identity, method: Method, refused: &SenderRefused) -> Status {
+    refuse(identity, method, refused.kind(), &refused.to_string())
 }
 
 fn decode<T: DeserializeOwned>(payload: &pb::RaftPayload) -> Result<T, Status> {
@@ -397,11 +498,16 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
-        self.gate.check(
-            &request,
-            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::AppendEntries),
-        )?;
+        let identity = self
+            .gate
+            .check(&request, Call::new(Method::AppendEntries))?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
+        self.bind_sender(
+            identity,
+            rpc.vote.leader_id().voted_for(),
+            Method::AppendEntries,
+        )
+        .await?;
         let answer: AppendResult = self.raft.append_entries(rpc).await;
         encode(&answer)
     }
@@ -410,11 +516,11 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
-        self.gate.check(
-            &request,
-            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::Vote),
-        )?;
+        let identity = self.gate.check(&request, Call::new(Method::Vote))?;
         let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
+        // The candidate is the node the vote is asked for.
+        self.bind_sender(identity, rpc.vote.leader_id().voted_for(), Method::Vote)
+            .await?;
         let answer: VoteResult = self.raft.vote(rpc).await;
         encode(&answer)
     }
@@ -423,11 +529,16 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
-        self.gate.check(
-            &request,
-            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::InstallSnapshot),
-        )?;
+        let identity = self
+            .gate
+            .check(&request, Call::new(Method::InstallSnapshot))?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(request.get_ref())?;
+        self.bind_sender(
+            identity,
+            rpc.vote.leader_id().voted_for(),
+            Method::InstallSnapshot,
+        )
+        .await?;
         let answer: SnapshotResult = self.raft.install_snapshot(rpc).await;
         encode(&answer)
     }
@@ -437,11 +548,10 @@ impl pb::raft_server::Raft for RaftRpcService {
         request: Request<pb::TakeOverRequest>,
     ) -> Result<Response<pb::TakeOverReply>, Status> {
         use std::sync::atomic::Ordering;
-        self.gate.check(
-            &request,
-            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::TakeOver),
-        )?;
+        let identity = self.gate.check(&request, Call::new(Method::TakeOver))?;
         let req = request.into_inner();
+        self.bind_sender(identity, Some(req.from_node), Method::TakeOver)
+            .await?;
         let me = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
@@ -508,10 +618,9 @@ impl pb::raft_server::Raft for RaftRpcService {
         &self,
         request: Request<pb::NodeStatusRequest>,
     ) -> Result<Response<pb::NodeStatusReply>, Status> {
-        self.gate.check(
-            &request,
-            leasehold_tls::authz::Call::new(leasehold_tls::authz::Method::NodeStatus),
-        )?;
+        // Any node identity (and sre, admin): read-only, and the leader
+        // probes a joiner that has no membership yet.
+        self.gate.check(&request, Call::new(Method::NodeStatus))?;
         let initialized = tokio::time::timeout(NODE_STATUS_TIMEOUT, self.raft.is_initialized())
             .await
             .map_err(|_| Status::unavailable("raft core did not answer"))?
@@ -524,15 +633,18 @@ impl pb::raft_server::Raft for RaftRpcService {
     }
 }
 
-/// Asks the node at `address` to take over (see `crate::raft::handover`),
-/// through `connector`, bounded by `timeout`.
+/// Asks node `node_id` at `address` to take over (see
+/// `crate::raft::handover`), through `connector`, bounded by `timeout`.
 pub async fn ask_take_over(
     connector: &dyn Connector,
+    node_id: NodeId,
     address: &str,
     request: pb::TakeOverRequest,
     timeout: Duration,
 ) -> Result<pb::TakeOverReply, String> {
-    let channel = connector.channel(address).map_err(|e| e.to_string())?;
+    let channel = connector
+        .node_channel(address, node_id)
+        .map_err(|e| e.to_string())?;
     let mut client = RaftClient::new(channel);
     match tokio::time::timeout(timeout, client.take_over(request)).await {
         Ok(Ok(reply)) => Ok(reply.into_inner()),
@@ -554,6 +666,25 @@ pub async fn node_status_with(
     timeout: Duration,
 ) -> Result<pb::NodeStatusReply, String> {
     let channel = connector.channel(address).map_err(|e| e.to_string())?;
+    status_over(channel, timeout).await
+}
+
+/// Asks node `node_id`, expected at `address`, who it is, through
+/// `connector` (over mTLS its certificate must name `/node/<node_id>`),
+/// bounded by `timeout`.
+pub async fn node_status_of(
+    connector: &dyn Connector,
+    node_id: NodeId,
+    address: &str,
+    timeout: Duration,
+) -> Result<pb::NodeStatusReply, String> {
+    let channel = connector
+        .node_channel(address, node_id)
+        .map_err(|e| e.to_string())?;
+    status_over(channel, timeout).await
+}
+
+async fn status_over(channel: Channel, timeout: Duration) -> Result<pb::NodeStatusReply, String> {
     let mut client = RaftClient::new(channel);
     match tokio::time::timeout(timeout, client.node_status(pb::NodeStatusRequest {})).await {
         Ok(Ok(reply)) => Ok(reply.into_inner()),

@@ -474,6 +474,7 @@ impl Node {
         };
         let reply = crate::raft::network::ask_take_over(
             self.inner.connector.as_ref(),
+            successor,
             &address,
             request,
             CORE_CALL_TIMEOUT,
@@ -1417,6 +1418,7 @@ fn serve(
             raft: node.inner.raft.clone(),
             node_id: config.node_id,
             configured_peers: config.peer_list(),
+            configured_peer_ids: config.peers.keys().copied().collect(),
             gate,
             take_over_pending: Default::default(),
             take_over_floor: handover::take_over_delay(&config.raft),
@@ -1582,19 +1584,19 @@ async fn peers_ready(config: &NodeConfig, connector: &dyn Connector, attempt: u6
         if *id == config.node_id {
             continue;
         }
-        let why_not = match network::node_status_with(connector, address, PEER_STATUS_TIMEOUT).await
-        {
-            Err(error) => Some(format!("unreachable: {error}")),
-            Ok(status) if status.node_id != *id => {
-                Some(format!("answers as node {}", status.node_id))
-            }
-            Ok(status) if status.initialized => Some("already initialized".to_string()),
-            Ok(status) if status.configured_peers != ours => Some(format!(
-                "configured peers differ: {:?}",
-                status.configured_peers
-            )),
-            Ok(_) => None,
-        };
+        let why_not =
+            match network::node_status_of(connector, *id, address, PEER_STATUS_TIMEOUT).await {
+                Err(error) => Some(format!("unreachable: {error}")),
+                Ok(status) if status.node_id != *id => {
+                    Some(format!("answers as node {}", status.node_id))
+                }
+                Ok(status) if status.initialized => Some("already initialized".to_string()),
+                Ok(status) if status.configured_peers != ours => Some(format!(
+                    "configured peers differ: {:?}",
+                    status.configured_peers
+                )),
+                Ok(_) => None,
+            };
         if let Some(reason) = why_not {
             if attempt.is_multiple_of(20) {
                 tracing::info!(peer = id, %address, %reason,

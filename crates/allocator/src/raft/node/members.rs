@@ -319,8 +319,9 @@ impl Node {
         for (id, address) in targets {
             let connector = Arc::clone(&self.inner.connector);
             probes.spawn(async move {
+                // Over mTLS the node at `address` must hold `/node/<id>`.
                 let status =
-                    network::node_status_with(connector.as_ref(), &address, PROBE_TIMEOUT).await;
+                    network::node_status_of(connector.as_ref(), id, &address, PROBE_TIMEOUT).await;
                 (id, status)
             });
         }
