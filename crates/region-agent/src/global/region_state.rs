@@ -47,11 +47,14 @@ impl Role {
 
 /// What the syncer last wrote of a rate pool, to write only on a change
 /// or when the records need renewing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Written {
     pub record: ShareRecord,
     pub token: u64,
     pub at: Instant,
+    /// The records written (a policy reload may add a bucket: written at
+    /// once, not at the next renewal).
+    pub keys: Vec<String>,
 }
 
 impl GlobalSync {
@@ -320,16 +323,17 @@ impl GlobalSync {
             return false;
         };
         let record = ShareRecord::of_view(view);
+        let keys = self.share_records(pool);
         let fresh = self.written_get(pool).is_some_and(|w| {
             w.record == record
                 && w.token == token
+                && w.keys == keys
                 && w.at.elapsed() < Duration::from_millis(ttl_ms / 3)
         });
         if fresh {
             return true;
         }
-        let calls: Vec<ScriptCall> = self
-            .share_records(pool)
+        let calls: Vec<ScriptCall> = keys
             .iter()
             .map(|key| record.write_call(key, token, ttl_ms))
             .collect();
@@ -359,6 +363,7 @@ impl GlobalSync {
                     record,
                     token,
                     at: sent,
+                    keys,
                 },
             );
         } else {

@@ -190,7 +190,7 @@ impl GlobalSync {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(pool)
-            .copied()
+            .cloned()
     }
 
     pub(crate) fn written_set(&self, pool: &str, written: Written) {
