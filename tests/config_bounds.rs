@@ -425,6 +425,7 @@ const CASES: &[Case] = &[
     ),
     case(Agent, "[global]", "request_timeout_ms", 1, 60_000),
     case(Agent, "[global]", "tick_ms", 10, 10_000),
+    case(Agent, "[global]", "syncer_lease_ttl_ms", 300, 60_000),
     case(Agent, "[[global.pool]]", "phase_ms", 0, 3_600_000),
     case(Agent, "[[global.pool]]", "chunk_millitokens", 1, MAX_VALUE),
     with(
