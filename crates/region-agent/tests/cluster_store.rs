@@ -216,6 +216,58 @@ fn a_node_asked_for_a_slot_it_does_not_serve_answers_a_store_error_not_a_policy_
     assert!(rt.block_on(store.run(&token_bucket(key, 1_000))).is_ok());
 }
 
+/// Redis Cluster checks a script's keys by slot, not by hash tag: one
+/// multi_decision call over two tags of one slot runs, each call deciding
+/// as its twin (what the coalescer's `Grouping::BySlot` packs rely on),
+/// while one over two slots of the same primary is refused CROSSSLOT, each
+/// call a store error (so packs per node are not possible).
+#[test]
+fn a_pack_of_two_tags_of_one_slot_runs_and_one_of_two_slots_is_crossslot() {
+    let shared = shared().lock().unwrap_or_else(|p| p.into_inner());
+    let Shared { rt, store, .. } = &*shared;
+    let map = store.slot_map();
+    let slot = slot_of_key("sp-a");
+    let names = || (0u32..200_000).map(|i| format!("sp-{i}"));
+    let mate = names()
+        .find(|t| t != "sp-a" && slot_of_key(t) == slot)
+        .expect("a tag of the same slot");
+    let neighbour = names()
+        .find(|t| slot_of_key(t) != slot && map.owner(slot_of_key(t)) == map.owner(slot))
+        .expect("a tag of another slot of the same primary");
+    let key = |tag: &str| format!("lh:v1:{{{tag}}}:slotpack:p");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+
+    let same_slot = vec![vec![
+        token_bucket(&key("sp-a"), 1_000),
+        token_bucket(&key(&mate), 2_000),
+    ]];
+    let answers = rt.block_on(store.run_packs(&same_slot, deadline)).concat();
+    let twin = MemoryStore::default();
+    assert_eq!(answers.len(), 2);
+    for (call, answer) in same_slot[0].iter().zip(&answers) {
+        let from_redis = values(answer).expect("decided");
+        let now_ms = *from_redis.last().expect("reply ends with now_ms");
+        assert_eq!(Ok(from_redis), twin_values(&twin, call, now_ms), "{call:?}");
+    }
+
+    let two_slots = vec![vec![
+        token_bucket(&key("sp-a"), 1_000),
+        token_bucket(&key(&neighbour), 1_000),
+    ]];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let answers = rt.block_on(store.run_packs(&two_slots, deadline)).concat();
+    assert_eq!(answers.len(), 2);
+    for answer in answers {
+        assert!(
+            matches!(
+                answer,
+                Err(StoreError::NotSent(NotSent::Cluster(Redirect::CrossSlot)))
+            ),
+            "{answer:?}"
+        );
+    }
+}
+
 #[test]
 fn a_script_flushed_from_a_primary_is_loaded_again_without_a_restart() {
     let shared = shared().lock().unwrap_or_else(|p| p.into_inner());

@@ -332,9 +332,9 @@ impl Shared {
     fn grouping(&self) -> Grouping {
         match self.inner.topology() {
             Topology::Standalone => Grouping::Standalone,
-            // Unknown is treated as a cluster: packs of one tag are right
+            // Unknown is treated as a cluster: packs of one slot are right
             // on both.
-            Topology::Cluster | Topology::Unknown => Grouping::ByHashTag,
+            Topology::Cluster | Topology::Unknown => Grouping::BySlot,
         }
     }
 

@@ -110,7 +110,7 @@ pub trait PackStore: BucketStore {
     /// `deadline` every unanswered call is `Ambiguous`. The caller keeps
     /// each pack within [`script::MULTI_DECISION_MAX_CALLS`] calls of no
     /// multi_decision kind and, unless [`PackStore::topology`] says
-    /// standalone, of one hash tag.
+    /// standalone, of one slot (any hash tags of it).
     fn run_packs<'a>(
         &'a self,
         packs: &'a [Vec<ScriptCall>],
@@ -120,7 +120,7 @@ pub trait PackStore: BucketStore {
     /// The longest wait for one batch's replies (`store.call_deadline_ms`).
     fn call_deadline(&self) -> std::time::Duration;
 
-    /// Whether one pack may mix hash tags.
+    /// Whether one pack may mix slots.
     fn topology(&self) -> Topology;
 }
 

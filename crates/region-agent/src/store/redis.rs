@@ -16,7 +16,7 @@
 //! [`RedisStore::run_packs`] sends several calls as one multi_decision
 //! EVALSHA each (the coalescer's path, `crate::store::coalesce`); at connect the
 //! store reads `INFO cluster` so the coalescer knows whether one pack may
-//! mix hash tags ([`Topology`]).
+//! mix slots ([`Topology`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -295,7 +295,7 @@ impl RedisStore {
     /// error is its own. `deadline` covers connecting and the replies: past
     /// it every call is `Ambiguous`. The caller keeps each pack within
     /// [`crate::store::script::MULTI_DECISION_MAX_CALLS`] calls of no
-    /// multi_decision kind and, on a cluster, of one hash tag. `asking`:
+    /// multi_decision kind and, on a cluster, of one slot. `asking`:
     /// each EVALSHA follows an `ASKING` (a cluster's ASK redirect to a slot
     /// being imported here).
     pub async fn run_packs_asking<P: AsRef<[ScriptCall]> + Sync>(

@@ -12,8 +12,17 @@
 //! Limits: at most `max_queue` calls wait; a request that would pass it is
 //! refused at once (the caller answers `NotSent::QueueFull`), never queued.
 //! A request whose deadline passes while queued is dropped, never sent.
-//! A pack holds at most `max_batch` calls, all of one hash tag unless the
-//! store is known to be standalone ([`Grouping`]).
+//! A pack holds at most `max_batch` calls, all of one Redis Cluster slot
+//! unless the store is known to be standalone ([`Grouping`]).
+//!
+//! Packing by slot, not by hash tag: Redis Cluster refuses a script call
+//! only when its keys span slots (CROSSSLOT), so calls of different tags
+//! (tenants) whose tags hash to one slot share a pack. Same tag implies
+//! same slot, so this is as safe as packing by tag and never packs less.
+//! Packs per node are not possible: one node owns many slots, but a script
+//! call naming keys of two of them is refused. A call whose own keys span
+//! slots (a caller's bug: policies keep one request's keys under one tag)
+//! goes in a pack of its own, so only it is refused.
 
 use std::collections::VecDeque;
 
@@ -36,8 +45,9 @@ pub struct GatherLimits {
 /// How calls may share a pack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grouping {
-    /// A Redis Cluster (or not yet known): a pack's keys share one hash tag.
-    ByHashTag,
+    /// A Redis Cluster (or not yet known): a pack's keys share one slot
+    /// ([`call_slot`]), whatever their hash tags.
+    BySlot,
     /// One keyspace: any calls may share a pack.
     Standalone,
 }
@@ -218,13 +228,23 @@ impl<T> Gatherer<T> {
     }
 }
 
+/// Which calls may share a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Group {
+    /// Standalone: every call.
+    Any,
+    /// Calls whose keys are all in this slot.
+    Slot(u16),
+}
+
 /// Fills packs: each group's open pack takes calls until `max_batch`.
 struct Packer {
     max_batch: usize,
     grouping: Grouping,
     packs: Vec<Vec<ScriptCall>>,
-    /// Group → index of its open (not yet full) pack.
-    open: std::collections::HashMap<String, usize>,
+    /// Group → index of its open (not yet full) pack; at most one entry per
+    /// slot (16,384) plus one.
+    open: std::collections::HashMap<Group, usize>,
 }
 
 impl Packer {
@@ -240,8 +260,8 @@ impl Packer {
     /// Places `call`; returns (pack, index in pack).
     fn add(&mut self, call: ScriptCall) -> (usize, usize) {
         let group = match self.grouping {
-            Grouping::Standalone => Some(String::new()),
-            Grouping::ByHashTag => call_tag(&call).map(str::to_string),
+            Grouping::Standalone => Some(Group::Any),
+            Grouping::BySlot => call_slot(&call).map(Group::Slot),
         };
         // A multi_decision call cannot be packed again: it goes alone.
         let group = group.filter(|_| call.kind != ScriptKind::MultiDecision);
@@ -262,14 +282,14 @@ impl Packer {
     }
 }
 
-pub use crate::store::slots::hash_tag;
+use crate::store::slots::slot_of_key;
 
-/// The one hash tag of all the call's keys; None when they differ or there
-/// are no keys (such a call goes in a pack of its own).
-pub fn call_tag(call: &ScriptCall) -> Option<&str> {
-    let mut tags = call.keys.iter().map(|key| hash_tag(key));
-    let first = tags.next()?;
-    tags.all(|tag| tag == first).then_some(first)
+/// The one slot of all the call's keys; None when they span slots or there
+/// are no keys (such a call goes in a pack of its own on a cluster).
+pub fn call_slot(call: &ScriptCall) -> Option<u16> {
+    let mut slots = call.keys.iter().map(|key| slot_of_key(key));
+    let first = slots.next()?;
+    slots.all(|slot| slot == first).then_some(first)
 }
 
 #[cfg(test)]
@@ -295,7 +315,7 @@ mod tests {
     fn a_lone_request_is_sent_at_once() {
         let mut g = Gatherer::new(LIMITS);
         g.submit(1, vec![call("a", 1)], 0, 1_000).unwrap();
-        let step = g.step(0, Grouping::ByHashTag);
+        let step = g.step(0, Grouping::BySlot);
         let flush = step.flush.expect("idle store: flush at once");
         assert_eq!(flush.packs, vec![vec![call("a", 1)]]);
         assert_eq!(flush.routes, vec![(1, vec![(0, 0)])]);
@@ -306,26 +326,23 @@ mod tests {
     fn while_a_batch_is_in_flight_requests_gather_until_the_wait_or_the_batch_size() {
         let mut g = Gatherer::new(LIMITS);
         g.submit(0, vec![call("a", 0)], 0, 10_000).unwrap();
-        assert!(g.step(0, Grouping::ByHashTag).flush.is_some());
+        assert!(g.step(0, Grouping::BySlot).flush.is_some());
         g.submit(1, vec![call("a", 1)], 10, 10_000).unwrap();
-        let step = g.step(10, Grouping::ByHashTag);
+        let step = g.step(10, Grouping::BySlot);
         assert!(step.flush.is_none());
         assert_eq!(step.wake_at_us, Some(210));
         g.submit(2, vec![call("b", 2)], 50, 10_000).unwrap();
-        assert!(g.step(209, Grouping::ByHashTag).flush.is_none());
-        let flush = g
-            .step(210, Grouping::ByHashTag)
-            .flush
-            .expect("waited enough");
+        assert!(g.step(209, Grouping::BySlot).flush.is_none());
+        let flush = g.step(210, Grouping::BySlot).flush.expect("waited enough");
         assert_eq!(flush.packs, vec![vec![call("a", 1)], vec![call("b", 2)]]);
         // Two in flight (the cap): even a full batch waits for a completion.
         for t in 3..8 {
             g.submit(t, vec![call("a", t as usize)], 300, 10_000)
                 .unwrap();
         }
-        assert!(g.step(300, Grouping::ByHashTag).flush.is_none());
+        assert!(g.step(300, Grouping::BySlot).flush.is_none());
         g.batch_done();
-        let flush = g.step(301, Grouping::ByHashTag).flush.expect("room again");
+        let flush = g.step(301, Grouping::BySlot).flush.expect("room again");
         assert_eq!(flush.packs.len(), 2, "5 calls of one tag: packs of 4 and 1");
         assert_eq!(flush.packs[0].len(), 4);
     }
@@ -334,16 +351,70 @@ mod tests {
     fn a_full_queue_refuses_at_once_and_an_overdue_request_is_never_sent() {
         let mut g = Gatherer::new(LIMITS);
         g.submit(0, vec![call("a", 0)], 0, 10_000).unwrap();
-        assert!(g.step(0, Grouping::ByHashTag).flush.is_some());
+        assert!(g.step(0, Grouping::BySlot).flush.is_some());
         g.submit(1, vec![call("a", 1); 6], 0, 100).unwrap();
         g.submit(2, vec![call("a", 2); 4], 0, 10_000).unwrap();
         let refused = g.submit(3, vec![call("a", 3)], 0, 10_000);
         assert_eq!(refused, Err((3, QueueFull { max_queue: 10 })));
-        let step = g.step(100, Grouping::ByHashTag);
+        let step = g.step(100, Grouping::BySlot);
         assert_eq!(step.expired, vec![1]);
         let flush = step.flush.expect("4 queued: a full batch");
         assert_eq!(flush.routes.len(), 1);
         assert_eq!(flush.routes[0].0, 2);
+    }
+
+    /// A tag other than `tag` whose slot is `tag`'s (found by search: about
+    /// one name in 16,384 matches).
+    fn slot_mate(tag: &str) -> String {
+        let slot = slot_of_key(tag);
+        (0u32..)
+            .map(|i| format!("m{i}"))
+            .find(|other| slot_of_key(other) == slot && other != tag)
+            .expect("CRC16 reaches every slot")
+    }
+
+    #[test]
+    fn two_tags_of_one_slot_share_a_pack() {
+        let mate = slot_mate("a");
+        assert_eq!(slot_of_key(&mate), slot_of_key("a"));
+        let mut g = Gatherer::new(LIMITS);
+        g.submit(0, vec![call("a", 0), call(&mate, 1)], 0, 10_000)
+            .unwrap();
+        // A call whose two keys are of two tags of the slot packs too.
+        let two_tags = call("a", 2).key(format!("lh:v1:{{{mate}}}:r:p"));
+        g.submit(1, vec![two_tags.clone()], 0, 10_000).unwrap();
+        let flush = g.step(0, Grouping::BySlot).flush.unwrap();
+        assert_eq!(
+            flush.packs,
+            vec![vec![call("a", 0), call(&mate, 1), two_tags]]
+        );
+        assert_eq!(
+            flush.routes,
+            vec![(0, vec![(0, 0), (0, 1)]), (1, vec![(0, 2)])]
+        );
+    }
+
+    #[test]
+    fn by_slot_never_packs_calls_of_two_slots() {
+        assert_ne!(slot_of_key("a"), slot_of_key("b"));
+        let mut g = Gatherer::new(LIMITS);
+        // Keys of slots a and b in one call: alone, even beside calls of a.
+        let split = call("a", 1).key("lh:v1:{b}:r:p");
+        let calls = vec![call("a", 0), call("b", 0), split.clone(), call("a", 2)];
+        g.submit(0, calls, 0, 10_000).unwrap();
+        let flush = g.step(0, Grouping::BySlot).flush.unwrap();
+        assert_eq!(
+            flush.packs,
+            vec![
+                vec![call("a", 0), call("a", 2)],
+                vec![call("b", 0)],
+                vec![split],
+            ]
+        );
+        assert_eq!(
+            flush.routes,
+            vec![(0, vec![(0, 0), (1, 0), (2, 0), (0, 1)])]
+        );
     }
 
     #[test]
@@ -365,23 +436,82 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (prop::collection::vec(0u8..4, 0..5), 1u64..2_000)
+            4 => (prop::collection::vec(0u8..5, 0..5), 1u64..2_000)
                 .prop_map(|(tags, ttl_us)| Op::Submit { tags, ttl_us }),
             2 => (0u64..300).prop_map(|us| Op::Advance { us }),
             2 => Just(Op::Complete),
         ]
     }
 
-    /// Tag 3 is a call whose two keys have different tags.
+    /// Tag 3 is a call whose two keys are in different slots; tag 4 is
+    /// another tag of tag 0's slot.
     fn tagged(tag: u8, id: usize) -> ScriptCall {
         match tag {
             3 => call("x", id).key("lh:v1:{y}:r:p"),
+            4 => call(&slot_mate("t0"), id),
             t => call(&format!("t{t}"), id),
         }
     }
 
+    /// Tags of a few slots, two of them shared by two tags each.
+    fn slot_pool() -> Vec<String> {
+        let mut pool: Vec<String> = (0..4).map(|i| format!("p{i}")).collect();
+        pool.push(slot_mate("p0"));
+        pool.push(slot_mate("p1"));
+        pool
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Under BySlot every pack's calls hash to one slot, a call whose
+        /// keys span slots is alone, and the calls of one slot share packs:
+        /// no more packs per slot than `max_batch` forces.
+        #[test]
+        fn by_slot_packs_hold_one_slot_each_and_as_few_as_the_batch_allows(
+            requests in prop::collection::vec(
+                prop::collection::vec(prop::collection::vec(0usize..6, 1..3), 1..4),
+                1..12,
+            ),
+            max_batch in 1usize..6,
+        ) {
+            let pool = slot_pool();
+            let mut g = Gatherer::new(GatherLimits { max_batch, max_queue: 1_000, ..LIMITS });
+            let mut all = Vec::new();
+            for (id, request) in requests.iter().enumerate() {
+                let calls: Vec<ScriptCall> = request
+                    .iter()
+                    .map(|tags| {
+                        tags.iter().fold(ScriptCall::new(ScriptKind::TokenBucket).arg(id), |c, &t| {
+                            c.key(format!("lh:v1:{{{}}}:r:p", pool[t]))
+                        })
+                    })
+                    .collect();
+                all.extend(calls.iter().cloned());
+                g.submit(id, calls, 0, 10_000).unwrap();
+            }
+            let flush = g.step(0, Grouping::BySlot).flush.expect("idle: flush at once");
+            let mut packs_per_slot: HashMap<u16, usize> = HashMap::new();
+            for pack in &flush.packs {
+                prop_assert!(!pack.is_empty() && pack.len() <= max_batch);
+                match call_slot(&pack[0]) {
+                    Some(slot) => {
+                        prop_assert!(pack.iter().all(|c| call_slot(c) == Some(slot)));
+                        *packs_per_slot.entry(slot).or_default() += 1;
+                    }
+                    None => prop_assert_eq!(pack.len(), 1, "a split call shares no pack"),
+                }
+            }
+            let mut calls_per_slot: HashMap<u16, usize> = HashMap::new();
+            for slot in all.iter().filter_map(call_slot) {
+                *calls_per_slot.entry(slot).or_default() += 1;
+            }
+            for (slot, calls) in &calls_per_slot {
+                prop_assert_eq!(packs_per_slot.get(slot).copied(), Some(calls.div_ceil(max_batch)));
+            }
+            let total: usize = flush.packs.iter().map(Vec::len).sum();
+            prop_assert_eq!(total, all.len());
+        }
 
         /// Every request is answered exactly once (refused, expired or
         /// routed), each routed call finds exactly its own call in its
@@ -394,7 +524,7 @@ mod tests {
             max_batch in 1usize..6,
         ) {
             let limits = GatherLimits { max_batch, ..LIMITS };
-            let grouping = if standalone { Grouping::Standalone } else { Grouping::ByHashTag };
+            let grouping = if standalone { Grouping::Standalone } else { Grouping::BySlot };
             let mut g = Gatherer::new(limits);
             let mut now = 0u64;
             let mut next_id = 0usize;
@@ -415,9 +545,9 @@ mod tests {
                     for pack in &flush.packs {
                         prop_assert!(!pack.is_empty() && pack.len() <= max_batch);
                         if !standalone && pack.len() > 1 {
-                            let tag = call_tag(&pack[0]);
-                            prop_assert!(tag.is_some());
-                            prop_assert!(pack.iter().all(|c| call_tag(c) == tag));
+                            let slot = call_slot(&pack[0]);
+                            prop_assert!(slot.is_some());
+                            prop_assert!(pack.iter().all(|c| call_slot(c) == slot));
                         }
                     }
                     let mut used = std::collections::HashSet::new();
