@@ -85,5 +85,5 @@ for _, c in ipairs(entries) do
 end
 if live >= MAX_CHUNKS or e < now then return {0, live, now} end
 redis.call('HSET', KEYS[1], field, lh_str(g) .. ',' .. lh_str(e), '_t', lh_str(token))
-redis.call('PEXPIREAT', KEYS[1], lh_str(last + 1))
+redis.call('PEXPIREAT', KEYS[1], lh_str(last + 1 + LH_EXPIRY_SLACK_MS))
 return {1, live + 1, now}

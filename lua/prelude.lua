@@ -38,6 +38,11 @@ local function lh_str(v)
 end
 
 local LH_MAX = 1099511627776        -- 2^40: largest count, rate, period or cost
+-- How long a record that says when it ends (an `x` field) outlives that
+-- instant in Redis: PEXPIREAT checks its instant against Redis's own clock,
+-- read after the script's TIME, so an instant within a millisecond or two
+-- of TIME could drop the key at once. Liveness is the record's own field.
+local LH_EXPIRY_SLACK_MS = 1000
 local LH_MAX_PRODUCT = 4503599627370496 -- 2^52: largest capacity x period_ms
 
 -- A rate at argv[i], argv[i+1], argv[i+2]: capacity, refill, period_ms, each

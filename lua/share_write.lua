@@ -34,5 +34,5 @@ fields[#fields + 1] = 'x'
 fields[#fields + 1] = lh_str(now + ttl)
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('PEXPIREAT', KEYS[1], lh_str(now + ttl))
+redis.call('PEXPIREAT', KEYS[1], lh_str(now + ttl + LH_EXPIRY_SLACK_MS))
 return {1, token, now}

@@ -40,5 +40,5 @@ if not live then
   redis.call('SET', KEYS[2], lh_str(t))
 end
 redis.call('HSET', KEYS[1], 'a', agent, 't', lh_str(t), 'x', lh_str(now + ttl))
-redis.call('PEXPIREAT', KEYS[1], lh_str(now + ttl))
+redis.call('PEXPIREAT', KEYS[1], lh_str(now + ttl + LH_EXPIRY_SLACK_MS))
 return {1, t, ttl, now}

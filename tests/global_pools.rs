@@ -8,18 +8,19 @@
 //! 2-core CI machine then spends its time on the system, not the load.
 
 mod common_allocator;
+mod common_pools;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common_allocator::{cluster_with, serial};
+use common_pools::{now_ms, window_of, Traffic};
 use leasehold_allocator::client::AllocatorClient;
 use leasehold_allocator::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
 use leasehold_allocator::local_cluster::{ClusterSettings, LocalCluster, ProberTargets};
-use leasehold_proto::agent::v1 as agent_pb;
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_region_agent::decide::Decider;
 use leasehold_region_agent::global::room::PoolView;
@@ -86,13 +87,6 @@ pool = "held"
 match = { route_group = "held" }
 fail_mode = "closed"
 "#;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -338,91 +332,6 @@ impl Drop for SumSampler {
     }
 }
 
-/// Checks sent to one Region's agent at a settable rate (requests per
-/// second), each timed so admissions can be placed in windows.
-struct Traffic {
-    rate: Arc<AtomicU64>,
-    admitted: Arc<AtomicU64>,
-    refused: Arc<AtomicU64>,
-    /// (sent ms, answered ms) of each admitted request.
-    log: Arc<Mutex<Vec<(u64, u64)>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Traffic {
-    fn start(decider: Arc<Decider>, route_group: &'static str, rate: u64) -> Traffic {
-        let traffic = Traffic {
-            rate: Arc::new(AtomicU64::new(rate)),
-            admitted: Arc::default(),
-            refused: Arc::default(),
-            log: Arc::default(),
-            stop: Arc::default(),
-        };
-        let (rate, admitted, refused, log, stop) = (
-            traffic.rate.clone(),
-            traffic.admitted.clone(),
-            traffic.refused.clone(),
-            traffic.log.clone(),
-            traffic.stop.clone(),
-        );
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let mut sent = 0u64;
-            let mut owed_millis = 0u64;
-            let mut last = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let elapsed = last.elapsed().as_millis() as u64;
-                last = Instant::now();
-                owed_millis += rate.load(Ordering::Relaxed) * elapsed;
-                while owed_millis >= 1_000 && !stop.load(Ordering::Relaxed) {
-                    owed_millis -= 1_000;
-                    sent += 1;
-                    let request = agent_pb::CheckRequest {
-                        request_id: format!("r{}-{sent}", started.elapsed().as_nanos()),
-                        target: Some(agent_pb::Target {
-                            domain: "pooled".into(),
-                            tenant: "acme".into(),
-                            principal: None,
-                            route_group: route_group.into(),
-                            method: "GET".into(),
-                            descriptors: vec![],
-                        }),
-                        cost: 1,
-                        policy_version_seen: 0,
-                    };
-                    let sent_ms = now_ms();
-                    match decider.check(request).await {
-                        Ok(decision) if decision.allowed => {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                            log.lock().unwrap().push((sent_ms, now_ms()));
-                        }
-                        Ok(_) => {
-                            refused.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => panic!("check refused as invalid: {e:?}"),
-                    }
-                }
-            }
-        });
-        traffic
-    }
-
-    fn set_rate(&self, rate: u64) {
-        self.rate.store(rate, Ordering::Relaxed);
-    }
-
-    fn admitted(&self) -> u64 {
-        self.admitted.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
 /// Waits until every Region's enforced rate is within `tolerance` of its
 /// ideal target for `demands` (all Regions live); returns how long it took.
 async fn converge(
@@ -511,9 +420,6 @@ async fn demand_moves_shares_to_target_and_enforced_sum_never_exceeds_l() {
 }
 
 /// Window bounds on allocator time (same machine clock): [start, end).
-fn window_of(t_ms: u64, window_ms: u64) -> u64 {
-    t_ms - t_ms % window_ms
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn window_pool_admits_at_most_g_per_window_and_nothing_outlives_its_window() {

@@ -6,19 +6,18 @@
 //! stated bound, and the allocator sees one eu incarnation at a time.
 
 mod common_allocator;
+mod common_pools;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common_allocator::{cluster_with, serial};
+use common_pools::{now_ms, Traffic};
 use leasehold_allocator::client::AllocatorClient;
 use leasehold_allocator::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
 use leasehold_allocator::local_cluster::{ClusterSettings, LocalCluster};
-use leasehold_proto::agent::v1 as agent_pb;
 use leasehold_proto::allocator::v1 as pb;
-use leasehold_region_agent::decide::Decider;
 use leasehold_region_agent::global::region_state::Role;
 use leasehold_region_agent::global::room::PoolView;
 use leasehold_region_agent::global::settings::{GlobalPoolSettings, GlobalSettings};
@@ -61,13 +60,6 @@ pool = "window"
 match = { route_group = "window" }
 fail_mode = "closed"
 "#;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 struct World {
     _cluster: LocalCluster,
@@ -223,73 +215,6 @@ impl World {
     }
 }
 
-/// Checks at `rate` per second through one decider; each admission's
-/// (sent, answered) wall times are logged.
-struct Traffic {
-    admitted: Arc<AtomicU64>,
-    log: Arc<Mutex<Vec<(u64, u64)>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Traffic {
-    fn start(decider: Arc<Decider>, route_group: &'static str, rate: u64) -> Traffic {
-        let traffic = Traffic {
-            admitted: Arc::default(),
-            log: Arc::default(),
-            stop: Arc::default(),
-        };
-        let (admitted, log, stop) = (
-            traffic.admitted.clone(),
-            traffic.log.clone(),
-            traffic.stop.clone(),
-        );
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let due = started.elapsed().as_millis() as u64 * rate / 1_000;
-                while sent < due && !stop.load(Ordering::Relaxed) {
-                    sent += 1;
-                    let request = agent_pb::CheckRequest {
-                        request_id: format!("r{}-{sent}", started.elapsed().as_nanos()),
-                        target: Some(agent_pb::Target {
-                            domain: "pooled".into(),
-                            tenant: "acme".into(),
-                            principal: None,
-                            route_group: route_group.into(),
-                            method: "GET".into(),
-                            descriptors: vec![],
-                        }),
-                        cost: 1,
-                        policy_version_seen: 0,
-                    };
-                    let sent_ms = now_ms();
-                    match decider.check(request).await {
-                        Ok(decision) if decision.allowed => {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                            log.lock().unwrap().push((sent_ms, now_ms()));
-                        }
-                        Ok(_) => {}
-                        Err(e) => panic!("check refused as invalid: {e:?}"),
-                    }
-                }
-            }
-        });
-        traffic
-    }
-
-    fn admitted(&self) -> u64 {
-        self.admitted.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
 /// The largest bucket any eu agent enforces for the rate pool now:
 /// (capacity, refill) in millitokens.
 fn eu_bucket(world: &World) -> (u64, u64) {
@@ -432,7 +357,7 @@ async fn two_agents_of_one_region_admit_its_room_once_and_hand_syncing_over_when
 }
 
 fn window_of(t_ms: u64) -> u64 {
-    t_ms - t_ms % WINDOW_MS
+    common_pools::window_of(t_ms, WINDOW_MS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,7 +14,7 @@
 //! deleted) or `{0, held token, now}`.
 
 use super::bucket::wrong_type;
-use super::share_gate::MAX_INSTANT_MS;
+use super::share_gate::{EXPIRY_SLACK_MS, MAX_INSTANT_MS};
 use crate::args::{self, MAX_ARG};
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
@@ -130,7 +130,7 @@ pub fn eval(
             now_ms,
         )
         .map_err(wrong_type)?;
-    space.pexpire_at(key, last + 1, now_ms);
+    space.pexpire_at(key, last + 1 + EXPIRY_SLACK_MS, now_ms);
     Ok(vec![1, count as i64 + 1, now_ms])
 }
 
@@ -159,7 +159,7 @@ mod tests {
         assert_eq!(
             run(&mut space, &[2], 2_001),
             vec![0, 2_001],
-            "key gone after the last"
+            "no live chunk after the last"
         );
     }
 

@@ -20,6 +20,12 @@ use crate::store::script::{ScriptCall, ScriptError, ScriptKind};
 /// buckets).
 pub const MAX_GATES: usize = 8;
 
+/// How long a record with its own end (`x`) outlives it in the store
+/// (`LH_EXPIRY_SLACK_MS` in `lua/prelude.lua`): PEXPIREAT checks against
+/// Redis's clock, read after the script's TIME, and could otherwise drop a
+/// key due within a millisecond at once. Liveness is the record's field.
+pub const EXPIRY_SLACK_MS: i64 = 1_000;
+
 /// Largest instant a record may name (2^53 − 1, exact in Lua's doubles).
 pub const MAX_INSTANT_MS: u64 = 9_007_199_254_740_991;
 

@@ -18,7 +18,7 @@
 //! malformed.
 
 use super::bucket::wrong_type;
-use super::share_gate::MAX_INSTANT_MS;
+use super::share_gate::{EXPIRY_SLACK_MS, MAX_INSTANT_MS};
 use crate::args::{self, MAX_ARG};
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
@@ -56,7 +56,7 @@ pub fn eval_write(
     pairs.push(("x", at.to_string()));
     space.delete(key);
     space.hset(key, &pairs, now_ms).map_err(wrong_type)?;
-    space.pexpire_at(key, at, now_ms);
+    space.pexpire_at(key, at + EXPIRY_SLACK_MS, now_ms);
     Ok(vec![1, token as i64, now_ms])
 }
 

@@ -10,7 +10,7 @@
 //! when the caller held it (deleted), else `{0, token or 0, 0}`.
 
 use super::bucket::wrong_type;
-use super::share_gate::MAX_INSTANT_MS;
+use super::share_gate::{EXPIRY_SLACK_MS, MAX_INSTANT_MS};
 use crate::args::{self, MAX_ARG};
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
@@ -81,7 +81,7 @@ pub fn eval(
             now_ms,
         )
         .map_err(wrong_type)?;
-    space.pexpire_at(&keys[0], at, now_ms);
+    space.pexpire_at(&keys[0], at + EXPIRY_SLACK_MS, now_ms);
     Ok(vec![1, token as i64, ttl as i64, now_ms])
 }
 
