@@ -1344,9 +1344,14 @@ fn apply_agent_fault(
         } => {
             let host = agent_host(region, agent.saturating_sub(1));
             if let Some(r) = index(region) {
+                let mut world = shared.lock();
                 if !keep_store {
-                    shared.lock().stores[r] = None;
+                    world.stores[r] = None;
                 }
+                // A running agent restarted is a crash too: its role goes
+                // with it (the new process polls its own).
+                world.syncers[r][agent.saturating_sub(1) as usize] = None;
+                drop(world);
                 sim.bounce(host.as_str());
             }
             let store = if *keep_store { "kept" } else { "empty" };
