@@ -22,7 +22,7 @@ pub const FENCE_GRACE_MS: u64 = 250;
 
 /// The short names of the bounds: the word before the colon of
 /// [`Violation::bound`], and what a scenario's `expect_bound` names.
-pub const BOUND_NAMES: [&str; 7] = [
+pub const BOUND_NAMES: [&str; 8] = [
     "rate",
     "window",
     "enforced",
@@ -30,6 +30,7 @@ pub const BOUND_NAMES: [&str; 7] = [
     "fenced",
     "grants",
     "epochs",
+    "syncer",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -91,7 +92,70 @@ pub fn check(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
     out.extend(lease_ids_once(scenario, trace));
     out.extend(epochs_never_go_back(scenario, trace));
     out.extend(applied_entries(scenario, trace));
+    out.extend(syncer_takeover(scenario, trace));
     out
+}
+
+/// A Region of several agents has a syncer again within the takeover bound
+/// (ttl + ttl/3 + request timeout of the sim's agent settings,
+/// [`crate::run::syncer_takeover_bound_ms`]) after its syncer dies — or
+/// after the run starts, an agent of a Region with none running starts,
+/// or its store answers again. Judged by sample: a stretch without a
+/// syncer runs from the first sample at which an agent runs, the store
+/// answers and no running agent holds the lease, to the first sample at
+/// which one does (or the run's end). The syncer died after the sample
+/// before the stretch and the agents' roles are polled every
+/// [`crate::run::ROLE_POLL_MS`], so a stretch longer than the bound + one
+/// sample step + one poll was longer than the bound.
+pub fn syncer_takeover(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
+    let bound = crate::run::syncer_takeover_bound_ms(scenario);
+    let slack = scenario.sample_ms + crate::run::ROLE_POLL_MS;
+    let mut out = Vec::new();
+    for (r, region) in scenario.regions.iter().enumerate() {
+        if region.agents < 2 {
+            continue;
+        }
+        let mut report = |from: u64, to: u64, open: bool| {
+            if to - from <= bound + slack {
+                return;
+            }
+            let end = if open {
+                format!("to the end of the run ({to} ms)")
+            } else {
+                format!("to {to} ms")
+            };
+            out.push(Violation {
+                bound: "syncer: a Region of several agents has a syncer within ttl + ttl/3 + request timeout",
+                t_ms: to,
+                pool: String::new(),
+                terms: vec![
+                    ("ttl + ttl/3 + request timeout ms".into(), bound),
+                    ("sample step + role poll ms".into(), slack),
+                    ("without a syncer ms".into(), to - from),
+                ],
+                detail: format!("Region {}: no running agent held the syncer lease from {from} ms {end}", region.name),
+            });
+        };
+        let mut since: Option<u64> = None;
+        for s in &trace.samples {
+            let agents = s.agents.get(r).cloned().unwrap_or_default();
+            let store_down = s
+                .rooms
+                .get(r)
+                .is_some_and(|row| row.iter().any(|p| p.store_down));
+            if agents.live == 0 || store_down {
+                since = None;
+            } else if agents.syncers.is_empty() {
+                since.get_or_insert(s.t_ms);
+            } else if let Some(from) = since.take() {
+                report(from, s.t_ms, false);
+            }
+        }
+        if let (Some(from), Some(last)) = (since, trace.samples.last()) {
+            report(from, last.t_ms, true);
+        }
+    }
+    capped(out)
 }
 
 /// What the apply observers found on the allocator nodes, checked at every
@@ -688,6 +752,7 @@ lease_ttl_ms = 1000
                         None,
                     ],
                     committed_sums: vec![vec![Some(2 * enforced)], vec![None]],
+                    agents: vec![crate::trace::RegionAgents::default(); 2],
                 })
                 .collect(),
             applied_checked: 1,
@@ -902,5 +967,54 @@ lease_ttl_ms = 1000
             }
             prop_assert_eq!(rate_bound(&scenario(), &trace, 0), vec![]);
         }
+    }
+
+    #[test]
+    fn a_region_of_several_agents_without_a_syncer_past_the_takeover_bound_is_reported() {
+        let mut two = scenario();
+        two.regions[0].agents = 2;
+        let bound = crate::run::syncer_takeover_bound_ms(&two);
+        assert_eq!(bound, 1_500 + 500 + 2_500);
+        let mut trace = steady(100, 0, 0, RoomMode::Normal);
+        let syncing = crate::trace::RegionAgents {
+            live: 2,
+            syncers: vec![(0, 1)],
+        };
+        let none = crate::trace::RegionAgents {
+            live: 1,
+            syncers: vec![],
+        };
+        let with_gap = |trace: &mut Trace, from: usize, to: usize| {
+            for (i, s) in trace.samples.iter_mut().enumerate() {
+                s.agents[0] = if (from..to).contains(&i) {
+                    none.clone()
+                } else {
+                    syncing.clone()
+                };
+            }
+        };
+        // 4.6 s without (samples 10..56: from 1.1 s to 5.7 s): within the
+        // bound + one step + one poll.
+        with_gap(&mut trace, 10, 56);
+        assert_eq!(syncer_takeover(&two, &trace), vec![]);
+        // One sample more: beyond it.
+        with_gap(&mut trace, 10, 57);
+        let v = syncer_takeover(&two, &trace);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].name(), "syncer");
+        assert_eq!(v[0].terms[2], ("without a syncer ms".into(), 4_700));
+        assert!(v[0].detail.contains("Region a"), "{}", v[0]);
+        // Never back: reported to the end of the run.
+        with_gap(&mut trace, 10, 100);
+        assert!(syncer_takeover(&two, &trace)[0]
+            .detail
+            .contains("end of the run"));
+        // A Region whose agents are all down, or whose store is lost, owes
+        // no syncer; a Region of one agent has none to owe.
+        for s in &mut trace.samples[10..] {
+            s.agents[0].live = 0;
+        }
+        assert_eq!(syncer_takeover(&two, &trace), vec![]);
+        assert_eq!(syncer_takeover(&scenario(), &trace), vec![]);
     }
 }

@@ -77,6 +77,9 @@ pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
             reached.join(", ")
         );
     }
+    for line in syncer_changes(scenario, outcome) {
+        let _ = writeln!(out, "  {line}");
+    }
     for (pool, interval, most, bound) in crate::checker::rate_margins(scenario, &outcome.trace) {
         let _ = writeln!(
             out,
@@ -126,6 +129,50 @@ pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
                 );
             }
             out.push('\n');
+        }
+    }
+    out
+}
+
+/// Regions of several agents: each change of which agent syncs, by sample
+/// (`syncer of eu at 10.1 s: none`, `… agent-eu-2 (token 2)`).
+pub fn syncer_changes(scenario: &Scenario, outcome: &Outcome) -> Vec<String> {
+    let mut out = Vec::new();
+    for (r, region) in scenario.regions.iter().enumerate() {
+        if region.agents < 2 {
+            continue;
+        }
+        let mut last: Option<&[(u32, u64)]> = None;
+        for sample in &outcome.trace.samples {
+            let Some(agents) = sample.agents.get(r) else {
+                continue;
+            };
+            if last == Some(agents.syncers.as_slice()) {
+                continue;
+            }
+            last = Some(agents.syncers.as_slice());
+            let who: Vec<String> = agents
+                .syncers
+                .iter()
+                .map(|(a, token)| {
+                    format!(
+                        "{} (token {token})",
+                        crate::scenario::agent_host(&region.name, *a)
+                    )
+                })
+                .collect();
+            let who = if who.is_empty() {
+                "none".to_string()
+            } else {
+                who.join(", ")
+            };
+            out.push(format!(
+                "syncer of {} at {:.1} s: {who} ({} of {} agents running)",
+                region.name,
+                sample.t_ms as f64 / 1_000.0,
+                agents.live,
+                region.agents
+            ));
         }
     }
     out
@@ -524,6 +571,7 @@ steps = [[0, 20]]
                         committed(40_000, 40_000),
                     ])],
                     committed_sums: vec![vec![Some(eu_share + 40_000)]],
+                    agents: Vec::new(),
                 }
             })
             .collect();

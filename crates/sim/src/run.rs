@@ -5,9 +5,12 @@
 //!   openraft RNG, the simulated clock plus the host's skew);
 //! - `agent-<region>`: a Region agent (`server::build`: decider on the
 //!   `MemoryStore`, global sync with the allocator, gRPC and `/health` over
-//!   turmoil TCP);
+//!   turmoil TCP); a Region of several agents (`agents`) adds
+//!   `agent-<region>-2`, … on the same store, each with an `agent_id`, one
+//!   of them the syncer by the store's lease;
 //! - `gw-<region>-<k>`: gateways (the client library's `Limiter`) turning
-//!   the scenario's demand curves into requests;
+//!   the scenario's demand curves into requests, gateway k talking to
+//!   agent k mod agents;
 //! - `prober`: the health prober, probing agents' `/health` and reporting
 //!   verdicts (`HealthReport`) — a host of its own so that a Region can be
 //!   cut off from the allocator yet stay reachable by the prober;
@@ -49,9 +52,12 @@ use leasehold_region_agent::store::script::ScriptCall;
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
 use crate::checker::{self, Violation};
-use crate::scenario::{FaultKind, Mutation, PoolSpec, ReclaimSpec, Scenario};
+use crate::scenario::{
+    agent_host, gateway_host, FaultKind, Mutation, PoolSpec, ReclaimSpec, Scenario,
+};
 use crate::trace::{
-    AppliedCheck, Committed, EpochApplied, GrantTaken, RegionPool, RoomMode, Sample, Trace,
+    AppliedCheck, Committed, EpochApplied, GrantTaken, RegionAgents, RegionPool, RoomMode, Sample,
+    Trace,
 };
 use leasehold_allocator::command::{Command, Outcome as Applied, Rejection, Reply, StampedCommand};
 use leasehold_allocator::grant::GrantAnswer;
@@ -72,6 +78,16 @@ const PROBE_INTERVAL_MS: u64 = 500;
 const PROBE_FAILURES_TO_UNHEALTHY: u32 = 2;
 /// Simulated time allowed past the scenario's end before turmoil gives up.
 const GRACE_MS: u64 = 30_000;
+/// The agents' allocator call timeout.
+const AGENT_REQUEST_TIMEOUT_MS: u64 = 2_500;
+/// The syncer lease of a Region of several agents: half the agent's
+/// default (3 s), so a takeover (bound ttl + ttl/3 + request timeout =
+/// 4.5 s) fits well inside a run and before a `two_signal` pool's reclaim
+/// wait (3 intervals of silence) would matter.
+pub const SYNCER_LEASE_TTL_MS: u64 = 1_500;
+/// How often an agent host writes its role into the world: the role's
+/// deadline is on the host's own clock, so the driver cannot read it.
+pub const ROLE_POLL_MS: u64 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -103,14 +119,6 @@ fn node_host(id: u64) -> String {
     format!("n{id}")
 }
 
-fn agent_host(region: &str) -> String {
-    format!("agent-{region}")
-}
-
-fn gateway_host(region: &str, k: u32) -> String {
-    format!("gw-{region}-{k}")
-}
-
 /// Simulated wall time on `host` (epoch + elapsed + the host's skew).
 fn sim_now_ms(shared: &Shared, host: &str) -> u64 {
     let elapsed = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
@@ -122,7 +130,12 @@ fn sim_now_ms(shared: &Shared, host: &str) -> u64 {
 /// one OS thread; the mutex only satisfies `Send`.
 #[derive(Default)]
 struct World {
-    deciders: Vec<Option<Arc<Decider>>>,
+    /// `[region][agent]`.
+    deciders: Vec<Vec<Option<Arc<Decider>>>>,
+    /// `[region][agent]`: the syncer token the agent holds now as its own
+    /// role says (polled on its host every [`ROLE_POLL_MS`]); `None` while
+    /// it follows, and once it is crashed.
+    syncers: Vec<Vec<Option<u64>>>,
     /// `[region][pool]` (admitted, refused) since the last sample.
     counts: Vec<Vec<(u64, u64)>>,
     window_admitted: BTreeMap<(usize, u64), u64>,
@@ -130,7 +143,8 @@ struct World {
     epochs: Vec<EpochApplied>,
     leader: u64,
     skews: BTreeMap<String, i64>,
-    down: Vec<bool>,
+    /// `[region][agent]`: crashed or lost.
+    down: Vec<Vec<bool>>,
     /// Each Region's bucket store (kept across agent restarts unless a
     /// restart asks for a fresh one) and its failure switch.
     stores: Vec<Option<Arc<MemoryStore>>>,
@@ -375,17 +389,14 @@ fn client_settings() -> ClientSettings {
 
 type HostResult = Result<(), Box<dyn std::error::Error>>;
 
-async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostResult {
-    let region = scenario.regions[r].clone();
-    let host = agent_host(&region.name);
-    let clock: Arc<dyn Clock> = Arc::new(AgentClock {
-        host: host.clone(),
-        shared: shared.clone(),
-    });
-    let bundle = policy::parse("sim-policy.toml", &policy_text(&scenario), None)?;
-    let global = GlobalSettings {
-        allocators: allocator_addresses(&scenario),
-        request_timeout_ms: 2_500,
+/// The `[global]` settings of agent `a` (0-based) of Region `r`. A Region
+/// of several agents names each (`<region>-<a + 1>`); one agent keeps no
+/// id (the room in its memory, as before several agents existed).
+fn agent_settings(scenario: &Scenario, r: usize, a: u32) -> GlobalSettings {
+    let region = &scenario.regions[r];
+    GlobalSettings {
+        allocators: allocator_addresses(scenario),
+        request_timeout_ms: AGENT_REQUEST_TIMEOUT_MS,
         tick_ms: 50,
         pools: scenario
             .pools
@@ -401,9 +412,30 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
             })
             .collect(),
         sim_unclamped_lease: region.unclamped_lease,
-        agent_id: None,
-        syncer_lease_ttl_ms: 3_000,
-    };
+        agent_id: (region.agents > 1).then(|| format!("{}-{}", region.name, a + 1)),
+        syncer_lease_ttl_ms: SYNCER_LEASE_TTL_MS,
+    }
+}
+
+/// How long a Region of several agents may go without a syncer after its
+/// syncer dies, from the sim's agent settings (ttl + ttl/3 + request
+/// timeout, `GlobalSettings::takeover_bound_ms`).
+pub fn syncer_takeover_bound_ms(scenario: &Scenario) -> u64 {
+    match scenario.regions.first() {
+        Some(_) => agent_settings(scenario, 0, 0).takeover_bound_ms(),
+        None => 0,
+    }
+}
+
+async fn run_agent(scenario: Arc<Scenario>, r: usize, a: u32, shared: Shared) -> HostResult {
+    let region = scenario.regions[r].clone();
+    let host = agent_host(&region.name, a);
+    let clock: Arc<dyn Clock> = Arc::new(AgentClock {
+        host: host.clone(),
+        shared: shared.clone(),
+    });
+    let bundle = policy::parse("sim-policy.toml", &policy_text(&scenario), None)?;
+    let global = agent_settings(&scenario, r, a);
     let spec = AgentSpec {
         region: region.name.clone(),
         listen: SocketAddr::from(([0, 0, 0, 0], AGENT_GRPC_PORT)),
@@ -436,15 +468,27 @@ async fn run_agent(scenario: Arc<Scenario>, r: usize, shared: Shared) -> HostRes
         pools: scenario.pools.iter().map(|p| p.id().to_string()).collect(),
         shared: shared.clone(),
     });
+    let a_index = a as usize;
     {
         let mut world = shared.lock();
-        world.deciders[r] = Some(built.decider.clone());
-        world.down[r] = false;
+        world.deciders[r][a_index] = Some(built.decider.clone());
+        world.down[r][a_index] = false;
     }
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     if let Some(sync) = built.sync {
         sync.set_observer(recorder);
-        let _tasks = sync.spawn(stop.clone());
+        let _tasks = sync.clone().spawn(stop.clone());
+        if region.agents > 1 {
+            // Detached: ends with the host (a crash drops it, unreleased).
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    let token = sync.role().token_now();
+                    shared.lock().syncers[r][a_index] = token;
+                    tokio::time::sleep(Duration::from_millis(ROLE_POLL_MS)).await;
+                }
+            });
+        }
     }
     let grpc = match sim_net::listen(SocketAddr::from(([0, 0, 0, 0], AGENT_GRPC_PORT))).await? {
         leasehold_allocator::transport::Listen::Incoming { incoming, .. } => incoming,
@@ -488,8 +532,9 @@ async fn run_gateway(
     shared: Shared,
 ) -> HostResult {
     let region = scenario.regions[r].clone();
+    let agent = agent_host(&region.name, region.agent_of_gateway(k));
     let channel = sim_net::connector()
-        .channel(&format!("{}:{AGENT_GRPC_PORT}", agent_host(&region.name)))
+        .channel(&format!("{agent}:{AGENT_GRPC_PORT}"))
         .map_err(|e| e.to_string())?;
     let limiter = Limiter::with_channel(
         channel,
@@ -600,17 +645,26 @@ async fn run_prober(scenario: Arc<Scenario>) -> HostResult {
         tokio::time::sleep(Duration::from_millis(PROBE_INTERVAL_MS)).await;
         round += 1;
         for (r, region) in scenario.regions.iter().enumerate() {
-            let target = ProbeTarget {
-                region: region.name.clone(),
-                host_port: format!("{}:{AGENT_HTTP_PORT}", agent_host(&region.name)),
-                path: "/health".into(),
-                https: false,
-            };
-            let outcome =
-                prober::probe_with(&*connector, &target, Duration::from_millis(300)).await;
-            failures[r] = match outcome {
-                ProbeOutcome::Serving => 0,
-                ProbeOutcome::Failed(_) => failures[r].saturating_add(1),
+            // A Region serves while any of its agents does.
+            let mut serving = false;
+            for host in region.agent_hosts() {
+                let target = ProbeTarget {
+                    region: region.name.clone(),
+                    host_port: format!("{host}:{AGENT_HTTP_PORT}"),
+                    path: "/health".into(),
+                    https: false,
+                };
+                let outcome =
+                    prober::probe_with(&*connector, &target, Duration::from_millis(300)).await;
+                if matches!(outcome, ProbeOutcome::Serving) {
+                    serving = true;
+                    break;
+                }
+            }
+            failures[r] = if serving {
+                0
+            } else {
+                failures[r].saturating_add(1)
             };
             let healthy = failures[r] < PROBE_FAILURES_TO_UNHEALTHY;
             // Report a change at once and repeat every 10 rounds (a lost
@@ -692,7 +746,7 @@ fn sample(
     t_ms: u64,
 ) -> Sample {
     // Take what is needed and let go: the agents' clocks lock the world too.
-    let (counts, agents, store_down) = {
+    let (counts, live, agents, store_down) = {
         let mut world = shared.lock();
         let store_down: Vec<bool> = world
             .store_down
@@ -701,13 +755,36 @@ fn sample(
             .collect();
         let counts = std::mem::take(&mut world.counts);
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
-        let agents: Vec<Option<Arc<Decider>>> = world
+        // Per Region, its running agents' deciders, first agent first.
+        let live: Vec<Vec<Arc<Decider>>> = world
             .deciders
             .iter()
             .zip(&world.down)
-            .map(|(d, down)| d.clone().filter(|_| !down))
+            .map(|(deciders, down)| {
+                deciders
+                    .iter()
+                    .zip(down)
+                    .filter(|(_, down)| !**down)
+                    .filter_map(|(d, _)| d.clone())
+                    .collect()
+            })
             .collect();
-        (counts, agents, store_down)
+        let agents: Vec<RegionAgents> = world
+            .syncers
+            .iter()
+            .zip(&world.down)
+            .map(|(tokens, down)| RegionAgents {
+                live: down.iter().filter(|d| !**d).count() as u32,
+                syncers: tokens
+                    .iter()
+                    .zip(down)
+                    .enumerate()
+                    .filter(|(_, (_, down))| !**down)
+                    .filter_map(|(a, (token, _))| token.map(|t| (a as u32, t)))
+                    .collect(),
+            })
+            .collect();
+        (counts, live, agents, store_down)
     };
     let mut rooms = Vec::new();
     for r in 0..scenario.regions.len() {
@@ -720,26 +797,7 @@ fn sample(
                 store_down: store_down[r],
                 ..RegionPool::default()
             };
-            match &agents[r] {
-                Some(decider) => {
-                    let view = decider
-                        .global
-                        .slot(pool.id())
-                        .map(|s| s.view())
-                        .unwrap_or_default();
-                    room.mode = room_mode(&view);
-                    if let PoolView::Rate(rate) = &view {
-                        room.enforced_millitokens_per_s = rate.bucket.refill_millitokens_per_s;
-                    }
-                    if matches!(pool, PoolSpec::Rate(p) if p.leased) {
-                        let bundle = decider.policy.current();
-                        if let Some(rule) = bundle.rule("sim", &format!("p-{}", pool.id())) {
-                            room.block_tokens = decider.block_tokens(rule);
-                        }
-                    }
-                }
-                None => room.mode = RoomMode::Down,
-            }
+            region_room(pool, &live[r], &mut room);
             row.push(room);
         }
         rooms.push(row);
@@ -787,6 +845,45 @@ fn sample(
         rooms,
         committed,
         committed_sums: committed_sums(scenario, disks),
+        agents,
+    }
+}
+
+/// A Region's mode, enforced rate and block size in one pool, from its
+/// running agents: the largest enforced rate among them with that agent's
+/// mode (conservative for the bounds: with several agents the Region's
+/// room is the store's and each agent's view lags it by a read), the
+/// largest block; `Down` with none running.
+fn region_room(pool: &PoolSpec, live: &[Arc<Decider>], room: &mut RegionPool) {
+    if live.is_empty() {
+        room.mode = RoomMode::Down;
+        return;
+    }
+    let mut chosen: Option<(u64, RoomMode)> = None;
+    for decider in live {
+        let view = decider
+            .global
+            .slot(pool.id())
+            .map(|s| s.view())
+            .unwrap_or_default();
+        let enforced = match &view {
+            PoolView::Rate(rate) => rate.bucket.refill_millitokens_per_s,
+            _ => 0,
+        };
+        // Ties keep the earlier agent: deterministic.
+        if chosen.is_none_or(|(most, _)| enforced > most) {
+            chosen = Some((enforced, room_mode(&view)));
+        }
+        if matches!(pool, PoolSpec::Rate(p) if p.leased) {
+            let bundle = decider.policy.current();
+            if let Some(rule) = bundle.rule("sim", &format!("p-{}", pool.id())) {
+                room.block_tokens = room.block_tokens.max(decider.block_tokens(rule));
+            }
+        }
+    }
+    if let Some((enforced, mode)) = chosen {
+        room.enforced_millitokens_per_s = enforced;
+        room.mode = mode;
     }
 }
 
@@ -920,9 +1017,23 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
     let shared = Shared::default();
     {
         let mut world = shared.lock();
-        world.deciders = vec![None; scenario.regions.len()];
+        let per_agent = |region: &crate::scenario::RegionSpec| region.agents as usize;
+        world.deciders = scenario
+            .regions
+            .iter()
+            .map(|region| vec![None; per_agent(region)])
+            .collect();
+        world.syncers = scenario
+            .regions
+            .iter()
+            .map(|region| vec![None; per_agent(region)])
+            .collect();
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
-        world.down = vec![false; scenario.regions.len()];
+        world.down = scenario
+            .regions
+            .iter()
+            .map(|region| vec![false; per_agent(region)])
+            .collect();
         world.stores = vec![None; scenario.regions.len()];
         world.store_down = (0..scenario.regions.len())
             .map(|_| Arc::new(AtomicBool::new(false)))
@@ -963,10 +1074,12 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
         });
     }
     for (r, region) in scenario.regions.iter().enumerate() {
-        let (scenario2, shared2) = (scenario.clone(), shared.clone());
-        sim.host(agent_host(&region.name), move || {
-            run_agent(scenario2.clone(), r, shared2.clone())
-        });
+        for a in 0..region.agents {
+            let (scenario2, shared2) = (scenario.clone(), shared.clone());
+            sim.host(agent_host(&region.name, a), move || {
+                run_agent(scenario2.clone(), r, a, shared2.clone())
+            });
+        }
         for k in 0..region.gateways {
             let (scenario2, shared2) = (scenario.clone(), shared.clone());
             sim.host(gateway_host(&region.name, k), move || {
@@ -1043,27 +1156,42 @@ fn apply_fault(
     kind: &FaultKind,
 ) -> String {
     let nodes: Vec<String> = (1..=scenario.allocator_nodes).map(node_host).collect();
+    // Every agent host of a Region (none for an unknown name: validated).
+    let agents = |region: &str| {
+        scenario
+            .regions
+            .iter()
+            .find(|r| r.name == region)
+            .map(|r| r.agent_hosts())
+            .unwrap_or_default()
+    };
     match kind {
         FaultKind::PartitionRegion { region } => {
-            for node in &nodes {
-                sim.partition(agent_host(region), node.as_str());
+            for agent in agents(region) {
+                for node in &nodes {
+                    sim.partition(agent.as_str(), node.as_str());
+                }
             }
             format!("partition {region} from the allocator (prober still reaches it)")
         }
         FaultKind::IsolateRegion { region } => {
-            for node in &nodes {
-                sim.partition(agent_host(region), node.as_str());
+            for agent in agents(region) {
+                for node in &nodes {
+                    sim.partition(agent.as_str(), node.as_str());
+                }
+                sim.partition(agent.as_str(), "prober");
             }
-            sim.partition(agent_host(region), "prober");
             format!(
                 "isolate {region} from the allocator and the prober (its gateways still reach it)"
             )
         }
         FaultKind::HealRegion { region } => {
-            for node in &nodes {
-                sim.repair(agent_host(region), node.as_str());
+            for agent in agents(region) {
+                for node in &nodes {
+                    sim.repair(agent.as_str(), node.as_str());
+                }
+                sim.repair(agent.as_str(), "prober");
             }
-            sim.repair(agent_host(region), "prober");
             format!("heal {region}")
         }
         FaultKind::Partition { a, b } => {
@@ -1106,23 +1234,10 @@ fn apply_fault(
             }
             format!("repair {a:?} ↔ {b:?}")
         }
-        FaultKind::CrashAgent { region } => {
-            if let Some(r) = scenario.region_index(region) {
-                shared.lock().down[r] = true;
-                sim.crash(agent_host(region));
-            }
-            format!("crash agent-{region}")
-        }
-        FaultKind::RestartAgent { region, keep_store } => {
-            if let Some(r) = scenario.region_index(region) {
-                if !keep_store {
-                    shared.lock().stores[r] = None;
-                }
-                sim.bounce(agent_host(region));
-            }
-            let store = if *keep_store { "kept" } else { "empty" };
-            format!("restart agent-{region} (fresh memory, store {store})")
-        }
+        FaultKind::CrashAgent { .. }
+        | FaultKind::RestartAgent { .. }
+        | FaultKind::CrashSyncer { .. }
+        | FaultKind::RestartCrashedAgents { .. } => apply_agent_fault(sim, scenario, shared, kind),
         FaultKind::StoreLoss { region } => {
             if let Some(r) = scenario.region_index(region) {
                 shared.lock().store_down[r].store(true, Ordering::SeqCst);
@@ -1163,8 +1278,9 @@ fn apply_fault(
         }
         FaultKind::LoseRegion { region } => {
             if let Some(r) = scenario.region_index(region) {
-                shared.lock().down[r] = true;
-                sim.crash(agent_host(region));
+                for a in 0..scenario.regions[r].agents {
+                    crash_agent(sim, shared, (r, region), a);
+                }
                 for k in 0..scenario.regions[r].gateways {
                     sim.crash(gateway_host(region, k));
                 }
@@ -1176,12 +1292,10 @@ fn apply_fault(
             format!("latency up to {max_ms} ms on every link")
         }
         FaultKind::RegionLatency { region, ms } => {
-            for node in &nodes {
-                sim.set_link_latency(
-                    agent_host(region),
-                    node.as_str(),
-                    Duration::from_millis(*ms),
-                );
+            for agent in agents(region) {
+                for node in &nodes {
+                    sim.set_link_latency(agent.as_str(), node.as_str(), Duration::from_millis(*ms));
+                }
             }
             format!("{region} ↔ allocator links take {ms} ms")
         }
@@ -1193,5 +1307,99 @@ fn apply_fault(
             shared.lock().skews.insert(host.clone(), *skew_ms);
             format!("skew {host} by {skew_ms} ms")
         }
+    }
+}
+
+/// Stops agent `a` of Region `r` as a crash does: its process is gone, its
+/// syncer lease (if it held it) is not released.
+fn crash_agent(sim: &mut turmoil::Sim<'_>, shared: &Shared, (r, region): (usize, &str), a: u32) {
+    let mut world = shared.lock();
+    world.down[r][a as usize] = true;
+    world.syncers[r][a as usize] = None;
+    drop(world);
+    sim.crash(agent_host(region, a));
+}
+
+/// The faults on one Region's agents (validated: the Region exists, the
+/// agent is one of its own, a lost store only for a Region of one agent).
+fn apply_agent_fault(
+    sim: &mut turmoil::Sim<'_>,
+    scenario: &Scenario,
+    shared: &Shared,
+    kind: &FaultKind,
+) -> String {
+    let index = |region: &str| scenario.region_index(region);
+    match kind {
+        FaultKind::CrashAgent { region, agent } => {
+            let host = agent_host(region, agent.saturating_sub(1));
+            if let Some(r) = index(region) {
+                crash_agent(sim, shared, (r, region), agent.saturating_sub(1));
+            }
+            format!("crash {host}")
+        }
+        FaultKind::RestartAgent {
+            region,
+            agent,
+            keep_store,
+        } => {
+            let host = agent_host(region, agent.saturating_sub(1));
+            if let Some(r) = index(region) {
+                let mut world = shared.lock();
+                if !keep_store {
+                    world.stores[r] = None;
+                }
+                // A running agent restarted is a crash too: its role goes
+                // with it (the new process polls its own).
+                world.syncers[r][agent.saturating_sub(1) as usize] = None;
+                drop(world);
+                sim.bounce(host.as_str());
+            }
+            let store = if *keep_store { "kept" } else { "empty" };
+            format!("restart {host} (fresh memory, store {store})")
+        }
+        FaultKind::CrashSyncer { region } => {
+            let Some(r) = index(region) else {
+                return format!("crash {region}'s syncer: no such Region");
+            };
+            // The lowest running agent whose own role says it syncs (two
+            // at once would be a bug of the lease; the first is taken).
+            let syncer = {
+                let world = shared.lock();
+                (0..scenario.regions[r].agents).find_map(|a| {
+                    let i = a as usize;
+                    (!world.down[r][i])
+                        .then_some(world.syncers[r][i])
+                        .flatten()
+                        .map(|t| (a, t))
+                })
+            };
+            match syncer {
+                Some((a, token)) => {
+                    crash_agent(sim, shared, (r, region), a);
+                    format!(
+                        "crash {region}'s syncer {} (token {token})",
+                        agent_host(region, a)
+                    )
+                }
+                None => format!("crash {region}'s syncer: no syncer known"),
+            }
+        }
+        FaultKind::RestartCrashedAgents { region } => {
+            let Some(r) = index(region) else {
+                return format!("restart {region}'s crashed agents: no such Region");
+            };
+            let crashed: Vec<u32> = {
+                let world = shared.lock();
+                (0..scenario.regions[r].agents)
+                    .filter(|a| world.down[r][*a as usize])
+                    .collect()
+            };
+            let hosts: Vec<String> = crashed.iter().map(|a| agent_host(region, *a)).collect();
+            for host in &hosts {
+                sim.bounce(host.as_str());
+            }
+            format!("restart {region}'s crashed agents {hosts:?} (fresh memory, store kept)")
+        }
+        _ => String::new(),
     }
 }

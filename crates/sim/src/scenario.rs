@@ -14,6 +14,8 @@ use serde::Deserialize;
 pub const MAX_REGIONS: usize = 8;
 pub const MAX_POOLS: usize = 8;
 pub const MAX_GATEWAYS_PER_REGION: u32 = 16;
+/// Agents sharing one Region's store (several agents per Region).
+pub const MAX_AGENTS_PER_REGION: u32 = 4;
 pub const MAX_FAULTS: usize = 256;
 pub const MAX_DURATION_MS: u64 = 3_600_000;
 /// Total arrivals per simulated second across Regions (CPU bound).
@@ -98,6 +100,12 @@ pub struct RegionSpec {
     pub name: String,
     #[serde(default = "default_gateways")]
     pub gateways: u32,
+    /// Agents serving the Region, all on its one store (1 to 4). With more
+    /// than one, each has an `agent_id` and one of them (the syncer, by the
+    /// store's lease) talks to the allocator; gateway k talks to agent
+    /// k mod agents.
+    #[serde(default = "default_agents")]
+    pub agents: u32,
     /// Sim-only unsafe switch: this Region's agent ignores `share_ttl`
     /// (keeps its full share when it cannot renew a lease).
     #[serde(default)]
@@ -106,6 +114,40 @@ pub struct RegionSpec {
 
 fn default_gateways() -> u32 {
     1
+}
+
+fn default_agents() -> u32 {
+    1
+}
+
+/// The host of a Region's agent `a` (0-based): `agent-<region>` for the
+/// first (so scenarios of one agent per Region name it as before),
+/// `agent-<region>-<a + 1>` for the others.
+pub fn agent_host(region: &str, a: u32) -> String {
+    if a == 0 {
+        format!("agent-{region}")
+    } else {
+        format!("agent-{region}-{}", a + 1)
+    }
+}
+
+/// The host of a Region's gateway `k` (0-based).
+pub fn gateway_host(region: &str, k: u32) -> String {
+    format!("gw-{region}-{k}")
+}
+
+impl RegionSpec {
+    /// Every agent host of the Region, first agent first.
+    pub fn agent_hosts(&self) -> Vec<String> {
+        (0..self.agents)
+            .map(|a| agent_host(&self.name, a))
+            .collect()
+    }
+
+    /// The agent (0-based) gateway `k` talks to.
+    pub fn agent_of_gateway(&self, k: u32) -> u32 {
+        k % self.agents.max(1)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -209,6 +251,10 @@ pub enum ReclaimSpec {
 
 fn default_true() -> bool {
     true
+}
+
+fn default_agent() -> u32 {
+    1
 }
 
 fn default_drift_ms() -> u64 {
@@ -348,18 +394,35 @@ pub enum FaultKind {
         a: Vec<String>,
         b: Vec<String>,
     },
-    /// Stop a Region's agent process (its gateways stay: they fail closed).
+    /// Stop one agent process of a Region (`agent`, 1-based, default the
+    /// first); its gateways stay: they fail closed.
     CrashAgent {
         region: String,
+        #[serde(default = "default_agent")]
+        agent: u32,
     },
     /// Start a crashed agent again. Its process memory (shares, chunks,
     /// incarnations, leases) is always fresh; `keep_store` says whether its
     /// bucket store (the Redis of the Region) kept its state (`true`) or
-    /// comes back empty (`false`).
+    /// comes back empty (`false`, a Region of one agent only: several
+    /// agents share the store).
     RestartAgent {
         region: String,
+        #[serde(default = "default_agent")]
+        agent: u32,
         #[serde(default = "default_true")]
         keep_store: bool,
+    },
+    /// Stop the agent of a Region of several agents that holds the syncer
+    /// lease at that moment (as it knows it), without releasing the lease:
+    /// another agent must take over when the lease runs out.
+    CrashSyncer {
+        region: String,
+    },
+    /// Start every crashed agent of the Region again (store kept), e.g.
+    /// after `crash_syncer`.
+    RestartCrashedAgents {
+        region: String,
     },
     /// The Region's bucket store fails every call (Redis lost): rules decide
     /// on their fail mode (`local_fallback_per_s`, or closed).
@@ -468,8 +531,8 @@ impl Scenario {
         self.pools.iter().find(|p| p.id() == id)
     }
 
-    /// A host of a run: `n<k>`, `agent-<region>`, `gw-<region>-<k>`,
-    /// `prober`.
+    /// A host of a run: `n<k>`, `agent-<region>` (and `agent-<region>-<a>`
+    /// for a Region's further agents), `gw-<region>-<k>`, `prober`.
     pub fn is_host(&self, host: &str) -> bool {
         if host == "prober" {
             return true;
@@ -478,8 +541,8 @@ impl Scenario {
             return (1..=self.allocator_nodes).contains(&k);
         }
         self.regions.iter().any(|r| {
-            host == format!("agent-{}", r.name)
-                || (0..r.gateways).any(|k| host == format!("gw-{}-{k}", r.name))
+            r.agent_hosts().iter().any(|a| a == host)
+                || (0..r.gateways).any(|k| host == gateway_host(&r.name, k))
         })
     }
 
@@ -511,6 +574,23 @@ impl Scenario {
             }
             if !(1..=MAX_GATEWAYS_PER_REGION).contains(&region.gateways) {
                 return bad(&format!("region[{i}].gateways"), "must be in [1, 16]");
+            }
+            if !(1..=MAX_AGENTS_PER_REGION).contains(&region.agents) {
+                return bad(&format!("region[{i}].agents"), "must be in [1, 4]");
+            }
+        }
+        // Region `eu` with two agents and a Region named `eu-2` would both
+        // run `agent-eu-2`.
+        let mut hosts = BTreeSet::new();
+        for (i, region) in self.regions.iter().enumerate() {
+            let gateways = (0..region.gateways).map(|k| gateway_host(&region.name, k));
+            for host in region.agent_hosts().into_iter().chain(gateways) {
+                if !hosts.insert(host.clone()) {
+                    return bad(
+                        &format!("region[{i}].name"),
+                        &format!("its host {host} is another Region's too"),
+                    );
+                }
             }
         }
         if self.pools.is_empty() || self.pools.len() > MAX_POOLS {
@@ -632,8 +712,10 @@ impl Scenario {
                 | FaultKind::IsolateRegion { region }
                 | FaultKind::HealRegion { region }
                 | FaultKind::LoseRegion { region }
-                | FaultKind::CrashAgent { region }
+                | FaultKind::CrashAgent { region, .. }
                 | FaultKind::RestartAgent { region, .. }
+                | FaultKind::CrashSyncer { region }
+                | FaultKind::RestartCrashedAgents { region }
                 | FaultKind::StoreLoss { region }
                 | FaultKind::StoreRestore { region }
                 | FaultKind::RegionLatency { region, .. } => Some(region),
@@ -644,6 +726,9 @@ impl Scenario {
                     &format!("fault[{i}].region"),
                     "not a Region of the scenario",
                 );
+            }
+            if let Some(spec) = region.and_then(|r| self.regions.iter().find(|s| &s.name == r)) {
+                agent_fault(i, spec, &fault.kind)?;
             }
             match fault.kind {
                 FaultKind::Latency { max_ms } | FaultKind::RegionLatency { ms: max_ms, .. }
@@ -686,7 +771,7 @@ impl Scenario {
             if !known {
                 return bad(
                     "expect_bound",
-                    "a scenario expecting a violation names its bound: rate, window, enforced, committed, fenced, grants or epochs",
+                    "a scenario expecting a violation names its bound: rate, window, enforced, committed, fenced, grants, epochs or syncer",
                 );
             }
         } else if self.expect_bound.is_some() || self.mutation.is_some() {
@@ -706,6 +791,35 @@ impl Scenario {
             );
         }
         Ok(())
+    }
+}
+
+/// What a fault on one Region's agents must name: an agent it has, a store
+/// that only a Region of one agent may lose on restart, a syncer only a
+/// Region of several agents has.
+fn agent_fault(i: usize, region: &RegionSpec, kind: &FaultKind) -> Result<(), (String, String)> {
+    let bad =
+        |field: &str, message: &str| Err((format!("fault[{i}].{field}"), message.to_string()));
+    match kind {
+        FaultKind::CrashAgent { agent, .. } | FaultKind::RestartAgent { agent, .. }
+            if !(1..=region.agents).contains(agent) =>
+        {
+            bad(
+                "agent",
+                &format!("the Region has agents 1 to {}", region.agents),
+            )
+        }
+        FaultKind::RestartAgent {
+            keep_store: false, ..
+        } if region.agents > 1 => bad(
+            "keep_store",
+            "false only for a Region of one agent (its agents share the store)",
+        ),
+        FaultKind::CrashSyncer { .. } if region.agents < 2 => bad(
+            "region",
+            "crash_syncer needs a Region of several agents (agents ≥ 2); use crash_agent",
+        ),
+        _ => Ok(()),
     }
 }
 
@@ -833,6 +947,7 @@ kind = "crash_leader"
             s.faults[4].kind,
             FaultKind::RestartAgent {
                 region: "us".into(),
+                agent: 1,
                 keep_store: true
             }
         );
@@ -848,5 +963,54 @@ kind = "crash_leader"
         .unwrap_err()
         .to_string();
         assert!(e.contains("expect_bound"), "{e}");
+    }
+
+    #[test]
+    fn several_agents_per_region_name_their_hosts_and_faults() {
+        let two = GOOD.replace(
+            "name = \"eu\"\ngateways = 2",
+            "name = \"eu\"\ngateways = 2\nagents = 2",
+        );
+        let text = format!(
+            "{two}\n[[fault]]\nat_ms = 7000\nkind = \"crash_syncer\"\nregion = \"eu\"\n\
+             \n[[fault]]\nat_ms = 8000\nkind = \"crash_agent\"\nregion = \"eu\"\nagent = 2\n\
+             \n[[fault]]\nat_ms = 9000\nkind = \"restart_crashed_agents\"\nregion = \"eu\"\n\
+             \n[[fault]]\nat_ms = 9000\nkind = \"partition\"\na = [\"agent-eu-2\"]\nb = [\"n1\"]\n"
+        );
+        let s = Scenario::parse("s.toml", &text).unwrap();
+        assert_eq!(s.regions[0].agents, 2);
+        assert_eq!(s.regions[1].agents, 1);
+        assert_eq!(s.regions[0].agent_hosts(), ["agent-eu", "agent-eu-2"]);
+        assert_eq!(s.regions[0].agent_of_gateway(1), 1);
+        assert_eq!(s.regions[0].agent_of_gateway(2), 0);
+        assert!(s.is_host("agent-eu-2") && !s.is_host("agent-us-2"));
+        assert_eq!(
+            s.faults[3].kind,
+            FaultKind::CrashAgent {
+                region: "eu".into(),
+                agent: 2
+            }
+        );
+        let refused = |text: &str| Scenario::parse("s.toml", text).unwrap_err().to_string();
+        let e = refused(&two.replace("agents = 2", "agents = 5"));
+        assert!(e.contains("region[0].agents"), "{e}");
+        let e = refused(&text.replace("agent = 2", "agent = 3"));
+        assert!(e.contains("fault[3].agent"), "{e}");
+        // A Region of one agent has no syncer; one of several shares its
+        // store, so a restart cannot lose it.
+        let e = refused(&format!(
+            "{GOOD}\n[[fault]]\nat_ms = 7000\nkind = \"crash_syncer\"\nregion = \"us\"\n"
+        ));
+        assert!(e.contains("fault[2].region"), "{e}");
+        let e = refused(&format!(
+            "{two}\n[[fault]]\nat_ms = 7000\nkind = \"restart_agent\"\nregion = \"eu\"\nkeep_store = false\n"
+        ));
+        assert!(e.contains("fault[2].keep_store"), "{e}");
+        // Two Regions whose hosts would have one name.
+        let e = refused(&two.replace("name = \"us\"", "name = \"eu-2\""));
+        assert!(
+            e.contains("region[1].name") && e.contains("agent-eu-2"),
+            "{e}"
+        );
     }
 }

@@ -53,6 +53,19 @@ pub struct Sample {
     /// that node's applied state (millitokens/s); `None` when the node has
     /// no such rate pool (window pools, or not yet created there).
     pub committed_sums: Vec<Vec<Option<u64>>>,
+    /// Per Region: its agents (several per Region: which one syncs).
+    pub agents: Vec<RegionAgents>,
+}
+
+/// A Region's agents at one sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct RegionAgents {
+    /// Agents running (not crashed or lost).
+    pub live: u32,
+    /// The running agents (0-based) whose own role says they hold the
+    /// Region's syncer lease, with its fencing token; always empty for a
+    /// Region of one agent (it holds its room in memory, no lease).
+    pub syncers: Vec<(u32, u64)>,
 }
 
 /// One Region's room in a rate pool as the allocator committed it

@@ -177,6 +177,24 @@ pub fn demand(reply: &ScriptReply) -> Result<(u64, u64), ScriptError> {
     Ok((v[0] as u64, v[1] as u64))
 }
 
+/// The lease-id prefix of one window-pool sync: `<region>.<run number>`,
+/// the run number 10 digits (a Region of ≤ 32 bytes, the dot and 10 digits
+/// fill the prefix cap; the chunk index keeps it as a number). One agent
+/// per Region: the boot's ms (mod 10^10), so a restart never reuses an id.
+/// Several agents: their boots may share a ms (and one agent syncs again
+/// after another did, from counter 0), so the syncer's fencing token
+/// (unique per term while the store lives) takes the last 3 digits after
+/// the boot's ms mod 10^7 (2.8 h): without it the next syncer reuses the
+/// previous one's lease ids and the allocator answers them with the old
+/// grants while it keeps their records (their window and the next).
+pub fn lease_id_prefix(region: &str, boot_id: u64, token: Option<u64>) -> String {
+    let run = match token {
+        None => boot_id % 10_000_000_000,
+        Some(token) => (boot_id % 10_000_000) * 1_000 + token % 1_000,
+    };
+    format!("{region}.{run}")
+}
+
 /// The numbers that name a chunk in the index: the lease id is
 /// `<region>.<prefix_id>:<n>` ([`crate::global::chunk::LeaseIds`]).
 pub fn lease_id_numbers(region: &str, lease_id: &str) -> Option<(u64, u64)> {
@@ -339,6 +357,35 @@ mod tests {
         assert_eq!(lease_id_numbers("eu", "us.1234:7"), None);
         assert_eq!(lease_id_numbers("eu", "eu.x:7"), None);
         assert_eq!(lease_id_numbers("eu", "eu.12:"), None);
+    }
+
+    #[test]
+    fn each_syncer_term_has_its_own_lease_id_prefix() {
+        let boot = 1_735_689_600_000;
+        assert_eq!(lease_id_prefix("eu", boot, None), "eu.5689600000");
+        // Two agents booted in one ms, and one agent's next term: apart.
+        let (first, second) = (
+            lease_id_prefix("eu", boot, Some(1)),
+            lease_id_prefix("eu", boot, Some(2)),
+        );
+        assert_ne!(first, second);
+        assert_eq!(
+            lease_id_numbers("eu", &format!("{second}:7")),
+            Some((9_600_000_002, 7))
+        );
+        let region = "r".repeat(32);
+        let longest = lease_id_prefix(&region, u64::MAX, Some(u64::MAX));
+        assert!(
+            longest.len() <= crate::global::chunk::MAX_PREFIX_BYTES,
+            "{longest}"
+        );
+        let (run, _) = lease_id_numbers(&region, &format!("{longest}:0")).unwrap();
+        // The chunk index keeps the number under the scripts' 2^40 cap.
+        assert!(run < 1 << 40);
+        assert!(
+            lease_id_prefix(&region, u64::MAX, None).len()
+                <= crate::global::chunk::MAX_PREFIX_BYTES
+        );
     }
 
     #[test]

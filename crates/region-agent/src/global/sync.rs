@@ -655,8 +655,17 @@ impl GlobalSync {
         slot: &PoolSlot,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), SyncError> {
-        // Region (≤ 32 bytes) + '.' + 10 digits fits the lease id prefix cap.
-        let prefix = format!("{}.{}", self.region, self.boot_id % 10_000_000_000);
+        // Several agents per Region: the syncer's term names the ids too
+        // (a term that ended has nothing to ask for).
+        let token = if self.shared() {
+            let Some(token) = self.role.borrow().token_now() else {
+                return Ok(());
+            };
+            Some(token)
+        } else {
+            None
+        };
+        let prefix = shared::lease_id_prefix(&self.region, self.boot_id, token);
         let mut holder = ChunkHolder::new(
             ChunkConfig {
                 want_millitokens: pool.chunk_millitokens(),
