@@ -23,6 +23,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use leasehold_region_agent::key::KeyBuilder;
 use leasehold_region_agent::rls::answer::Headers;
 use leasehold_region_agent::rls_engine::RlsOptions;
 use leasehold_region_agent::server::{self, AgentSpec, RatelimitSpec, RunningAgent};
@@ -1073,13 +1074,21 @@ async fn share_threshold_value_to_metric_and_quota_mode_as_upstream() {
     ask(&mut rls, "newer", one("route", "api")).await;
     ask(&mut rls, "newer", one("route", "web")).await;
     let (_, metrics) = http(&rls, "GET", "/metrics", "").await;
+    // value_to_metric's request values are labels only peppered (§3.2).
+    let keys = KeyBuilder::new(common::PEPPER).unwrap();
+    let route = |v: &str| {
+        format!(
+            "leasehold_rls_hits_total{{domain=\"newer\",key=\"route_{}\",kind=\"total_hits\"}} 1",
+            keys.label(v)
+        )
+    };
     for line in [
-        "leasehold_rls_hits_total{domain=\"newer\",key=\"route_api\",kind=\"total_hits\"} 1",
-        "leasehold_rls_hits_total{domain=\"newer\",key=\"route_web\",kind=\"total_hits\"} 1",
-        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_files/*\",kind=\"total_hits\"} 3",
-        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_no_share_files_no_share/*\",kind=\"total_hits\"} 3",
+        route("api"),
+        route("web"),
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_files/*\",kind=\"total_hits\"} 3".into(),
+        "leasehold_rls_hits_total{domain=\"newer\",key=\"files_no_share_files_no_share/*\",kind=\"total_hits\"} 3".into(),
     ] {
-        assert!(metrics.contains(line), "{line}: {metrics}");
+        assert!(metrics.contains(&line), "{line}: {metrics}");
     }
     // quota_mode: one quota limit over, another within: OK overall, the
     // over one's status still says so; every quota limit over: refused.
@@ -1150,5 +1159,100 @@ descriptors:
     // key4 was left at 13: one more hit leaves 1.
     let alone = ask(&mut rls, "domain", vec![with_hits("key4", 1)]).await;
     assert_eq!(remaining(&alone), vec![(OK, 1)]);
+    rls.agent.stop().await;
+}
+
+/// ARCHITECTURE §3.2 on the Envoy RLS: a descriptor value taken from the
+/// request (a key-only rule, a wildcard, `value_to_metric`,
+/// `detailed_metric`, every `limit` override) reaches the `key` label of
+/// `leasehold_rls_hits_total` only as a peppered hash; a value written in
+/// the YAML stays readable.
+const HOSTILE: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: user_id
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: api_key
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: client
+    value: sk_*
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: plan
+    value: gold
+    descriptors:
+      - key: user_id
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+const RAW_IP: &str = "203.0.113.77";
+const RAW_USER: &str = "user-8841@example.com";
+const RAW_API_KEY: &str = "sk_live_51HxQz8841TopSecret";
+
+#[tokio::test]
+async fn hostile_descriptor_values_never_reach_metrics() {
+    let (mut rls, _clock) = on_memory(&[("edge.yaml", HOSTILE)], RlsOptions::default()).await;
+    let overridden = |entries: &[(&str, &str)]| RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 10,
+            unit: MINUTE,
+        }),
+        ..descriptor(entries)
+    };
+    let requests = vec![
+        // Key-only rules: a counter per value, the config path as label.
+        descriptor(&[("remote_address", RAW_IP)]),
+        // value_to_metric on a key-only rule, and on a wildcard.
+        descriptor(&[("user_id", RAW_USER)]),
+        descriptor(&[("client", RAW_API_KEY)]),
+        // detailed_metric: every entry's value, the YAML's and the request's.
+        descriptor(&[("api_key", RAW_API_KEY)]),
+        descriptor(&[("plan", "gold"), ("user_id", RAW_USER)]),
+        // `limit` overrides: every value is the request's.
+        overridden(&[("remote_address", RAW_IP)]),
+        overridden(&[("user_id", RAW_USER)]),
+        overridden(&[("plan", "gold"), ("api_key", RAW_API_KEY)]),
+    ];
+    for d in requests {
+        let answer = ask(&mut rls, "edge", vec![d.clone()]).await;
+        assert_eq!(answer.overall_code, OK, "{d:?}");
+    }
+    let (status, metrics) = http(&rls, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let edge = metrics
+        .lines()
+        .filter(|l| l.starts_with("leasehold_rls_hits_total{domain=\"edge\""))
+        .count();
+    assert!(edge >= 8, "every request counted: {metrics}");
+    for raw in [RAW_IP, RAW_USER, RAW_API_KEY, "8841", "TopSecret"] {
+        assert!(!metrics.contains(raw), "/metrics holds {raw}: {metrics}");
+    }
+    // Each value is there as its peppered label, so statistics per value
+    // still add up (the override on user_id and value_to_metric share one).
+    let keys = KeyBuilder::new(common::PEPPER).unwrap();
+    let (ip, user, api) = (
+        keys.label(RAW_IP),
+        keys.label(RAW_USER),
+        keys.label(RAW_API_KEY),
+    );
+    for (key, hits) in [
+        ("remote_address".to_string(), 1),
+        (format!("user_id_{user}"), 2),
+        (format!("client_{api}"), 1),
+        (format!("api_key_{api}"), 1),
+        (format!("plan_gold.user_id_{user}"), 1),
+        (format!("remote_address_{ip}"), 1),
+        (format!("plan_{}.api_key_{api}", keys.label("gold")), 1),
+    ] {
+        let line = format!(
+            "leasehold_rls_hits_total{{domain=\"edge\",key=\"{key}\",kind=\"total_hits\"}} {hits}"
+        );
+        assert!(metrics.contains(&line), "{line}: {metrics}");
+    }
     rls.agent.stop().await;
 }

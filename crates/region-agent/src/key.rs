@@ -148,6 +148,19 @@ impl KeyBuilder {
         format!("h-{}", hex::encode(&digest[..8]))
     }
 
+    /// A descriptor value a request chose, as a metric label may show it
+    /// (§3.2: the value may be an IP, a user id or an API key): `h-` and
+    /// 16 hex of HMAC-SHA256(pepper, value), domain-separated from the
+    /// other hashes. Equal values get equal labels, so per-value
+    /// statistics still add up; only the pepper's holder can tell which.
+    pub fn label(&self, value: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(b"label\0");
+        mac.update(value.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        format!("h-{}", hex::encode(&digest[..8]))
+    }
+
     /// `lh:v1:{tenant}:<rule>:<principal>`
     pub fn bucket(&self, tenant: &Tenant, rule: &RuleId, principal: &PrincipalHash) -> String {
         format!("lh:v1:{{{}}}:{}:{}", tenant.0, rule.0, principal.0)

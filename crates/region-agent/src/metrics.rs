@@ -8,11 +8,13 @@
 //! (`leasehold_policy_version`), not a label.
 //!
 //! The one exception is `leasehold_rls_hits_total` (envoyproxy/ratelimit's
-//! per-limit statistics): its `key` is the limit's config path, and with
-//! `detailed_metric` (an explicit choice of the YAML's author, as upstream)
-//! or a request's `limit` override the request's values. At most
-//! [`MAX_RLS_METRIC_KEYS`] distinct (domain, key) pairs are kept; later ones
-//! count under `key="_other"`.
+//! per-limit statistics): its `key` is the limit's config path, and where
+//! upstream puts the request's descriptor values in it (`detailed_metric`,
+//! `value_to_metric`, a request's `limit` override) each such value is
+//! there only as [`crate::key::KeyBuilder::label`] (`h-` and 16 hex of the
+//! peppered HMAC), never in clear; values written in the YAML stay
+//! readable. At most [`MAX_RLS_METRIC_KEYS`] distinct (domain, key) pairs
+//! are kept; later ones count under `key="_other"`.
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,

@@ -219,6 +219,9 @@ impl RlsEngine {
                     .collect()
             })
             .collect();
+        // A request's descriptor value becomes a metric label only peppered
+        // (§3.2: it may be an IP, a user id, an API key).
+        let hide = |value: &str| decider.keys.label(value);
         // Match every descriptor first: `replaces` looks at all of them.
         // Configured limits are borrowed from the config in force.
         let mut matched: Vec<Option<(Cow<'_, Limit>, Cow<'_, str>)>> = Vec::new();
@@ -233,11 +236,12 @@ impl RlsEngine {
                             "must be SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
                         )
                     })?;
-                    let limit = override_limit(&domain.name, entries, requests_per_unit, unit);
+                    let limit =
+                        override_limit(&domain.name, entries, requests_per_unit, unit, &hide);
                     let stats_key = Cow::Owned(limit.stats_key.clone());
                     Some((Cow::Owned(limit), stats_key))
                 }
-                None => tree::find(domain, entries).map(|m| {
+                None => tree::find(domain, entries, &hide).map(|m| {
                     // `share_threshold`: the wildcard keys the counter.
                     if !m.shared.is_empty() {
                         shared_entries[i] = Some(m.counter_entries(entries));
@@ -498,12 +502,14 @@ impl RlsEngine {
 }
 
 /// A request's `limit` override: no tree, no name, no shadow; the stats key
-/// is upstream's `descriptorKey` (`domain.key_value.key2_value2`).
+/// is upstream's `descriptorKey` (`domain.key_value.key2_value2`) with every
+/// value through `hide`: all of them are the request's, none the config's.
 fn override_limit(
     domain: &str,
     entries: &[(&str, &str)],
     requests_per_unit: u32,
     unit: Unit,
+    hide: &dyn Fn(&str) -> String,
 ) -> Limit {
     let mut stats_key = domain.to_string();
     for (key, value) in entries {
@@ -511,7 +517,7 @@ fn override_limit(
         stats_key.push_str(key);
         if !value.is_empty() {
             stats_key.push('_');
-            stats_key.push_str(value);
+            stats_key.push_str(&hide(value));
         }
     }
     Limit {

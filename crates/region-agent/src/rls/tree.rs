@@ -45,10 +45,22 @@ impl<'a> Matched<'a> {
 }
 
 /// The limit `entries` (key, value pairs, in order) hit in `domain`, if any.
-pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<'a>> {
+///
+/// `hide` stands in for every request value the metric key would hold (a
+/// key-only or wildcard match under `value_to_metric` or
+/// `detailed_metric`): a value can be an IP or a user id, and metric labels
+/// never hold one (§3.2). Values written in the config (an exact match, a
+/// wildcard pattern) stay readable. Upstream's keys: `hide` = identity.
+pub fn find<'a>(
+    domain: &'a Domain,
+    entries: &[(&str, &str)],
+    hide: &dyn Fn(&str) -> String,
+) -> Option<Matched<'a>> {
     let mut level: &Level = &domain.root;
     let mut found = None;
     let mut shared: Vec<(usize, &'a str)> = Vec::new();
+    // Per entry: whether its value is the config's (an exact match).
+    let mut written: Vec<bool> = Vec::with_capacity(entries.len());
     // Upstream's value_to_metric key, built as the walk goes; needed only
     // when some flag on the path changes it from the limit's own key.
     let mut metric_key = domain.name.clone();
@@ -81,18 +93,21 @@ pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<
             shared.push((i, pattern));
         }
         flagged |= node.value_to_metric || node.share_threshold;
+        let exact = by_value && pattern.is_none();
+        written.push(exact);
         let metric_value = match pattern {
-            Some(pattern) if node.share_threshold => pattern,
-            Some(_) if node.value_to_metric => value,
-            Some(pattern) => pattern,
-            None if by_value || node.value_to_metric => value,
-            None => "",
+            Some(pattern) if node.share_threshold => Cow::Borrowed(pattern),
+            Some(_) if node.value_to_metric => hidden(value, hide),
+            Some(pattern) => Cow::Borrowed(pattern),
+            None if exact => Cow::Borrowed(*value),
+            None if node.value_to_metric => hidden(value, hide),
+            None => Cow::Borrowed(""),
         };
         metric_key.push('.');
         metric_key.push_str(key);
         if !metric_value.is_empty() {
             metric_key.push('_');
-            metric_key.push_str(metric_value);
+            metric_key.push_str(&metric_value);
         }
         if i + 1 == entries.len() {
             found = node.limit.as_ref();
@@ -116,7 +131,11 @@ pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<
                 }
                 None if shared.is_empty() || !v.is_empty() => {
                     key.push('_');
-                    key.push_str(v);
+                    if written.get(i).copied().unwrap_or(false) {
+                        key.push_str(v);
+                    } else {
+                        key.push_str(&hidden(v, hide));
+                    }
                 }
                 None => {}
             }
@@ -132,6 +151,16 @@ pub fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<Matched<
         stats_key,
         shared,
     })
+}
+
+/// A request's value as the metric key holds it (an empty one stays
+/// empty: it names no one).
+fn hidden<'v>(value: &'v str, hide: &dyn Fn(&str) -> String) -> Cow<'v, str> {
+    if value.is_empty() {
+        Cow::Borrowed(value)
+    } else {
+        Cow::Owned(hide(value))
+    }
 }
 
 /// Upstream's `wildcardMatch`: `parts` is a pattern split on `*`; each `*`
@@ -161,6 +190,11 @@ pub fn wildcard_match(parts: &[String], value: &str) -> bool {
 mod tests {
     use super::super::config::{parse_file, MAX_DESCRIPTORS};
     use super::*;
+
+    /// Upstream's metric keys: request values unhidden.
+    fn upstream(value: &str) -> String {
+        value.to_string()
+    }
 
     /// upstream test/config/basic_config.yaml, in substance.
     const BASIC: &str = r#"
@@ -224,7 +258,8 @@ descriptors:
     }
 
     fn hit(domain: &Domain, entries: &[(&str, &str)]) -> Option<(u32, String)> {
-        find(domain, entries).map(|m| (m.limit.requests_per_unit, m.stats_key.into_owned()))
+        find(domain, entries, &upstream)
+            .map(|m| (m.limit.requests_per_unit, m.stats_key.into_owned()))
     }
 
     #[test]
@@ -261,7 +296,12 @@ descriptors:
             hit(&d, &[("key5", "value5")]),
             Some((15, s("test-domain.key5_value5")))
         );
-        assert!(find(&d, &[("key6", "foo")]).unwrap().limit.unlimited);
+        assert!(
+            find(&d, &[("key6", "foo")], &upstream)
+                .unwrap()
+                .limit
+                .unlimited
+        );
         assert_eq!(
             hit(&d, &[("key7", "unspecified_value")]),
             Some((70, s("test-domain.key7_unspecified_value")))
@@ -383,7 +423,7 @@ descriptors:
 
     /// (stats key, the counter's entries) of a match.
     fn keyed(domain: &Domain, entries: &[(&str, &str)]) -> (String, Vec<(String, String)>) {
-        let m = find(domain, entries).expect("matches");
+        let m = find(domain, entries, &upstream).expect("matches");
         let counter = m
             .counter_entries(entries)
             .into_iter()
@@ -529,5 +569,46 @@ descriptors:
             }
             proptest::prop_assert!(wildcard_match(&parts, &value), "{} {}", pattern, value);
         }
+    }
+
+    #[test]
+    fn request_values_reach_the_metric_key_only_hidden() {
+        let d = domain(
+            r#"
+domain: d
+descriptors:
+  - key: user
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: client
+    value: sk_*
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: ip
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: plan
+    value: gold
+    value_to_metric: true
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 1}
+"#,
+        );
+        let hide = |v: &str| format!("#{}", v.len());
+        let key =
+            |entries: &[(&str, &str)]| find(&d, entries, &hide).map(|m| m.stats_key.into_owned());
+        assert_eq!(key(&[("user", "u@x.io")]).as_deref(), Some("d.user_#6"));
+        assert_eq!(
+            key(&[("client", "sk_live")]).as_deref(),
+            Some("d.client_#7")
+        );
+        assert_eq!(key(&[("ip", "10.0.0.1")]).as_deref(), Some("d.ip_#8"));
+        // The config's own value stays readable beside a hidden one.
+        assert_eq!(
+            key(&[("plan", "gold"), ("user", "bob")]).as_deref(),
+            Some("d.plan_gold.user_#3")
+        );
     }
 }
