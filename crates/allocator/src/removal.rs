@@ -171,7 +171,7 @@ impl RatePool {
     /// and granted-not-taken room to the counted members and marks it
     /// removing. Returns the room handed out.
     fn begin_removal(&mut self, region: &RegionId, now_ms: u64) -> u64 {
-        self.move_share_toward(region, 0);
+        self.lower_share(region, 0);
         let Some(member) = self.members.get_mut(region) else {
             return 0;
         };

@@ -29,7 +29,10 @@
 //! 3. targets: [`targets`] over the live Regions' latest demands;
 //! 4. target < s_R: lower s_R at once, the difference to pending release;
 //! 5. target > s_R: raise at once from unassigned room (cold start, below),
-//!    then from R's pool by at most `max_raise` (10% of L);
+//!    then from R's pool by at most `max_raise` (10% of L), at most once per
+//!    interval of allocator time however often R calls (a call before the
+//!    next raise is due gets the share as it stands; due times are a grid one
+//!    interval apart, tolerant of calls up to [`pacing_slack_ms`] early);
 //! 6. grant R's pool beyond R's own unmet need to the live Regions by name,
 //!    in proportion to their unmet need
 //!    `need_Q = max(0, target_Q − s_Q − pool_Q − granted_Q)`, never more than
@@ -73,7 +76,9 @@
 //!
 //! # Convergence bound
 //! Let demands be constant from time T0 (every `Rebalance` from T0 on carries
-//! the final demand), each Region rebalance once per interval I, apply each
+//! the final demand), each Region rebalance once per interval I (on its
+//! grid `phase + k × I`, its delay varying by at most [`pacing_slack_ms`],
+//! so the per-interval pace never refuses it a raise), apply each
 //! reply on arrival and ack a lower within an ack delay a (< I). Then:
 //! - after every Region's first rebalance from T0 (all before T0 + I) the
 //!   targets are final;
@@ -138,6 +143,15 @@ pub fn convergence_bound_intervals(config: &RatePoolConfig, live: u64) -> u64 {
     2 + u64::try_from(raises).unwrap_or(u64::MAX - 2)
 }
 
+/// How early a paced raise may come relative to its slot, in ms: a tenth of
+/// the interval. An honest Region's calls land on a grid (`phase + k × I`,
+/// on its own clock) plus network and proposal delay; any delay that varies
+/// by at most this much never costs it a raise, while a Region calling in a
+/// loop still gets exactly one step per interval.
+pub fn pacing_slack_ms(config: &RatePoolConfig) -> u64 {
+    config.interval_ms.max(1) / 10
+}
+
 /// One Region's room in a rate pool, in millitokens per second.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareAccount {
@@ -160,6 +174,12 @@ pub struct ShareAccount {
     /// The latest report (highest version) of what the Region enforces.
     pub applied_share_millitokens_per_s: u64,
     pub applied_share_version: u64,
+    /// Allocator time before which the paced raise (step 5, from R's pool)
+    /// may not run again: the pace is per interval, not per call
+    /// ([`pacing_slack_ms`]). Absent (0) in snapshots written before it,
+    /// which only lets each member's next paced raise run at once.
+    #[serde(default)]
+    pub raise_due_ms: u64,
 }
 
 impl ShareAccount {
@@ -364,7 +384,7 @@ impl RatePool {
         let target = targets.get(region).copied().unwrap_or(0);
         let cap = self.unassigned_cap(region, target);
         self.raise_from_unassigned(region, cap);
-        self.move_share_toward(region, target);
+        self.move_share_toward(region, target, now_ms);
         self.grant_by_need(region, &targets);
         debug_assert_eq!(self.check(), Ok(()));
         Ok(self.reply(region, target))
@@ -464,7 +484,7 @@ impl RatePool {
                 .get(region)
                 .map(|m| m.account.share_millitokens_per_s);
             if above.is_some_and(|share| share > target) {
-                self.move_share_toward(region, target);
+                self.lower_share(region, target);
             }
         }
         self.settle_debt();
@@ -516,25 +536,26 @@ impl RatePool {
 
     /// Steps 4 and 5 (the raise from R's pool, at most `max_raise`; the
     /// raise from unassigned room is [`RatePool::raise_from_unassigned`]).
-    pub(crate) fn move_share_toward(&mut self, region: &RegionId, target: u64) {
+    ///
+    /// The raise is paced per interval on allocator time, whatever the number
+    /// of calls: after a raise the next one is due one interval after the
+    /// previous due time (a fixed grid, so an honest Region's jitter does not
+    /// slow it), and never sooner than `interval − slack` after this raise (so
+    /// idling banks no extra steps). A call before it is due is answered with
+    /// the share as it stands. Any two paced raises k apart are thus at least
+    /// `k × interval − slack` apart. Lowering is not paced: it only gives room
+    /// back, which is always safe.
+    pub(crate) fn move_share_toward(&mut self, region: &RegionId, target: u64, now_ms: u64) {
         let max_raise = self.config.max_raise_millitokens_per_s();
+        let interval = self.config.interval_ms.max(1);
+        let slack = pacing_slack_ms(&self.config);
         let Some(account) = self.account_mut(region) else {
             return;
         };
         let share = account.share_millitokens_per_s;
         if target < share {
-            // The handshake of §4.3: the difference waits as a pending
-            // release until the Region confirms it applied the lower share.
-            // The simulation's `NoAckHandshake` mutation frees it at once.
-            if sim_mutation::active(sim_mutation::Mutation::NoAckHandshake) {
-                account.pooled_millitokens_per_s += share - target;
-            } else {
-                account.pending_release_millitokens_per_s += share - target;
-            }
-            account.share_millitokens_per_s = target;
-            account.share_version += 1;
-            account.lowered_at_version = account.share_version;
-        } else if target > share {
+            self.lower_share(region, target);
+        } else if target > share && now_ms >= account.raise_due_ms {
             let raise = (target - share)
                 .min(account.pooled_millitokens_per_s)
                 .min(max_raise);
@@ -542,8 +563,35 @@ impl RatePool {
                 account.share_millitokens_per_s += raise;
                 account.pooled_millitokens_per_s -= raise;
                 account.share_version += 1;
+                account.raise_due_ms = account
+                    .raise_due_ms
+                    .saturating_add(interval)
+                    .max(now_ms.saturating_add(interval - slack));
             }
         }
+    }
+
+    /// Step 4: lowers `region`'s share to `target` at once (no-op if it is
+    /// not above it).
+    pub(crate) fn lower_share(&mut self, region: &RegionId, target: u64) {
+        let Some(account) = self.account_mut(region) else {
+            return;
+        };
+        let share = account.share_millitokens_per_s;
+        if target >= share {
+            return;
+        }
+        // The handshake of §4.3: the difference waits as a pending release
+        // until the Region confirms it applied the lower share. The
+        // simulation's `NoAckHandshake` mutation frees it at once.
+        if sim_mutation::active(sim_mutation::Mutation::NoAckHandshake) {
+            account.pooled_millitokens_per_s += share - target;
+        } else {
+            account.pending_release_millitokens_per_s += share - target;
+        }
+        account.share_millitokens_per_s = target;
+        account.share_version += 1;
+        account.lowered_at_version = account.share_version;
     }
 
     /// How far `region` may rise from unassigned room: its target computed
