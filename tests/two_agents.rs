@@ -18,7 +18,7 @@ use leasehold_allocator::client::AllocatorClient;
 use leasehold_allocator::config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};
 use leasehold_allocator::local_cluster::{ClusterSettings, LocalCluster};
 use leasehold_proto::allocator::v1 as pb;
-use leasehold_region_agent::global::region_state::Role;
+use leasehold_region_agent::global::role::Role;
 use leasehold_region_agent::global::room::PoolView;
 use leasehold_region_agent::global::settings::{GlobalPoolSettings, GlobalSettings};
 use leasehold_region_agent::policy;

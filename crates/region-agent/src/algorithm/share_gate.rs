@@ -31,10 +31,7 @@ pub const MAX_INSTANT_MS: u64 = 9_007_199_254_740_991;
 
 /// The kinds a gate may run.
 pub fn gateable(kind: ScriptKind) -> bool {
-    matches!(
-        kind,
-        ScriptKind::TokenBucket | ScriptKind::MultiRule | ScriptKind::LeaseBlock
-    )
+    kind.gateable()
 }
 
 /// Wraps `inner` so that each `(record, capacity position)` of `gates`

@@ -13,6 +13,7 @@
 
 pub mod chunk;
 pub mod region_state;
+pub mod role;
 pub mod room;
 pub mod settings;
 pub mod share_sync;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::global::role::{Role, Written};
 use crate::global::room::{PoolSlot, PoolView, RateView, WindowView};
 use crate::global::settings::GlobalPoolSettings;
 use crate::global::shared::{self, ShareRecord};
@@ -23,39 +24,6 @@ use crate::global::sync::{sleep_or_stop, GlobalSync};
 use crate::key::{PoolRecord, Tenant};
 use crate::policy::model::Algorithm;
 use crate::store::script::ScriptCall;
-
-/// Who syncs the Region, as this agent knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Another agent (or none yet): this one only reads.
-    Follower,
-    /// This agent holds the syncer lease under `token` until `until` (its
-    /// own monotonic clock, a tenth of the TTL short of the lease: it stops
-    /// before Redis could hand the lease to another agent).
-    Syncer { token: u64, until: Instant },
-}
-
-impl Role {
-    /// The token this agent syncs under now, if it does.
-    pub fn token_now(&self) -> Option<u64> {
-        match self {
-            Role::Syncer { token, until } if Instant::now() < *until => Some(*token),
-            _ => None,
-        }
-    }
-}
-
-/// What the syncer last wrote of a rate pool, to write only on a change
-/// or when the records need renewing.
-#[derive(Debug, Clone)]
-pub struct Written {
-    pub record: ShareRecord,
-    pub token: u64,
-    pub at: Instant,
-    /// The records written (a policy reload may add a bucket: written at
-    /// once, not at the next renewal).
-    pub keys: Vec<String>,
-}
 
 impl GlobalSync {
     /// The syncer lease: renews every third of its TTL while held, tries to

@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use crate::global::chunk::{
     ChunkConfig, ChunkHolder, GrantOutcome, GrantReplyIn, LeaseIdError, LeaseIds,
 };
-use crate::global::region_state::{Role, Written};
+use crate::global::role::{Role, Written};
 use crate::global::room::{GlobalRoom, HeldChunk, PoolSlot, PoolView, RateView, WindowView};
 use crate::global::settings::{GlobalPoolSettings, GlobalSettings};
 use crate::global::share_sync::{

@@ -112,6 +112,15 @@ impl ScriptKind {
         }
     }
 
+    /// A call of this kind may run under `share_gate` (several agents per
+    /// Region: `crate::algorithm::share_gate::gated`).
+    pub fn gateable(self) -> bool {
+        matches!(
+            self,
+            ScriptKind::TokenBucket | ScriptKind::MultiRule | ScriptKind::LeaseBlock
+        )
+    }
+
     /// Full source as loaded into Redis: prelude + script body.
     pub fn source(self) -> &'static str {
         static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
@@ -144,7 +153,7 @@ impl ScriptKind {
 fn share_gate_source() -> String {
     let mut source = format!("{PRELUDE}\n{MULTI_DECISION_CLOCK}\nlocal LH_SCRIPTS = {{}}\n");
     for kind in ScriptKind::ALL {
-        if crate::algorithm::share_gate::gateable(kind) {
+        if kind.gateable() {
             source.push_str(&wrapped(kind));
         }
     }
