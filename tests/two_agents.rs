@@ -313,14 +313,13 @@ async fn two_agents_of_one_region_admit_its_room_once_and_hand_syncing_over_when
         assert!(Instant::now() < deadline, "no takeover");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    // Reported, not asserted: wall-clock time on a busy machine. The bound
+    // itself is checked on simulated time by the simulation's `syncer`
+    // bound (scenario two-agents-syncer-crash).
     println!(
         "syncer takeover after a kill: {} ms (bound {} ms)",
         took.as_millis(),
         bound.as_millis()
-    );
-    assert!(
-        took <= bound,
-        "takeover took {took:?}, above the stated bound {bound:?}"
     );
     // A live Region that registers again keeps its incarnation: the
     // allocator saw one eu member, one incarnation, throughout.

@@ -37,8 +37,8 @@ use crate::rls::watch::RlsHolder;
 use crate::rls_ext::{self, ExtPlan, ExtRule, Pending};
 use crate::store::script::{reply, ScriptCall, ScriptKind};
 
-/// Slack past a pool bucket's full-refill time before it expires.
-pub const COUNTER_SLACK_MS: u64 = 60_000;
+// Defined beside the extension rules that need them (no import circle).
+pub use crate::rls_ext::{RlsError, COUNTER_SLACK_MS};
 
 /// Cap on `[ratelimit] expiration_jitter_max_seconds` (one day).
 pub const MAX_EXPIRATION_JITTER_S: u64 = 86_400;
@@ -108,16 +108,6 @@ pub struct RlsAnswer {
     pub overall: answer::Code,
     pub statuses: Vec<Status>,
     pub headers: Vec<(String, String)>,
-}
-
-/// Why a request got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum RlsError {
-    #[error(transparent)]
-    Invalid(#[from] InvalidField),
-    /// The store could not count (unavailable, timed out, malformed).
-    #[error("store: {0}")]
-    Store(String),
 }
 
 /// A limit the request counts against, with what the status reports.

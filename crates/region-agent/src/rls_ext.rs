@@ -40,9 +40,21 @@ use crate::rls::answer::{CurrentLimit, Outcome};
 use crate::rls::config::{Extension, ExtensionFailMode};
 use crate::rls::extension::{self, Counter};
 use crate::rls::unit::Unit;
-use crate::rls_engine::{RlsError, COUNTER_SLACK_MS};
 use crate::store::script::{reply, ScriptCall, ScriptKind};
 use crate::store::CallResult;
+
+/// Slack past a pool bucket's full-refill time before it expires.
+pub const COUNTER_SLACK_MS: u64 = 60_000;
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RlsError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+    /// The store could not count (unavailable, timed out, malformed).
+    #[error("store: {0}")]
+    Store(String),
+}
 
 /// One line per kind of failure per interval (an outage must not log one
 /// line per request).

@@ -20,18 +20,7 @@ pub const MARGIN_INTERVALS_MS: [u64; 2] = [1_000, 10_000];
 /// grace is `FENCE_GRACE_MS + sample_ms`).
 pub const FENCE_GRACE_MS: u64 = 250;
 
-/// The short names of the bounds: the word before the colon of
-/// [`Violation::bound`], and what a scenario's `expect_bound` names.
-pub const BOUND_NAMES: [&str; 8] = [
-    "rate",
-    "window",
-    "enforced",
-    "committed",
-    "fenced",
-    "grants",
-    "epochs",
-    "syncer",
-];
+pub use crate::scenario::BOUND_NAMES;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -98,18 +87,18 @@ pub fn check(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
 
 /// A Region of several agents has a syncer again within the takeover bound
 /// (ttl + ttl/3 + request timeout of the sim's agent settings,
-/// [`crate::run::syncer_takeover_bound_ms`]) after its syncer dies — or
+/// [`crate::timing::syncer_takeover_bound_ms`]) after its syncer dies — or
 /// after the run starts, an agent of a Region with none running starts,
 /// or its store answers again. Judged by sample: a stretch without a
 /// syncer runs from the first sample at which an agent runs, the store
 /// answers and no running agent holds the lease, to the first sample at
 /// which one does (or the run's end). The syncer died after the sample
 /// before the stretch and the agents' roles are polled every
-/// [`crate::run::ROLE_POLL_MS`], so a stretch longer than the bound + one
+/// [`crate::timing::ROLE_POLL_MS`], so a stretch longer than the bound + one
 /// sample step + one poll was longer than the bound.
 pub fn syncer_takeover(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
-    let bound = crate::run::syncer_takeover_bound_ms(scenario);
-    let slack = scenario.sample_ms + crate::run::ROLE_POLL_MS;
+    let bound = crate::timing::syncer_takeover_bound_ms();
+    let slack = scenario.sample_ms + crate::timing::ROLE_POLL_MS;
     let mut out = Vec::new();
     for (r, region) in scenario.regions.iter().enumerate() {
         if region.agents < 2 {
@@ -326,8 +315,8 @@ pub fn window_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violati
         .filter(|((pool_index, _), _)| *pool_index == p)
         .filter_map(|((_, start), admitted)| {
             let (from, to) = (
-                start.saturating_sub(crate::run::EPOCH_MS),
-                start.saturating_sub(crate::run::EPOCH_MS) + pool.window_ms,
+                start.saturating_sub(crate::timing::EPOCH_MS),
+                start.saturating_sub(crate::timing::EPOCH_MS) + pool.window_ms,
             );
             let mut allowance_milli = 0u64;
             for r in 0..scenario.regions.len() {
@@ -820,7 +809,7 @@ lease_ttl_ms = 1000
     #[test]
     fn window_overshoot_lease_id_reuse_and_epoch_regress_are_reported() {
         let mut trace = steady(10, 0, 0, RoomMode::Normal);
-        let epoch = crate::run::EPOCH_MS;
+        let epoch = crate::timing::EPOCH_MS;
         trace.window_admitted.insert((1, epoch), 50);
         trace.window_admitted.insert((1, epoch + 1_000), 51);
         let v = window_bound(&scenario(), &trace, 1);
@@ -973,7 +962,7 @@ lease_ttl_ms = 1000
     fn a_region_of_several_agents_without_a_syncer_past_the_takeover_bound_is_reported() {
         let mut two = scenario();
         two.regions[0].agents = 2;
-        let bound = crate::run::syncer_takeover_bound_ms(&two);
+        let bound = crate::timing::syncer_takeover_bound_ms();
         assert_eq!(bound, 1_500 + 500 + 2_500);
         let mut trace = steady(100, 0, 0, RoomMode::Normal);
         let syncing = crate::trace::RegionAgents {

@@ -32,4 +32,5 @@ pub mod isolation;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod timing;
 pub mod trace;

@@ -63,8 +63,9 @@ use leasehold_allocator::command::{Command, Outcome as Applied, Rejection, Reply
 use leasehold_allocator::grant::GrantAnswer;
 use leasehold_allocator::machine::Machine;
 
-/// 2025-01-01T00:00:00Z: every run starts here.
-pub const EPOCH_MS: u64 = 1_735_689_600_000;
+pub use crate::timing::EPOCH_MS;
+use crate::timing::{AGENT_REQUEST_TIMEOUT_MS, ROLE_POLL_MS, SYNCER_LEASE_TTL_MS};
+
 const ALLOCATOR_PORT: u16 = 7301;
 const AGENT_GRPC_PORT: u16 = 7100;
 const AGENT_HTTP_PORT: u16 = 7190;
@@ -78,16 +79,6 @@ const PROBE_INTERVAL_MS: u64 = 500;
 const PROBE_FAILURES_TO_UNHEALTHY: u32 = 2;
 /// Simulated time allowed past the scenario's end before turmoil gives up.
 const GRACE_MS: u64 = 30_000;
-/// The agents' allocator call timeout.
-const AGENT_REQUEST_TIMEOUT_MS: u64 = 2_500;
-/// The syncer lease of a Region of several agents: half the agent's
-/// default (3 s), so a takeover (bound ttl + ttl/3 + request timeout =
-/// 4.5 s) fits well inside a run and before a `two_signal` pool's reclaim
-/// wait (3 intervals of silence) would matter.
-pub const SYNCER_LEASE_TTL_MS: u64 = 1_500;
-/// How often an agent host writes its role into the world: the role's
-/// deadline is on the host's own clock, so the driver cannot read it.
-pub const ROLE_POLL_MS: u64 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -414,16 +405,6 @@ fn agent_settings(scenario: &Scenario, r: usize, a: u32) -> GlobalSettings {
         sim_unclamped_lease: region.unclamped_lease,
         agent_id: (region.agents > 1).then(|| format!("{}-{}", region.name, a + 1)),
         syncer_lease_ttl_ms: SYNCER_LEASE_TTL_MS,
-    }
-}
-
-/// How long a Region of several agents may go without a syncer after its
-/// syncer dies, from the sim's agent settings (ttl + ttl/3 + request
-/// timeout, `GlobalSettings::takeover_bound_ms`).
-pub fn syncer_takeover_bound_ms(scenario: &Scenario) -> u64 {
-    match scenario.regions.first() {
-        Some(_) => agent_settings(scenario, 0, 0).takeover_bound_ms(),
-        None => 0,
     }
 }
 

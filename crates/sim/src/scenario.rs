@@ -10,6 +10,19 @@ use std::collections::BTreeSet;
 
 use serde::Deserialize;
 
+/// The short names of the bounds: the word before the colon of
+/// `crate::checker::Violation::bound`, and what a scenario's `expect_bound` names.
+pub const BOUND_NAMES: [&str; 8] = [
+    "rate",
+    "window",
+    "enforced",
+    "committed",
+    "fenced",
+    "grants",
+    "epochs",
+    "syncer",
+];
+
 /// Caps that keep one run bounded.
 pub const MAX_REGIONS: usize = 8;
 pub const MAX_POOLS: usize = 8;
@@ -48,7 +61,7 @@ pub struct Scenario {
     #[serde(default)]
     pub expect_violation: bool,
     /// With `expect_violation`: the bound that must catch it (one of
-    /// [`crate::checker::BOUND_NAMES`]), checked on every seed.
+    /// [`BOUND_NAMES`]), checked on every seed.
     #[serde(default)]
     pub expect_bound: Option<String>,
     /// A sim-only mutation that breaks exactly one mechanism
@@ -767,7 +780,7 @@ impl Scenario {
             let known = self
                 .expect_bound
                 .as_deref()
-                .is_some_and(|b| crate::checker::BOUND_NAMES.contains(&b));
+                .is_some_and(|b| BOUND_NAMES.contains(&b));
             if !known {
                 return bad(
                     "expect_bound",

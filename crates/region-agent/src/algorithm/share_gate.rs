@@ -29,16 +29,11 @@ pub const EXPIRY_SLACK_MS: i64 = 1_000;
 /// Largest instant a record may name (2^53 − 1, exact in Lua's doubles).
 pub const MAX_INSTANT_MS: u64 = 9_007_199_254_740_991;
 
-/// The kinds a gate may run.
-pub fn gateable(kind: ScriptKind) -> bool {
-    kind.gateable()
-}
-
 /// Wraps `inner` so that each `(record, capacity position)` of `gates`
 /// lowers that pair of its arguments to the record's share. `positions`
 /// are 0-based indexes into `inner.args` of a capacity (refill follows).
 pub fn gated(inner: ScriptCall, gates: &[(String, usize)]) -> ScriptCall {
-    debug_assert!(gateable(inner.kind) && !gates.is_empty() && gates.len() <= MAX_GATES);
+    debug_assert!(inner.kind.gateable() && !gates.is_empty() && gates.len() <= MAX_GATES);
     let mut call = ScriptCall::new(ScriptKind::ShareGate)
         .arg(inner.kind.name())
         .arg(gates.len());
@@ -79,7 +74,7 @@ pub fn eval(
     let kind = argv
         .first()
         .and_then(|name| crate::store::script::sub_call_kind(name))
-        .filter(|kind| gateable(*kind))
+        .filter(|kind| kind.gateable())
         .ok_or_else(|| ScriptError::InvalidArgument("gated".into()))?;
     let invalid = || ScriptError::InvalidArgument("gates".into());
     let g = args::int("gates", argv.get(1), 1, MAX_GATES as u64).map_err(|_| invalid())? as usize;

@@ -35,6 +35,12 @@ pub const GLOBAL_BOUNDS: &[Bound] = &[
     SYNCER_LEASE_TTL,
 ];
 
+/// [`GlobalSettings::takeover_bound_ms`] of a syncer lease TTL and an
+/// allocator request timeout: ttl + ttl/3 + request timeout.
+pub fn takeover_bound_ms(syncer_lease_ttl_ms: u64, request_timeout_ms: u64) -> u64 {
+    syncer_lease_ttl_ms + syncer_lease_ttl_ms / 3 + request_timeout_ms
+}
+
 /// `Err((field, "v is outside [min, max]"))` unless `bound` admits `value`.
 fn in_bound(field: String, value: u64, bound: Bound) -> Result<(), (String, String)> {
     match i64::try_from(value) {
@@ -155,7 +161,7 @@ impl GlobalSettings {
     /// another agent tries within a third of it, then registers within one
     /// request timeout.
     pub fn takeover_bound_ms(&self) -> u64 {
-        self.syncer_lease_ttl_ms + self.syncer_lease_ttl_ms / 3 + self.request_timeout_ms
+        takeover_bound_ms(self.syncer_lease_ttl_ms, self.request_timeout_ms)
     }
 
     /// Checks every range and what serde cannot (a config file's numbers

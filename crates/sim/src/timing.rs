@@ -1,0 +1,26 @@
+//! The simulation's fixed times, read by the hosts ([`crate::run`]) and the
+//! bounds ([`crate::checker`]): where simulated time starts, the agents'
+//! allocator timeout and syncer lease, and how often a host reports its
+//! role.
+
+/// 2025-01-01T00:00:00Z: every run starts here.
+pub const EPOCH_MS: u64 = 1_735_689_600_000;
+/// The agents' allocator call timeout.
+pub const AGENT_REQUEST_TIMEOUT_MS: u64 = 2_500;
+/// The syncer lease of a Region of several agents: half the agent's
+/// default (3 s), so a takeover (bound ttl + ttl/3 + request timeout =
+/// 4.5 s) fits well inside a run and before a `two_signal` pool's reclaim
+/// wait (3 intervals of silence) would matter.
+pub const SYNCER_LEASE_TTL_MS: u64 = 1_500;
+/// How often an agent host writes its role into the world: the role's
+/// deadline is on the host's own clock, so the driver cannot read it.
+pub const ROLE_POLL_MS: u64 = 10;
+
+/// How long a Region of several agents may go without a syncer after its
+/// syncer dies, from the sim's agent settings.
+pub fn syncer_takeover_bound_ms() -> u64 {
+    leasehold_region_agent::global::settings::takeover_bound_ms(
+        SYNCER_LEASE_TTL_MS,
+        AGENT_REQUEST_TIMEOUT_MS,
+    )
+}
