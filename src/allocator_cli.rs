@@ -25,8 +25,12 @@ use leasehold_allocator::wire;
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_tls::TlsSettings;
 
+use crate::pinning::check_address;
+
 /// The three loopback nodes of `deploy/regions/allocator-{1,2,3}.toml`.
-pub const DEFAULT_ALLOCATORS: &str = "127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303";
+/// Each pinned to its node id (`node/<id>@host:port`, required with mTLS).
+pub const DEFAULT_ALLOCATORS: &str =
+    "node/1@127.0.0.1:7301,node/2@127.0.0.1:7302,node/3@127.0.0.1:7303";
 
 #[derive(Args)]
 pub struct AllocatorArgs {
@@ -84,7 +88,7 @@ pub struct TlsArgs {
 impl TlsArgs {
     /// The settings in force, `default_identity` the stem used with
     /// `--tls-dir` when `--identity` is absent.
-    fn settings(&self, default_identity: &str) -> Option<TlsSettings> {
+    pub(crate) fn settings(&self, default_identity: &str) -> Option<TlsSettings> {
         if let (Some(ca), Some(cert), Some(key)) = (&self.ca, &self.cert, &self.key) {
             return Some(TlsSettings {
                 trust_domain: self.trust_domain.clone(),
@@ -100,7 +104,7 @@ impl TlsArgs {
 
     /// `error`, with a hint when the call went out plaintext: a node with
     /// `[tls]` answers a plaintext client with a protocol error only.
-    fn explain(&self, error: anyhow::Error) -> anyhow::Error {
+    pub(crate) fn explain(&self, error: anyhow::Error) -> anyhow::Error {
         if self.tls_dir.is_none() && self.ca.is_none() {
             error.context(
                 "no --tls-dir, --ca/--cert/--key or LEASEHOLD_TLS_DIR: the call went out \
@@ -118,7 +122,9 @@ impl TlsArgs {
         settings: ClientSettings,
         default_identity: &str,
     ) -> anyhow::Result<AllocatorClient> {
-        Ok(match self.settings(default_identity) {
+        let tls = self.settings(default_identity);
+        crate::pinning::check_allocators(allocators, tls.is_some())?;
+        Ok(match tls {
             Some(tls) => {
                 let connector = TlsNodeConnector::new(&tls)
                     .map_err(|e| anyhow::anyhow!("--tls-dir/--cert: {e}"))?;
@@ -154,6 +160,24 @@ pub struct Target {
 impl Target {
     fn view(&self) -> View {
         View::from_flags(self.json, self.raw, now_ms())
+    }
+
+    /// A client reading as sre (unless --identity).
+    pub(crate) fn read_client(&self) -> anyhow::Result<AllocatorClient> {
+        self.tls.client(&self.allocator, operator_settings(), "sre")
+    }
+
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
+    pub(crate) fn stale(&self) -> bool {
+        self.stale
+    }
+
+    /// `error` explained (the plaintext hint) with the server's code.
+    pub(crate) fn refused(&self, error: ClientError) -> anyhow::Error {
+        self.tls.explain(refusal(error))
     }
 }
 
@@ -234,6 +258,14 @@ pub struct PoolFlags {
     /// Window pools: how long a chunk grant lives (default the window).
     #[arg(long, value_name = "MS")]
     lease_ttl_ms: Option<u64>,
+    /// Both kinds: only these Regions may register (comma-separated, 1 to
+    /// 256); `any` removes the list (the default: every Region).
+    #[arg(long, value_name = "R1,R2|any")]
+    regions: Option<String>,
+    /// Rate pools: a Region's reported demand counts at most this many
+    /// times the requests L admits per interval (1 to 100, default 2).
+    #[arg(long, value_name = "N")]
+    max_demand_multiple: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -326,9 +358,19 @@ impl AdminTarget {
         View::from_flags(self.json, self.raw, now_ms())
     }
 
-    fn client(&self) -> anyhow::Result<AllocatorClient> {
+    pub(crate) fn client(&self) -> anyhow::Result<AllocatorClient> {
         self.tls
             .client(&self.allocator, operator_settings(), "admin")
+    }
+
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
+    /// `error` explained (the plaintext hint) with the server's code and
+    /// `context`.
+    pub(crate) fn refused(&self, error: ClientError, context: String) -> anyhow::Error {
+        self.tls.explain(refusal(error).context(context))
     }
 
     /// The same nodes, read as this identity (admin unless --identity).
@@ -364,12 +406,24 @@ pub enum RegionCommand {
     /// shows where it stands. Its room then goes to the live members'
     /// pools, taken by their own rebalance steps; a window pool's chunks of
     /// it count until their window ends. Its agent's later calls are
-    /// refused; it may register again, as a fresh member at share 0.
+    /// refused, and so is its registration in this pool until an admin
+    /// runs `region readmit`; then it joins as a fresh member at share 0.
     Remove {
         /// The pool to remove the Region from.
         #[arg(long)]
         pool: String,
         /// The Region to remove.
+        #[arg(long)]
+        region: String,
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+    /// Lets a Region an admin removed from a pool register there again
+    /// (`region remove` bars it until then; its certificate alone is not
+    /// enough).
+    Readmit {
+        #[arg(long)]
+        pool: String,
         #[arg(long)]
         region: String,
         #[command(flatten)]
@@ -412,28 +466,6 @@ pub enum GrantCommand {
         pool: String,
         #[command(flatten)]
         target: Target,
-    },
-}
-
-/// The agents of deploy/regions/agent-{eu,us,ap}.toml.
-pub const DEFAULT_AGENTS: &str = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
-
-#[derive(Subcommand)]
-pub enum LeaseCommand {
-    /// Blocks leased per leased rule and Region, from each agent's Status
-    /// (read as `sre` under mTLS).
-    List {
-        /// Region agents' gRPC addresses.
-        #[arg(long, value_delimiter = ',', default_value = DEFAULT_AGENTS)]
-        agent: Vec<String>,
-        #[command(flatten)]
-        tls: TlsArgs,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-        /// Print raw integers (no thousands separators).
-        #[arg(long)]
-        raw: bool,
     },
 }
 
@@ -573,6 +605,8 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "capacity_millitokens_per_window" => "--capacity",
         "window_ms" => "--window-ms",
         "lease_ttl_ms" => "--lease-ttl-ms",
+        "regions" => "--regions",
+        "max_demand_multiple" => "--max-demand-multiple",
         "pool" => "POOL",
         "region" => "--region",
         "node_id" => "--id",
@@ -747,13 +781,26 @@ impl PoolFlags {
             (self.share_ttl_ms.is_some(), "--share-ttl-ms"),
             (self.max_drift_ms.is_some(), "--max-drift-ms"),
             (self.fallback.is_some(), "--fallback"),
+            (self.max_demand_multiple.is_some(), "--max-demand-multiple"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
     }
 
     fn any(&self) -> bool {
-        self.kind.is_some() || self.window_flag().is_some() || self.rate_flag().is_some()
+        self.kind.is_some()
+            || self.window_flag().is_some()
+            || self.rate_flag().is_some()
+            || self.regions.is_some()
+    }
+
+    /// The allow-list `--regions` sets over `current` (`any`: none).
+    fn allow_list(&self, current: &Option<Vec<String>>) -> Option<Vec<String>> {
+        match self.regions.as_deref() {
+            None => current.clone(),
+            Some("any") => None,
+            Some(list) => Some(list.split(',').map(|r| r.trim().to_string()).collect()),
+        }
     }
 
     /// A new pool's config: the spec defaults and the flags given.
@@ -791,6 +838,7 @@ impl PoolFlags {
                     capacity_millitokens_per_window: tokens_flag("--capacity", capacity)?,
                     window_ms,
                     lease_ttl_ms: self.lease_ttl_ms.unwrap_or(window_ms),
+                    regions: self.allow_list(&None),
                 })
             }
         };
@@ -845,6 +893,7 @@ impl PoolFlags {
                 if let Some(ttl) = self.lease_ttl_ms {
                     config.lease_ttl_ms = ttl;
                 }
+                config.regions = self.allow_list(&config.regions);
                 PoolConfig::Window(config)
             }
         };
@@ -891,6 +940,10 @@ impl PoolFlags {
         if let Some(bp) = self.max_raise_bp {
             config.max_raise_basis_points = bp;
         }
+        if let Some(multiple) = self.max_demand_multiple {
+            config.max_demand_multiple = multiple;
+        }
+        config.regions = self.allow_list(&config.regions);
         config.reclaim = self.reclaim_policy(&config)?;
         if let Some(fallback) = &self.fallback {
             config.fallback_allowance_millitokens_per_s = tokens_flag("--fallback", fallback)?;
@@ -1024,16 +1077,16 @@ async fn update_pool(pool: &str, flags: &PoolFlags, target: &AdminTarget) -> any
         .as_ref()
         .and_then(|s| s.pools.iter().find(|p| p.pool == pool))
         .and_then(|p| match &p.kind {
-            Some(pb::pool_state::Kind::Rate(r)) => r.config.map(|c| pb::PoolConfig {
+            Some(pb::pool_state::Kind::Rate(r)) => r.config.clone().map(|c| pb::PoolConfig {
                 kind: Some(pb::pool_config::Kind::Rate(c)),
             }),
-            Some(pb::pool_state::Kind::Window(w)) => w.config.map(|c| pb::PoolConfig {
+            Some(pb::pool_state::Kind::Window(w)) => w.config.clone().map(|c| pb::PoolConfig {
                 kind: Some(pb::pool_config::Kind::Window(c)),
             }),
             None => None,
         })
         .ok_or_else(|| anyhow::anyhow!("POOL: no pool {pool}"))?;
-    let current = wire::pool_config_from_wire(Some(current_wire))
+    let current = wire::pool_config_from_wire(Some(current_wire.clone()))
         .map_err(|e| anyhow::anyhow!("pool {pool}: its config in force: {e:?}"))?;
     let config = flags.update(&current)?;
     let reply = target
@@ -1076,6 +1129,36 @@ pub async fn region(command: RegionCommand) -> anyhow::Result<()> {
             region,
             target,
         } => remove_region(&pool, &region, &target).await?,
+        RegionCommand::Readmit {
+            pool,
+            region,
+            target,
+        } => {
+            check_pool_id(&pool, "--pool")?;
+            check_region_id(&region)?;
+            let reply = target
+                .client()?
+                .readmit_region(&pool, &region)
+                .await
+                .map_err(|e| {
+                    target.refused(e, format!("region readmit --pool {pool} --region {region}"))
+                })?;
+            if target.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "pool": pool,
+                        "region": region,
+                        "was_barred": reply.was_barred,
+                        "epoch": reply.epoch,
+                    })
+                );
+            } else if reply.was_barred {
+                println!("region {region} readmitted to pool {pool}: it may register again");
+            } else {
+                println!("region {region} was not barred from pool {pool}: nothing changed");
+            }
+        }
     }
     Ok(())
 }
@@ -1149,114 +1232,12 @@ pub async fn node(command: NodeCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `host:port` with a port in 1..=65535 and a host of at most 253 bytes.
-fn check_address(address: &str) -> anyhow::Result<()> {
-    let bad = |why: &str| {
-        anyhow::anyhow!(
-            "--address: \"{}\": {why} (host:port)",
-            leasehold_logging::quote(address)
-        )
-    };
-    let (host, port) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| bad("the port is not in 1..=65535"))?;
-    if port == 0 {
-        return Err(bad("the port is not in 1..=65535"));
-    }
-    if host.is_empty() || host.len() > 253 || host.chars().any(|c| c.is_whitespace() || c == '/') {
-        return Err(bad("not a host"));
-    }
-    Ok(())
-}
-
 pub async fn grant(command: GrantCommand) -> anyhow::Result<()> {
     let GrantCommand::List { pool, target } = command;
     check_pool_id(&pool, "POOL")?;
     let reply = inspect(&target, Some(&pool), true).await?;
     print!("{}", render::grant_list(&reply, &target.view()));
     Ok(())
-}
-
-/// Bound on one agent's Status call.
-const AGENT_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Most agents one `lease list` asks.
-const MAX_AGENTS: usize = 64;
-
-pub async fn lease(command: LeaseCommand) -> anyhow::Result<()> {
-    let LeaseCommand::List {
-        agent,
-        tls,
-        json,
-        raw,
-    } = command;
-    if agent.is_empty() || agent.len() > MAX_AGENTS {
-        anyhow::bail!("--agent: 1 to {MAX_AGENTS} addresses");
-    }
-    for address in &agent {
-        check_address(address).map_err(|e| {
-            anyhow::anyhow!("{}", e.to_string().replacen("--address", "--agent", 1))
-        })?;
-    }
-    let settings = tls.settings("sre");
-    // Every agent at once (each call bounded), answers in --agent order.
-    let asks: Vec<_> = agent
-        .iter()
-        .map(|address| {
-            let (address, settings) = (address.clone(), settings.clone());
-            tokio::spawn(async move { agent_status(&address, settings.as_ref()).await })
-        })
-        .collect();
-    let mut answers = Vec::with_capacity(asks.len());
-    for (address, ask) in agent.iter().zip(asks) {
-        let status = match ask.await {
-            Ok(result) => result.map_err(|e| format!("{e:#}")),
-            Err(error) => Err(format!("the call failed: {error}")),
-        };
-        answers.push(render::AgentAnswer {
-            address: address.clone(),
-            status,
-        });
-    }
-    let view = View::from_flags(json, raw, now_ms());
-    print!("{}", render::lease_list(&answers, &view));
-    if answers.iter().all(|a| a.status.is_err()) {
-        return Err(tls.explain(anyhow::anyhow!("lease list: no agent answered")));
-    }
-    Ok(())
-}
-
-/// One agent's Status, as `sre` over mTLS when configured (the agent
-/// verified as some `/region/<r>`), plaintext otherwise.
-async fn agent_status(
-    address: &str,
-    tls: Option<&TlsSettings>,
-) -> anyhow::Result<leasehold_proto::agent::v1::StatusResponse> {
-    use leasehold_proto::agent::v1 as agent_pb;
-    let channel = match tls {
-        Some(tls) => {
-            let connector = leasehold_tls::TlsConnector::new(tls.files(), &tls.trust_domain)
-                .map_err(|e| anyhow::anyhow!("--tls-dir/--cert: {e}"))?;
-            leasehold_tls::lazy_channel(
-                address,
-                connector,
-                leasehold_tls::ExpectedPeer::AnyRegion,
-                AGENT_CALL_TIMEOUT,
-            )?
-        }
-        None => tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-            .connect_timeout(AGENT_CALL_TIMEOUT)
-            .connect_lazy(),
-    };
-    let mut client = agent_pb::agent_client::AgentClient::new(channel);
-    let reply = tokio::time::timeout(
-        AGENT_CALL_TIMEOUT,
-        client.status(agent_pb::StatusRequest {}),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("no answer within {} s", AGENT_CALL_TIMEOUT.as_secs()))?
-    .map_err(|status| anyhow::anyhow!("{:?}: {}", status.code(), status.message()))?;
-    Ok(reply.into_inner())
 }
 
 /// `leasehold certs …`
@@ -1279,6 +1260,10 @@ pub enum CertsCommand {
         /// Replace an existing CA (every certificate is then new).
         #[arg(long)]
         force: bool,
+        /// Lifetime of every certificate written, in days, in
+        /// [1, 1,095]: rotate before it ends (docs/security.md).
+        #[arg(long, default_value_t = leasehold_tls::certs::DEFAULT_VALIDITY_DAYS)]
+        validity_days: u64,
     },
 }
 
@@ -1289,10 +1274,11 @@ pub fn certs(command: CertsCommand) -> anyhow::Result<()> {
         regions,
         nodes,
         force,
+        validity_days,
     } = command;
     let options = leasehold_tls::certs::InitOptions {
         force,
-        ..Default::default()
+        validity_days,
     };
     let written = leasehold_tls::certs::init_with(&dir, &trust_domain, &regions, nodes, &options)
         .map_err(|e| anyhow::anyhow!("certs init --dir {}: {e}", dir.display()))?;

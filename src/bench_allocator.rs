@@ -73,6 +73,7 @@ pub async fn run(args: AllocatorBench) -> anyhow::Result<()> {
             capacity_millitokens_per_window: 1 << 40,
             window_ms: 1_000,
             lease_ttl_ms: 1_000,
+            regions: None,
         });
         setup.create_pool(pool, &config).await?;
         setup.register(pool, REGION).await?;

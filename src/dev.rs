@@ -93,8 +93,6 @@ const REGIONS: [RegionDefaults; 3] = [
 
 /// The highest default port is 7303: the offset keeps it ≤ 65,535.
 const MAX_PORT_OFFSET: u16 = 65_535 - 7_303;
-/// Largest `--demo-scale` (at scale 10 and cost 1 the demo offers 120,000 Checks/s).
-const MAX_DEMO_SCALE: f64 = 10.0;
 /// Checks one Region's generator has in flight at most; beyond it the
 /// generator skips (and reports) rather than queueing.
 const MAX_IN_FLIGHT_CHECKS: usize = 256;
@@ -134,7 +132,7 @@ pub struct DevArgs {
     demo: bool,
     /// Multiply the demo's offered load (0 < F ≤ 10).
     #[arg(long, value_name = "F", default_value_t = 1.0, requires = "demo",
-          value_parser = parse_demo_scale)]
+          value_parser = crate::dev_flags::parse_demo_scale)]
     demo_scale: f64,
     /// Tokens each demo Check costs; the generator sends load/N Checks per
     /// second (1 sends one Check per token: 12,000 Checks/s at scale 1).
@@ -143,8 +141,10 @@ pub struct DevArgs {
     demo_cost: u64,
     /// Where the dev cluster's certificates are (reused when the directory
     /// already holds a CA, else written there by `certs init`); default:
-    /// `leasehold-dev-certs` in the system's temporary directory, kept
-    /// across runs so the CLI can use it (`--tls-dir`, LEASEHOLD_TLS_DIR).
+    /// `leasehold-dev-certs-<uid>` in the system's temporary directory,
+    /// kept across runs so the CLI can use it (`--tls-dir`,
+    /// LEASEHOLD_TLS_DIR). Created with mode 0700; an existing one is used
+    /// only if this user owns it and nobody else may write to it.
     #[arg(long, value_name = "DIR", conflicts_with = "plaintext")]
     certs_dir: Option<PathBuf>,
     /// No mTLS between agents, allocator nodes and the CLI (for
@@ -182,16 +182,6 @@ fn parse_redis(value: &str) -> Result<RegionRedis, String> {
         region,
         url: url.to_string(),
     })
-}
-
-fn parse_demo_scale(value: &str) -> Result<f64, String> {
-    let scale: f64 = value
-        .parse()
-        .map_err(|_| format!("{value:?} is not a number"))?;
-    if !(scale > 0.0 && scale <= MAX_DEMO_SCALE) {
-        return Err(format!("{value} is outside (0, {MAX_DEMO_SCALE}]"));
-    }
-    Ok(scale)
 }
 
 impl DevArgs {
@@ -334,7 +324,10 @@ impl Layout {
     }
 
     fn allocator_list(&self) -> Vec<String> {
-        self.nodes.iter().map(|(_, a)| a.to_string()).collect()
+        self.nodes
+            .iter()
+            .map(|(id, a)| format!("node/{id}@{a}"))
+            .collect()
     }
 
     fn every_address(&self) -> impl Iterator<Item = SocketAddr> + '_ {
@@ -489,6 +482,9 @@ fn agent_config(layout: &Layout, agent: &AgentPlace, dir: &Path) -> anyhow::Resu
     }
     config.redis_url = agent.redis_url.clone();
     config.redis_cluster = agent.redis_cluster.clone();
+    // dev's own loopback Redis, plaintext beside [tls]: chosen, so logged.
+    config.insecure_redis_plaintext =
+        config.tls.is_some() && config.plaintext_paths().plaintext_redis();
     Ok(config)
 }
 
@@ -739,21 +735,21 @@ impl Watchers {
     }
 }
 
-/// The default certificates' directory of `leasehold dev`, in the system's
-/// temporary directory.
-pub const DEV_CERTS_DIR: &str = "leasehold-dev-certs";
-
 /// The dev cluster's certificates: `--certs-dir` (reused when it holds a
-/// CA), else [`DEV_CERTS_DIR`] (reused likewise); None with `--plaintext`.
+/// CA), else `leasehold-dev-certs-<uid>` in the temporary directory
+/// (reused likewise); either created fresh with mode 0700, or reused only
+/// when owned by this user and writable by nobody else
+/// ([`crate::dev_certs`]); None with `--plaintext`.
 fn dev_certs(args: &DevArgs) -> anyhow::Result<Option<PathBuf>> {
     if args.plaintext {
         leasehold_tls::warn_plaintext("leasehold dev");
         return Ok(None);
     }
-    let dir = args
-        .certs_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(DEV_CERTS_DIR));
+    let dir = match &args.certs_dir {
+        Some(dir) => dir.clone(),
+        None => crate::dev_certs::default_dir()?,
+    };
+    crate::dev_certs::prepare(&dir)?;
     if !dir.join("ca.pem").exists() {
         let regions: Vec<String> = REGIONS.iter().map(|r| r.name.to_string()).collect();
         leasehold_tls::certs::init(&dir, DEV_TRUST_DOMAIN, &regions, NODES.len() as u64)
@@ -870,7 +866,11 @@ fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
     let mut agents = if args.port_offset == 0 {
         String::new()
     } else {
-        let list: Vec<String> = layout.agents.iter().map(|a| a.grpc.to_string()).collect();
+        let list: Vec<String> = layout
+            .agents
+            .iter()
+            .map(|a| format!("region/{}@{}", a.region, a.grpc))
+            .collect();
         format!(" --agent {}", list.join(","))
     };
     if let Some(certs) = &layout.certs {
@@ -1368,10 +1368,12 @@ mod tests {
         assert_eq!(agent.region, "ap");
         assert_eq!(agent.http_listen.port(), 7198);
         let global = agent.global.unwrap();
-        assert_eq!(
-            global.allocators,
-            ["127.0.0.1:7306", "127.0.0.1:7307", "127.0.0.1:7308"]
-        );
+        let want = [
+            "node/1@127.0.0.1:7306",
+            "node/2@127.0.0.1:7307",
+            "node/3@127.0.0.1:7308",
+        ];
+        assert_eq!(global.allocators, want);
         // api-rate, edge-rate (the ratelimit sample's pool), api-minute.
         assert_eq!(global.pools.len(), 3);
         let ratelimit = agent.ratelimit.expect("the ratelimit sample is served");

@@ -1,6 +1,6 @@
 //! `leasehold`: the one binary. Subcommands map to components:
 //! `dev` (embedded cluster), `allocator`, `agent`, `pool`, `region`,
-//! `grant`, `lease`, `node`, `certs`, `sim`, `bench`.
+//! `grant`, `lease`, `node`, `identity`, `certs`, `sim`, `bench`.
 
 mod allocator_cli;
 mod bench;
@@ -11,6 +11,11 @@ mod bench_envoy;
 mod bench_measure;
 mod bench_store;
 mod dev;
+mod dev_certs;
+mod dev_flags;
+mod identity_cli;
+mod lease_cli;
+mod pinning;
 mod signals;
 mod sim_cli;
 
@@ -63,12 +68,18 @@ enum Command {
     /// Blocks leased per rule and Region (the agents' Status).
     Lease {
         #[command(subcommand)]
-        command: allocator_cli::LeaseCommand,
+        command: lease_cli::LeaseCommand,
     },
     /// The allocator's raft membership: `node add|remove`.
     Node {
         #[command(subcommand)]
         command: allocator_cli::NodeCommand,
+    },
+    /// The allocator's deny list of certificate identities:
+    /// `identity revoke|list|restore`.
+    Identity {
+        #[command(subcommand)]
+        command: identity_cli::IdentityCommand,
     },
     /// Certificates for mTLS: `certs init` writes a CA and every identity.
     Certs {
@@ -159,8 +170,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Pool { command } => allocator_cli::pool(*command).await,
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,
-        Command::Lease { command } => allocator_cli::lease(command).await,
+        Command::Lease { command } => lease_cli::lease(command).await,
         Command::Node { command } => allocator_cli::node(command).await,
+        Command::Identity { command } => identity_cli::identity(command).await,
         Command::Certs { command } => allocator_cli::certs(command),
         Command::Sim { command } => sim_cli::run(command).await,
         Command::Bench { target } => bench::run(target).await,

@@ -158,3 +158,42 @@ async fn shadow_rule_never_refuses_and_is_counted() {
     );
     t.agent.stop().await;
 }
+
+/// Issue 27 finding 6: one ReloadPolicy at `version = i64::MAX` used to
+/// freeze the policy until a restart. A ReloadPolicy may raise the version
+/// by at most `MAX_RPC_VERSION_STEP`: that one is refused INVALID_ARGUMENT
+/// naming the field, nothing changes, and a normal reload still applies.
+#[tokio::test]
+async fn a_reload_at_the_largest_version_is_refused_and_a_normal_one_still_applies() {
+    let mut t = start(&bundle(1, 20, 1_000)).await;
+    let text = bundle(i64::MAX as u64, 99, 1_000);
+    let sha = hex::encode(sha2::Sha256::digest(text.as_bytes()));
+    let refused = t
+        .client
+        .reload_policy(pb::ReloadPolicyRequest {
+            bundle_toml: text,
+            sha256: sha,
+        })
+        .await
+        .expect_err("a jump to i64::MAX is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .starts_with("version: 9223372036854775807 is more than"),
+        "{}",
+        refused.message()
+    );
+    let status = t.client.status(pb::StatusRequest {}).await.unwrap();
+    assert_eq!(status.into_inner().policy_version, 1);
+    let next = reload(&mut t, &bundle(2, 10, 1_000)).await;
+    assert!(next.accepted && next.version == 2, "{next:?}");
+    let d = t
+        .client
+        .check(check("h0", target("atlas", "hugo", "read"), 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((d.policy_version, d.limit), (2, 10));
+    t.agent.stop().await;
+}

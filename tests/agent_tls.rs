@@ -433,10 +433,11 @@ fn plaintext_rls_must_be_on_loopback_and_mtls_needs_a_certificate() {
 async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
     let s = secured_agent().await;
     let certs = s.dir.path().join("certs");
-    let lease_list = |identity: Option<&str>| {
+    let pinned = format!("region/eu@{}", s.agent.grpc_addr);
+    let lease_list_at = |agent: &str, identity: Option<&str>| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"));
         command
-            .args(["lease", "list", "--agent", &s.agent.grpc_addr.to_string()])
+            .args(["lease", "list", "--agent", agent])
             .arg("--tls-dir")
             .arg(&certs)
             .env("RUST_BACKTRACE", "0");
@@ -445,6 +446,7 @@ async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
         }
         command.output().unwrap()
     };
+    let lease_list = |identity: Option<&str>| lease_list_at(&pinned, identity);
     // Default identity: sre, which may read Status.
     let out = lease_list(None);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -461,6 +463,23 @@ async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
     assert!(
         stdout.contains("PermissionDenied") && stdout.contains("/gateway/eu"),
         "{stdout}"
+    );
+    // Issue 27 finding 8: naming us where the agent presents /region/eu is
+    // refused (the handshake fails, no Status is read)...
+    let out = lease_list_at(&format!("region/us@{}", s.agent.grpc_addr), None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(!stdout.contains("region eu"), "{stdout}");
+    assert!(
+        stdout.contains("peer is /region/eu, expected /region/us"),
+        "{stdout}"
+    );
+    // ...and with mTLS an address naming no Region is refused before any call.
+    let out = lease_list_at(&s.agent.grpc_addr.to_string(), None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("names no Region"),
+        "{stderr}"
     );
 }
 

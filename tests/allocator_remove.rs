@@ -310,7 +310,15 @@ async fn region_remove_refuses_bad_input_naming_the_field() {
     );
     assert!(!ok);
     assert!(err.contains("not a member of pool w"), "{err}");
-    // Registering again: a fresh member above the retired incarnation.
+    // Registering again: barred until an admin readmits it (issue 27,
+    // finding 3), then a fresh member above the retired incarnation.
+    let barred = client.register("w", "eu").await.expect_err("re-registered");
+    assert_eq!(barred.code(), Some(Code::PermissionDenied), "{barred}");
+    let (ok, text, err) = cli(
+        &allocators,
+        &["region", "readmit", "--pool", "w", "--region", "eu"],
+    );
+    assert!(ok && text.contains("readmitted"), "{err}");
     let again = client.register("w", "eu").await.expect("register again");
     assert_eq!(again.incarnation, 2);
 }

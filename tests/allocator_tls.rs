@@ -154,6 +154,131 @@ async fn a_region_acts_only_for_itself_and_a_refusal_appends_nothing() {
     s.node.stop().await;
 }
 
+/// Issue 27, finding 7: a Region's Inspect showed every Region's health,
+/// shares, demand, incarnation and the raft node addresses. Now: the
+/// pool's config and its own membership only; sre still sees everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regions_inspect_shows_the_config_and_its_own_membership_only() {
+    let s = secured_node().await;
+    let (eu, us) = (s.client("region-eu"), s.client("region-us"));
+    let eu_at = eu.register("api", "eu").await.expect("eu").incarnation;
+    let us_at = us.register("api", "us").await.expect("us").incarnation;
+    eu.rebalance(rebalance("eu", eu_at))
+        .await
+        .expect("eu reports");
+    us.rebalance(rebalance("us", us_at))
+        .await
+        .expect("us reports");
+    let narrow = pb::InspectRequest {
+        pool: "api".into(),
+        include_grants: false,
+        allow_stale: false,
+    };
+    let seen = eu.inspect(narrow.clone()).await.expect("eu inspects");
+    let text = format!("{seen:?}");
+    assert!(!text.contains("\"us\""), "another Region shown: {text}");
+    assert!(!text.contains("127.0.0.1"), "a node address shown: {text}");
+    let state = seen.state.expect("state");
+    let Some(pb::pool_state::Kind::Rate(rate)) = &state.pools[0].kind else {
+        panic!("rate pool: {state:?}")
+    };
+    assert_eq!(
+        rate.config
+            .as_ref()
+            .expect("config")
+            .limit_millitokens_per_s,
+        10_000_000
+    );
+    let own: Vec<&str> = rate
+        .members
+        .iter()
+        .filter_map(|m| m.member.as_ref().map(|m| m.region.as_str()))
+        .collect();
+    assert_eq!(own, ["eu"]);
+    assert!(state.regions.iter().all(|r| r.region == "eu"), "{state:?}");
+    // The sre's view is whole.
+    let whole = s.client("sre").inspect(narrow).await.expect("sre inspects");
+    let whole = format!("{whole:?}");
+    assert!(
+        whole.contains("\"us\"") && whole.contains("127.0.0.1"),
+        "{whole}"
+    );
+    s.node.stop().await;
+}
+
+/// Issue 27, finding 2: one Region used to fill the pool's one record set
+/// for the window (and could claim another Region's lease ids): with
+/// records per Region it fills only its own. Records are
+/// kept per Region now: a Region at its cap refuses only itself, another
+/// Region may use the same lease id, and no refusal names another Region.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_filling_its_grant_records_refuses_only_itself() {
+    use leasehold_allocator::grant::MAX_GRANT_RECORDS_PER_REGION;
+    use leasehold_allocator::WindowPoolConfig;
+    // The write limit would refuse the burst first: this is the record cap.
+    let s = secured_node_with("[write_limit]\nrate_per_s = 1000000\nburst = 1000000\n").await;
+    // A 30-day window: the test never straddles two.
+    let window = PoolConfig::Window(WindowPoolConfig {
+        capacity_millitokens_per_window: 1 << 40,
+        window_ms: 30 * 86_400_000,
+        lease_ttl_ms: 60_000,
+        regions: None,
+    });
+    s.client("admin")
+        .create_pool("quota", &window)
+        .await
+        .expect("admin creates a window pool");
+    let (eu, us) = (s.client("region-eu"), s.client("region-us"));
+    let eu_at = eu.register("quota", "eu").await.expect("eu").incarnation;
+    let us_at = us.register("quota", "us").await.expect("us").incarnation;
+    // eu's first grant, then us fills its own records with tiny grants
+    // (eu's lease id among them: 4,096 in all).
+    eu.grant("quota", "eu", eu_at, "eu-0", 1_000)
+        .await
+        .expect("eu grant");
+    let ids: Vec<String> = std::iter::once("eu-0".to_string())
+        .chain((1..MAX_GRANT_RECORDS_PER_REGION).map(|n| format!("us-{n}")))
+        .collect();
+    for batch in ids.chunks(64) {
+        let mut calls = tokio::task::JoinSet::new();
+        for id in batch {
+            let (us, id) = (us.clone(), id.clone());
+            calls.spawn(async move { us.grant("quota", "us", us_at, &id, 1).await });
+        }
+        while let Some(reply) = calls.join_next().await {
+            let reply = reply.expect("task").expect("us grant under its cap");
+            assert_eq!(reply.grant.expect("grant").granted_millitokens, 1);
+        }
+    }
+    let full = us
+        .grant("quota", "us", us_at, "us-one-more", 1)
+        .await
+        .expect_err("us is at its cap");
+    assert_eq!(full.code(), Some(Code::ResourceExhausted), "{full}");
+    assert!(!full.to_string().contains("eu"), "{full}");
+    // eu is unaffected: fresh ids, an id us used, and its replay.
+    for id in ["eu-1", "us-7", "us-one-more"] {
+        let grant = eu
+            .grant("quota", "eu", eu_at, id, 1_000)
+            .await
+            .unwrap_or_else(|e| panic!("eu grant {id}: {e}"))
+            .grant
+            .expect("grant");
+        assert_eq!(grant.granted_millitokens, 1_000, "{id}");
+    }
+    let replay = eu
+        .grant("quota", "eu", eu_at, "eu-0", 5)
+        .await
+        .expect("eu replay")
+        .grant
+        .expect("grant");
+    assert_eq!(
+        replay.granted_millitokens, 1_000,
+        "a replay answers the record"
+    );
+    s.node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_prober_reports_health() {
     let s = secured_node().await;
@@ -348,7 +473,11 @@ async fn three_nodes_replicate_over_mtls() {
         nodes.push(start(config, init).await.expect("node starts"));
     }
     let admin = TlsSettings::in_dir(&certs, "admin", TRUST_DOMAIN);
-    let addresses: Vec<String> = nodes.iter().map(|n| n.address.to_string()).collect();
+    // Pinned: a follower's NOT_LEADER is followed to node/<leader id>.
+    let addresses: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("node/{}@{}", n.node.id(), n.address))
+        .collect();
     let client = AllocatorClient::with_connector(
         &addresses,
         ClientSettings {
@@ -402,7 +531,7 @@ async fn the_cli_reads_as_sre_and_changes_as_admin_with_its_tls_dir() {
         .register("api", "eu")
         .await
         .expect("eu registers");
-    let address = s.node.address.to_string();
+    let address = format!("node/1@{}", s.node.address);
     let certs = s.dir.path().join("certs");
     let certs = certs.to_str().unwrap();
     let list = leasehold(&[
@@ -460,8 +589,72 @@ async fn the_cli_reads_as_sre_and_changes_as_admin_with_its_tls_dir() {
         String::from_utf8_lossy(&as_admin.stderr)
     );
     // Without certificates: no answer from a TLS node.
-    let plain = leasehold(&["pool", "list", "--allocator", &address]);
+    let bare = s.node.address.to_string();
+    let plain = leasehold(&["pool", "list", "--allocator", &bare]);
     assert!(!plain.status.success());
+    // With mTLS an address must name its node, and the node must be it.
+    let unpinned = leasehold(&["pool", "list", "--allocator", &bare, "--tls-dir", certs]);
+    let stderr = String::from_utf8_lossy(&unpinned.stderr);
+    assert!(
+        !unpinned.status.success() && stderr.contains("names no node id"),
+        "{stderr}"
+    );
+    let other = format!("node/2@{}", s.node.address);
+    let wrong = leasehold(&["pool", "list", "--allocator", &other, "--tls-dir", certs]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("peer is /node/1, expected /node/2"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&wrong.stdout).contains("\"api\""));
+    s.node.stop().await;
+}
+
+/// Issue 27 finding 8: a client configured for `node/2` at an address whose
+/// server presents `/node/1` (real certificates) refuses the connection,
+/// and nothing is answered; `node/1` there is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_client_refuses_a_node_presenting_another_id() {
+    let s = secured_node().await;
+    let settings = ClientSettings {
+        call_timeout: Duration::from_secs(2),
+        leader_wait: Duration::from_secs(2),
+        max_attempts: 3,
+        retry_pause: Duration::from_millis(100),
+        hedge_after: None,
+    };
+    let pinned = |id: u64| {
+        AllocatorClient::with_connector(
+            &[format!("node/{id}@{}", s.node.address)],
+            settings.clone(),
+            s.connector("sre"),
+        )
+        .expect("client")
+    };
+    let refused = pinned(2)
+        .inspect(pb::InspectRequest::default())
+        .await
+        .expect_err("node/1's certificate is not node/2");
+    assert!(matches!(refused, ClientError::NoLeader { .. }), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("peer is /node/1, expected /node/2"),
+        "{refused}"
+    );
+    let answered = pinned(1).inspect(pb::InspectRequest::default()).await;
+    assert!(answered.is_ok(), "{answered:?}");
+    // Mixing pinned and bare addresses is refused before any call.
+    let mixed = AllocatorClient::with_connector(
+        &[
+            format!("node/1@{}", s.node.address),
+            s.node.address.to_string(),
+        ],
+        settings,
+        s.connector("sre"),
+    );
+    assert!(matches!(mixed, Err(ClientError::Address { .. })));
     s.node.stop().await;
 }
 
@@ -571,6 +764,7 @@ async fn metrics_listen_serves_sre_and_admin_only_and_counts_a_grant() {
         capacity_millitokens_per_window: 1_000_000,
         window_ms: 3_600_000,
         lease_ttl_ms: 60_000,
+        regions: None,
     });
     s.client("admin")
         .create_pool("win", &window)

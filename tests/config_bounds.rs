@@ -293,6 +293,14 @@ const CASES: &[Case] = &[
     case(Node, "[limits]", "max_message_bytes", 4_096, 268_435_456),
     case(Node, "[limits]", "max_header_list_bytes", 1_024, 1_048_576),
     case(Node, "[limits]", "shutdown_drain_ms", 0, 600_000),
+    case(Node, "[limits]", "max_connection_age_ms", 1_000, 86_400_000),
+    case(Node, "[limits]", "max_connections", 1, 65_536),
+    with(
+        case(Node, "[limits]", "max_connections_per_address", 1, 65_536),
+        &[("[limits]", "max_connections", "65536")],
+    ),
+    case(Node, "[write_limit]", "rate_per_s", 1, 1_000_000),
+    case(Node, "[write_limit]", "burst", 1, 1_000_000),
     with(
         case(Node, "[http_limits]", "max_header_bytes", 1_024, 1_048_576),
         METRICS_LISTEN,
@@ -354,6 +362,7 @@ const CASES: &[Case] = &[
         1,
         10_000,
     ),
+    case(TwoSignalPool, "[[pool]]", "max_demand_multiple", 1, 100),
     case(
         TwoSignalPool,
         "[pool.reclaim]",
@@ -397,6 +406,18 @@ const CASES: &[Case] = &[
     case(Agent, "[limits]", "max_message_bytes", 4_096, 268_435_456),
     case(Agent, "[limits]", "max_header_list_bytes", 1_024, 1_048_576),
     case(Agent, "[limits]", "shutdown_drain_ms", 0, 600_000),
+    case(
+        Agent,
+        "[limits]",
+        "max_connection_age_ms",
+        1_000,
+        86_400_000,
+    ),
+    case(Agent, "[limits]", "max_connections", 1, 65_536),
+    with(
+        case(Agent, "[limits]", "max_connections_per_address", 1, 65_536),
+        &[("[limits]", "max_connections", "65536")],
+    ),
     case(Agent, "[http_limits]", "max_header_bytes", 1_024, 1_048_576),
     case(Agent, "[http_limits]", "max_body_bytes", 0, 16_777_216),
     case(Agent, "[http_limits]", "header_read_timeout_ms", 1, 60_000),
@@ -948,7 +969,7 @@ fn pools_file_refuses_unknown_keys_and_fields_of_the_other_kind() {
         (
             window_pools().set("[[pool]]", "colour", "\"blue\"").render().0,
             "pools.toml:7: pool api-window: colour: unknown field; a window pool takes id, kind, \
-             capacity_millitokens_per_window, window_ms, lease_ttl_ms",
+             capacity_millitokens_per_window, window_ms, lease_ttl_ms, regions",
         ),
         (
             two_signal_pools().set("[pool.reclaim]", "share_ttl_ms", "5").render().0,

@@ -107,10 +107,12 @@ fn free_offset() -> u16 {
     );
 }
 
+/// The shifted allocators, each pinned to its node id (mTLS needs it).
 fn allocator_list(offset: u16) -> String {
     ALLOCATOR_PORTS
         .iter()
-        .map(|port| format!("127.0.0.1:{}", port + offset))
+        .zip(1..)
+        .map(|(port, id)| format!("node/{id}@127.0.0.1:{}", port + offset))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -702,4 +704,32 @@ fn dev_cluster_flag_runs_each_region_on_a_redis_cluster_with_two_agents_and_one_
     for port in all_ports(offset) {
         assert!(port_is_free(port), "port {port} still held after exit");
     }
+}
+
+#[test]
+fn dev_refuses_a_certificates_directory_others_may_write_and_writes_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = tempfile::tempdir().unwrap();
+    let planted = base.path().join("certs");
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = leasehold()
+        .args([
+            "dev",
+            "--port-offset",
+            &free_offset().to_string(),
+            "--certs-dir",
+        ])
+        .arg(&planted)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("writable by its group or by others"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&planted.display().to_string()), "{stderr}");
+    assert!(!planted.join("ca.pem").exists(), "a CA was written");
 }

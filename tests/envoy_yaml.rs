@@ -23,9 +23,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use leasehold_region_agent::envoy::ratelimit::answer::Headers;
+use leasehold_region_agent::envoy::yaml_engine::RlsOptions;
 use leasehold_region_agent::key::KeyBuilder;
-use leasehold_region_agent::rls::answer::Headers;
-use leasehold_region_agent::rls_engine::RlsOptions;
 use leasehold_region_agent::server::{self, AgentSpec, RatelimitSpec, RunningAgent};
 use leasehold_region_agent::store::memory::{Clock, MemoryStore};
 use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};

@@ -209,6 +209,7 @@ impl World {
                 tick_ms: 50,
                 pools,
                 sim_unclamped_lease: false,
+                sim_lease_id_seed: None,
                 agent_id: None,
                 syncer_lease_ttl_ms: 3_000,
             }),
@@ -430,6 +431,7 @@ async fn window_pool_admits_at_most_g_per_window_and_nothing_outlives_its_window
         capacity_millitokens_per_window: G_TOKENS * 1_000,
         window_ms: WINDOW_MS,
         lease_ttl_ms: 1_000,
+        regions: None,
     });
     // Chunks of 20 tokens.
     let world = World::start(&[("window", window, Some(20_000))]).await;
@@ -518,6 +520,7 @@ async fn leader_loss_keeps_admissions_flowing_and_shares_move_after_election() {
         capacity_millitokens_per_window: 1_000_000_000,
         window_ms: 600_000,
         lease_ttl_ms: 600_000,
+        regions: None,
     });
     let world = World::start(&[
         ("rate", rate_pool(ReclaimPolicy::Freeze), None),
@@ -1056,6 +1059,7 @@ async fn a_hung_leader_costs_no_window_admission_and_grants_resume_after_the_ele
             capacity_millitokens_per_window: 1_000_000_000,
             window_ms,
             lease_ttl_ms: window_ms,
+            regions: None,
         })
     };
     let world = World::start(&[

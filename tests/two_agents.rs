@@ -114,6 +114,7 @@ async fn start_agent(
             tick_ms: 50,
             pools: pools(),
             sim_unclamped_lease: false,
+            sim_lease_id_seed: None,
             agent_id: agent_id.map(str::to_string),
             syncer_lease_ttl_ms: LEASE_TTL_MS,
         }),
@@ -148,6 +149,7 @@ impl World {
                     capacity_millitokens_per_window: G_TOKENS * 1_000,
                     window_ms: WINDOW_MS,
                     lease_ttl_ms: 1_000,
+                    regions: None,
                 }),
             )
             .await

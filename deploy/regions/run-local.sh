@@ -198,7 +198,8 @@ start_allocator() {
   say "allocator $n: started (pid $(cat "$run/allocator-$n.pid"), log $run/allocator-$n.log)"
 }
 
-# agent-R.toml with redis_url set to this Region's redis-server and
+# agent-R.toml with redis_url set to this Region's redis-server (plaintext
+# on loopback: insecure_redis_plaintext = true beside [tls]) and
 # pepper_file / policy_file made absolute; every other line kept.
 derive_agent_config() {
   local region="$1" out="$run/agent-$1.toml"
@@ -213,11 +214,11 @@ derive_agent_config() {
       return key " = \"" value "\"" rest
     }
     /^[[:space:]]*#?[[:space:]]*redis_url[[:space:]]*=/ {
-      if (!done) print "redis_url = \"" redis "\"   # set by run-local.sh"
+      if (!done) print "redis_url = \"" redis "\"   # set by run-local.sh"; print "insecure_redis_plaintext = true   # set by run-local.sh: its loopback redis-server is plaintext (logged)"
       done = 1; next
     }
     /^[[:space:]]*(pepper_file|policy_file|ca_file|cert_file|key_file|config_dir)[[:space:]]*=/ { print absolute($0); next }
-    /^[[:space:]]*\[/ && !done { print "redis_url = \"" redis "\"   # set by run-local.sh"; done = 1 }
+    /^[[:space:]]*\[/ && !done { print "redis_url = \"" redis "\"   # set by run-local.sh"; print "insecure_redis_plaintext = true   # set by run-local.sh: its loopback redis-server is plaintext (logged)"; done = 1 }
     { print }
   ' "$here/agent-$region.toml" >"$out"
   echo "$out"

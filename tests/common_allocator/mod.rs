@@ -53,6 +53,7 @@ pub fn window_pool(capacity_millitokens: u64, window_ms: u64) -> PoolConfig {
         capacity_millitokens_per_window: capacity_millitokens,
         window_ms,
         lease_ttl_ms: 60_000,
+        regions: None,
     })
 }
 

@@ -1,11 +1,15 @@
 //! A Rust client of the allocator cluster that finds and follows the leader.
 //!
-//! [`AllocatorClient::connect`] takes any node addresses (`host:port`); no
-//! connection is made until the first call. Which node is tried is decided
+//! [`AllocatorClient::connect`] takes any node addresses (`host:port`), or
+//! pinned ones (`node/<id>@host:port`, [`crate::target`]: with a connector
+//! holding a certificate, the server must then present exactly
+//! `/node/<id>`); no connection is made until the first call. Which node is tried is decided
 //! by a [`Follower`] ([`crate::follow`]): the leader it last heard of unless
 //! that node is a *suspect*, else the next address in turn. After a failed
 //! attempt a call:
-//! - on NOT_LEADER with a leader address, goes there at once — unless that
+//! - on NOT_LEADER with a leader address, goes there at once (a pinned
+//!   client pinned to the leader id the answer names; a pinned client
+//!   given no leader id treats it as UNAVAILABLE) — unless that
 //!   node is a suspect (followers keep naming a hung leader until they time
 //!   out its heartbeats), then pauses and tries another;
 //! - on UNAVAILABLE (node down, proposal unconfirmed, no leader yet) or a
@@ -49,6 +53,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use crate::config::PoolConfig;
 use crate::follow::Follower;
+use crate::target::NodeTarget;
 use crate::transport::{self, Connector};
 use crate::wire;
 use leasehold_proto::allocator::v1 as pb;
@@ -148,6 +153,9 @@ struct Shared {
     follower: Mutex<Follower>,
     settings: ClientSettings,
     connector: Arc<dyn Connector>,
+    /// The configured targets name node ids: leader hints are followed
+    /// pinned to the id they name.
+    pinned: bool,
 }
 
 /// A cluster client; cheap to clone (clones share channels and the leader hint).
@@ -164,13 +172,16 @@ enum Next {
 }
 
 /// What to do after a failed attempt; `None`: give the error back.
-fn classify(status: &Status) -> Option<Next> {
+/// `pinned`: a redirect goes to `node/<leader_id>@<leader_address>`, and
+/// one naming no leader id is not followed.
+fn classify(status: &Status, pinned: bool) -> Option<Next> {
     if let Some(detail) = wire::error_detail(status) {
         if detail.code == pb::ErrorCode::NotLeader as i32 {
-            return Some(if detail.leader_address.is_empty() {
-                Next::Retry(status.message().to_string())
-            } else {
-                Next::Redirect(detail.leader_address)
+            let address = detail.leader_address.trim_start_matches("http://");
+            return Some(match (address.is_empty(), pinned, detail.leader_id) {
+                (true, _, _) | (false, true, 0) => Next::Retry(status.message().to_string()),
+                (false, true, id) => Next::Redirect(NodeTarget::pinned(id, address).to_string()),
+                (false, false, _) => Next::Redirect(address.to_string()),
             });
         }
     }
@@ -204,24 +215,38 @@ impl AllocatorClient {
         settings: ClientSettings,
         connector: Arc<dyn Connector>,
     ) -> Result<Self, ClientError> {
-        let addresses: Vec<String> = addresses
-            .iter()
-            .map(|a| a.as_ref().trim().trim_start_matches("http://").to_string())
-            .filter(|a| !a.is_empty())
-            .collect();
-        if addresses.is_empty() || addresses.len() > MAX_ADDRESSES {
+        let mut targets = Vec::new();
+        for address in addresses.iter().map(|a| a.as_ref().trim()) {
+            if address.is_empty() {
+                continue;
+            }
+            let target = NodeTarget::parse(address).map_err(|message| ClientError::Address {
+                address: address.to_string(),
+                message,
+            })?;
+            targets.push(target);
+        }
+        if targets.is_empty() || targets.len() > MAX_ADDRESSES {
             return Err(ClientError::Address {
                 address: String::new(),
                 message: format!("need 1 to {MAX_ADDRESSES} node addresses"),
             });
         }
+        let pinned = targets.iter().any(|t| t.node_id.is_some());
+        if let Some(bare) = targets.iter().find(|t| pinned && t.node_id.is_none()) {
+            return Err(ClientError::Address {
+                address: bare.address.clone(),
+                message: "mixes node/<id>@host:port and bare addresses: name every node's id"
+                    .into(),
+            });
+        }
+        let addresses: Vec<String> = targets.iter().map(NodeTarget::to_string).collect();
         let mut channels = HashMap::new();
-        for address in &addresses {
-            let channel = connector
-                .channel(address)
-                .map_err(|e| ClientError::Address {
+        for (address, target) in addresses.iter().zip(&targets) {
+            let channel =
+                open_channel(&*connector, target).map_err(|message| ClientError::Address {
                     address: address.clone(),
-                    message: e.message,
+                    message,
                 })?;
             channels.insert(address.clone(), channel);
         }
@@ -231,6 +256,7 @@ impl AllocatorClient {
                 follower: Mutex::new(Follower::new(addresses.clone())),
                 settings,
                 connector,
+                pinned,
             }),
         })
     }
@@ -265,11 +291,8 @@ impl AllocatorClient {
         if channels.len() >= MAX_ADDRESSES {
             return Err(format!("more than {MAX_ADDRESSES} node addresses"));
         }
-        let channel = self
-            .shared
-            .connector
-            .channel(address)
-            .map_err(|e| e.message)?;
+        let target = NodeTarget::parse(address)?;
+        let channel = open_channel(&*self.shared.connector, &target)?;
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
     }
@@ -418,7 +441,7 @@ impl AllocatorClient {
                     continue;
                 }
             };
-            match classify(&status) {
+            match classify(&status, self.shared.pinned) {
                 Some(Next::Redirect(leader)) => {
                     tracing::debug!(from = %address, to = %leader, attempts, "following the leader");
                     last = format!("{address}: not the leader (names {leader})");
@@ -625,10 +648,118 @@ impl AllocatorClient {
         self.call_single(request, |mut c, r| async move { c.remove_region(r).await })
             .await
     }
+
+    /// Lifts the bar of an admin's `RemoveRegion` on `region` joining
+    /// `pool` again.
+    pub async fn readmit_region(
+        &self,
+        pool: &str,
+        region: &str,
+    ) -> Result<pb::ReadmitRegionReply, ClientError> {
+        let request = pb::ReadmitRegionRequest {
+            pool: pool.to_string(),
+            region: region.to_string(),
+        };
+        self.call(request, |mut c, r| async move { c.readmit_region(r).await })
+            .await
+    }
+
+    /// Adds `identity` (`region/us`, `gateway/eu`, `node/3`, `sre`, …) to
+    /// the deny list.
+    pub async fn revoke_identity(
+        &self,
+        identity: &str,
+        reason: &str,
+    ) -> Result<pb::RevocationReply, ClientError> {
+        let request = pb::RevokeIdentityRequest {
+            identity: identity.to_string(),
+            reason: reason.to_string(),
+        };
+        self.call(
+            request,
+            |mut c, r| async move { c.revoke_identity(r).await },
+        )
+        .await
+    }
+
+    /// Takes `identity` off the deny list.
+    pub async fn restore_identity(
+        &self,
+        identity: &str,
+    ) -> Result<pb::RevocationReply, ClientError> {
+        let request = pb::RestoreIdentityRequest {
+            identity: identity.to_string(),
+        };
+        self.call(
+            request,
+            |mut c, r| async move { c.restore_identity(r).await },
+        )
+        .await
+    }
+
+    /// The deny list, in identity order.
+    pub async fn list_revoked(
+        &self,
+        allow_stale: bool,
+    ) -> Result<pb::ListRevokedReply, ClientError> {
+        let request = pb::ListRevokedRequest { allow_stale };
+        self.call(request, |mut c, r| async move { c.list_revoked(r).await })
+            .await
+    }
+}
+
+/// A channel to `target`: pinned to its node id when it names one.
+fn open_channel(connector: &dyn Connector, target: &NodeTarget) -> Result<Channel, String> {
+    match target.node_id {
+        Some(id) => connector.node_channel(&target.address, id),
+        None => connector.channel(&target.address),
+    }
+    .map_err(|e| e.message)
 }
 
 /// A transport failure (tonic's "transport error"/"error trying to
 /// connect"), as opposed to a node answering UNAVAILABLE itself.
 fn is_broken_connection(status: &Status) -> bool {
     wire::error_detail(status).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    fn not_leader(leader_id: u64, leader_address: &str) -> Status {
+        let detail = pb::ErrorDetail {
+            code: pb::ErrorCode::NotLeader as i32,
+            leader_id,
+            leader_address: leader_address.to_string(),
+            ..Default::default()
+        };
+        Status::with_details(
+            Code::FailedPrecondition,
+            "not the leader",
+            detail.encode_to_vec().into(),
+        )
+    }
+
+    #[test]
+    fn a_pinned_client_follows_a_hint_pinned_to_the_leader_id_only() {
+        let hint = not_leader(2, "127.0.0.1:7302");
+        assert!(matches!(
+            classify(&hint, true),
+            Some(Next::Redirect(target)) if target == "node/2@127.0.0.1:7302"
+        ));
+        assert!(matches!(
+            classify(&hint, false),
+            Some(Next::Redirect(target)) if target == "127.0.0.1:7302"
+        ));
+        // No leader id: a pinned client does not follow the address.
+        let anonymous = not_leader(0, "127.0.0.1:7302");
+        assert!(matches!(classify(&anonymous, true), Some(Next::Retry(_))));
+        assert!(matches!(
+            classify(&anonymous, false),
+            Some(Next::Redirect(_))
+        ));
+    }
 }

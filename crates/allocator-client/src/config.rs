@@ -15,6 +15,62 @@ pub const BASIS_POINTS_PER_UNIT: u64 = 10_000;
 pub const MAX_BURST_SECONDS: u64 = 3_600;
 /// Cap on `two_signal.silent_intervals` (and `silence_only`'s).
 pub const MAX_SILENT_INTERVALS: u64 = 1_000;
+/// Default `max_demand_multiple`: a Region's reported demand counts at most
+/// twice the requests L admits in one interval.
+pub const DEFAULT_MAX_DEMAND_MULTIPLE: u64 = 2;
+/// Range of `max_demand_multiple`.
+pub const MAX_DEMAND_MULTIPLE: u64 = 100;
+/// Cap on a pool's allow-list (`regions`): the allocator's `MAX_REGIONS`.
+pub const MAX_ALLOWED_REGIONS: usize = 256;
+
+fn default_max_demand_multiple() -> u64 {
+    DEFAULT_MAX_DEMAND_MULTIPLE
+}
+
+fn is_default_max_demand_multiple(value: &u64) -> bool {
+    *value == DEFAULT_MAX_DEMAND_MULTIPLE
+}
+
+/// Checks an allow-list: 1 to [`MAX_ALLOWED_REGIONS`] valid, distinct
+/// Region ids (absent = every Region; an empty list is refused, it would
+/// admit nobody).
+fn validate_regions(regions: &Option<Vec<String>>) -> Result<(), ConfigError> {
+    let Some(regions) = regions else {
+        return Ok(());
+    };
+    let refuse = |reason: String| {
+        Err(ConfigError {
+            field: "regions".to_string(),
+            reason,
+        })
+    };
+    if regions.is_empty() {
+        return refuse("empty: leave it out to admit every Region".to_string());
+    }
+    if regions.len() > MAX_ALLOWED_REGIONS {
+        return refuse(format!(
+            "{} Regions, above the cap of {MAX_ALLOWED_REGIONS}",
+            regions.len()
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for region in regions {
+        if let Err(error) = crate::id::RegionId::parse(region) {
+            return refuse(format!("a Region id: {error}"));
+        }
+        if !seen.insert(region.as_str()) {
+            return refuse(format!("{region} listed twice"));
+        }
+    }
+    Ok(())
+}
+
+/// True when an allow-list admits `region` (absent admits every Region).
+fn allows(regions: &Option<Vec<String>>, region: &str) -> bool {
+    regions
+        .as_ref()
+        .is_none_or(|list| list.iter().any(|r| r == region))
+}
 
 /// A config field outside its range, or two fields that contradict.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -54,6 +110,15 @@ impl PoolConfig {
     /// True when the config uses a simulation-only reclaim policy
     /// ([`ReclaimPolicy::SilenceOnly`]), which config files and the wire
     /// refuse.
+    /// True when the pool's allow-list (`regions`) admits `region`; a pool
+    /// without one admits every Region.
+    pub fn allows(&self, region: &str) -> bool {
+        match self {
+            PoolConfig::Window(config) => allows(&config.regions, region),
+            PoolConfig::Rate(config) => allows(&config.regions, region),
+        }
+    }
+
     pub fn is_simulation_only(&self) -> bool {
         match self {
             PoolConfig::Window(_) => false,
@@ -72,6 +137,10 @@ pub struct WindowPoolConfig {
     pub window_ms: u64,
     /// How long a grant lives, in [1, 2^40]; always clamped to the window end.
     pub lease_ttl_ms: u64,
+    /// Optional allow-list: only these Regions may register and take
+    /// grants (absent = any Region); 1 to 256 distinct Region ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<String>>,
 }
 
 impl WindowPoolConfig {
@@ -83,7 +152,8 @@ impl WindowPoolConfig {
             MAX_VALUE,
         )?;
         in_range("window_ms", self.window_ms, 1, MAX_VALUE)?;
-        in_range("lease_ttl_ms", self.lease_ttl_ms, 1, MAX_VALUE)
+        in_range("lease_ttl_ms", self.lease_ttl_ms, 1, MAX_VALUE)?;
+        validate_regions(&self.regions)
     }
 }
 
@@ -186,6 +256,18 @@ pub struct RatePoolConfig {
     /// What an agent may admit per second while it cannot renew its share;
     /// in [0, L]. Default the floor; 0 for strict pools.
     pub fallback_allowance_millitokens_per_s: u64,
+    /// A Region's reported demand counts at most this many times the
+    /// requests L admits in one interval ([`RatePoolConfig::max_demand_requests`]);
+    /// in [1, 100], default 2. Higher reports are clamped, not refused.
+    #[serde(
+        default = "default_max_demand_multiple",
+        skip_serializing_if = "is_default_max_demand_multiple"
+    )]
+    pub max_demand_multiple: u64,
+    /// Optional allow-list: only these Regions may register and rebalance
+    /// (absent = any Region); 1 to 256 distinct Region ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<String>>,
 }
 
 impl RatePoolConfig {
@@ -201,6 +283,8 @@ impl RatePoolConfig {
             max_raise_basis_points: 1_000,
             reclaim: ReclaimPolicy::two_signal_default(),
             fallback_allowance_millitokens_per_s: 0,
+            max_demand_multiple: DEFAULT_MAX_DEMAND_MULTIPLE,
+            regions: None,
         };
         config.fallback_allowance_millitokens_per_s = config.floor_millitokens_per_s();
         config
@@ -215,6 +299,17 @@ impl RatePoolConfig {
     /// rounded down, at least 1 so that shares always make progress.
     pub fn max_raise_millitokens_per_s(&self) -> u64 {
         fraction_of(self.limit_millitokens_per_s, self.max_raise_basis_points).max(1)
+    }
+
+    /// The most requests per interval a Region's report counts for:
+    /// `max_demand_multiple × L × interval_ms / 10^6` (L in millitokens per
+    /// second, one token a request), rounded up, at least 1.
+    pub fn max_demand_requests(&self) -> u64 {
+        let product = u128::from(self.max_demand_multiple)
+            * u128::from(self.limit_millitokens_per_s)
+            * u128::from(self.interval_ms);
+        let requests = product.div_ceil(1_000_000).max(1);
+        u64::try_from(requests).unwrap_or(u64::MAX).min(MAX_VALUE)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -251,7 +346,14 @@ impl RatePoolConfig {
             self.fallback_allowance_millitokens_per_s,
             0,
             limit,
-        )
+        )?;
+        in_range(
+            "max_demand_multiple",
+            self.max_demand_multiple,
+            1,
+            MAX_DEMAND_MULTIPLE,
+        )?;
+        validate_regions(&self.regions)
     }
 }
 
@@ -324,11 +426,40 @@ mod tests {
             "fallback_allowance_millitokens_per_s"
         );
 
+        let mut config = RatePoolConfig::with_defaults(10_000);
+        config.max_demand_multiple = 0;
+        assert_eq!(config.validate().unwrap_err().field, "max_demand_multiple");
+        config.max_demand_multiple = MAX_DEMAND_MULTIPLE + 1;
+        assert_eq!(config.validate().unwrap_err().field, "max_demand_multiple");
+
         let window = WindowPoolConfig {
             capacity_millitokens_per_window: 1,
             window_ms: MAX_VALUE + 1,
             lease_ttl_ms: 1,
+            regions: None,
         };
         assert_eq!(window.validate().unwrap_err().field, "window_ms");
+    }
+
+    #[test]
+    fn allow_lists_and_the_demand_cap() {
+        let mut config = RatePoolConfig::with_defaults(10_000_000);
+        // L = 10,000 tokens/s, 5 s intervals: 50,000 requests, twice.
+        assert_eq!(config.max_demand_requests(), 100_000);
+        let pool = PoolConfig::Rate(config.clone());
+        assert!(pool.allows("anywhere"));
+        for bad in [
+            vec![],
+            vec!["EU".to_string()],
+            vec!["eu".to_string(), "eu".to_string()],
+            (0..=MAX_ALLOWED_REGIONS).map(|i| format!("r{i}")).collect(),
+        ] {
+            config.regions = Some(bad);
+            assert_eq!(config.validate().unwrap_err().field, "regions");
+        }
+        config.regions = Some(vec!["eu".into(), "us".into()]);
+        assert_eq!(config.validate(), Ok(()));
+        let pool = PoolConfig::Rate(config);
+        assert!(pool.allows("eu") && pool.allows("us") && !pool.allows("ap"));
     }
 }

@@ -152,7 +152,23 @@ pub const GRPC_LIMITS_BOUNDS: &[Bound] = &[
     ),
     Bound::new("limits.max_header_list_bytes", 1_024, MAX_HEADER_LIST_BYTES),
     Bound::new("limits.shutdown_drain_ms", 0, MAX_SHUTDOWN_DRAIN_MS),
+    Bound::new(
+        "limits.max_connection_age_ms",
+        MIN_CONNECTION_AGE_MS,
+        MAX_CONNECTION_AGE_MS,
+    ),
+    Bound::new("limits.max_connections", 1, MAX_CONNECTIONS),
+    Bound::new("limits.max_connections_per_address", 1, MAX_CONNECTIONS),
 ];
+
+/// Smallest `limits.max_connection_age_ms` (1 s: below it clients would
+/// spend their time reconnecting).
+pub const MIN_CONNECTION_AGE_MS: u64 = 1_000;
+/// Largest `limits.max_connection_age_ms` (one day).
+pub const MAX_CONNECTION_AGE_MS: u64 = 86_400_000;
+/// Cap on `limits.max_connections` and `limits.max_connections_per_address`
+/// (the TLS acceptor's own cap).
+pub const MAX_CONNECTIONS: u64 = leasehold_tls::server::MAX_CONNECTIONS as u64;
 
 /// Cap on `limits.shutdown_drain_ms` (10 minutes: longer than any
 /// orchestrator waits after SIGTERM).
@@ -198,6 +214,17 @@ pub struct GrpcLimits {
     /// On SIGTERM/SIGINT the listener stops accepting and requests in
     /// flight get this long to finish; whatever is left is then cut.
     pub shutdown_drain_ms: u64,
+    /// A connection older than this is shut down gracefully (hyper's HTTP/2
+    /// graceful shutdown: calls in flight finish, the client reconnects with
+    /// a fresh handshake), so a revoked, rotated or expired certificate stops being
+    /// used within this bound; calls still running `request_timeout_ms`
+    /// after it starts are cut with the connection.
+    pub max_connection_age_ms: u64,
+    /// Connections the mTLS listener holds at once; a new one past it is
+    /// closed before its handshake (logged once per interval).
+    pub max_connections: u64,
+    /// Of them, from one peer IP address (at most `max_connections`).
+    pub max_connections_per_address: u64,
 }
 
 impl Default for GrpcLimits {
@@ -211,6 +238,10 @@ impl Default for GrpcLimits {
             max_message_bytes: None,
             max_header_list_bytes: 16_384,
             shutdown_drain_ms: 5_000,
+            max_connection_age_ms: 600_000,
+            max_connections: leasehold_tls::server::DEFAULT_MAX_CONNECTIONS as u64,
+            max_connections_per_address: leasehold_tls::server::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+                as u64,
         }
     }
 }
@@ -240,6 +271,19 @@ impl GrpcLimits {
                 self.keepalive_timeout_ms.max(1),
             )))
             .http2_max_header_list_size(clamp_u32(self.max_header_list_bytes.max(1)))
+            .max_connection_age(Duration::from_millis(self.max_connection_age_ms.max(1)))
+            .max_connection_age_grace(Duration::from_millis(self.request_timeout_ms.max(1)))
+    }
+
+    /// The mTLS acceptor's options of this listener (its connection caps;
+    /// the rest as [`leasehold_tls::ServerOptions::default`]).
+    pub fn tls_options(&self) -> leasehold_tls::ServerOptions {
+        let clamp_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        leasehold_tls::ServerOptions {
+            max_connections: clamp_usize(self.max_connections),
+            max_connections_per_address: clamp_usize(self.max_connections_per_address),
+            ..leasehold_tls::ServerOptions::default()
+        }
     }
 
     /// The largest message in bytes, `default` when the file sets none.

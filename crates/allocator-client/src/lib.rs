@@ -35,6 +35,8 @@
 //! - [`follow`]: which node a client tries next (leader hint, suspects).
 //! - [`wire`]: pool configs to `leasehold.allocator.v1`, a refusal's typed
 //!   detail.
+//! - [`target`]: [`target::NodeTarget`], `node/<id>@host:port`: the node
+//!   a client expects at an address (pinned identities).
 //! - [`transport`]: [`transport::Connector`] ([`transport::TcpConnector`],
 //!   [`transport::TlsNodeConnector`]), [`transport::Listen`].
 //! - [`config_file`]: [`config_file::Bound`], [`config_file::check_bounds`],
@@ -45,5 +47,6 @@ pub mod config;
 pub mod config_file;
 pub mod follow;
 pub mod id;
+pub mod target;
 pub mod transport;
 pub mod wire;

@@ -16,7 +16,15 @@ pub fn window_config_to_wire(config: &WindowPoolConfig) -> pb::WindowPoolConfig 
         capacity_millitokens_per_window: config.capacity_millitokens_per_window,
         window_ms: config.window_ms,
         lease_ttl_ms: config.lease_ttl_ms,
+        allowed_regions: allow_list_to_wire(&config.regions),
     }
+}
+
+/// An allow-list on the wire (absent = any Region).
+pub fn allow_list_to_wire(regions: &Option<Vec<String>>) -> Option<pb::RegionAllowList> {
+    regions.as_ref().map(|regions| pb::RegionAllowList {
+        regions: regions.clone(),
+    })
 }
 
 pub fn rate_config_to_wire(config: &RatePoolConfig) -> pb::RatePoolConfig {
@@ -48,6 +56,8 @@ pub fn rate_config_to_wire(config: &RatePoolConfig) -> pb::RatePoolConfig {
             policy: Some(policy),
         }),
         fallback_allowance_millitokens_per_s: config.fallback_allowance_millitokens_per_s,
+        max_demand_multiple: config.max_demand_multiple,
+        allowed_regions: allow_list_to_wire(&config.regions),
     }
 }
 

@@ -96,8 +96,17 @@ pub enum Command {
     /// deleted at once ([`crate::removal`]). A Region then in no pool is
     /// forgotten. Its later calls are refused `RegionNotInPool`; it may
     /// register again as a fresh member at share 0, above every
-    /// incarnation it had.
+    /// incarnation it had — once an admin's `ReadmitRegion` lifts the bar
+    /// the removal puts on it ([`crate::admission`]).
     RemoveRegion { pool: String, region: String },
+    /// Lifts the bar of an admin's `RemoveRegion` on the Region joining
+    /// the pool again (a no-op when there is none).
+    ReadmitRegion { pool: String, region: String },
+    /// Adds an identity (`region/us`, `gateway/eu`, `node/3`, `sre`, …)
+    /// to the deny list ([`crate::revocation`]).
+    RevokeIdentity { identity: String, reason: String },
+    /// Takes an identity off the deny list (a no-op when not on it).
+    RestoreIdentity { identity: String },
 }
 
 /// A command's effect, with the epoch of the entry that committed it.
@@ -137,6 +146,21 @@ pub enum Outcome {
     },
     Reclaimed(ReclaimReport),
     Removed(RemovalReport),
+    /// `ReadmitRegion`: whether a bar was lifted.
+    Readmitted {
+        was_barred: bool,
+    },
+    /// `RevokeIdentity`: the canonical identity, and whether it is new on
+    /// the list (false: re-dated and re-worded).
+    Revoked {
+        identity: String,
+        new: bool,
+    },
+    /// `RestoreIdentity`: whether it was on the list.
+    Restored {
+        identity: String,
+        was_revoked: bool,
+    },
 }
 
 /// A refused command, with the epoch of the entry that carried it. State is
@@ -192,15 +216,35 @@ pub enum CommandError {
     TooManyRegions { cap: usize },
     #[error("incarnation: fenced, current incarnation is {current_incarnation}")]
     Fenced { current_incarnation: u64 },
-    /// The lease id names a grant recorded for another Region, or for this
-    /// one at an earlier incarnation (`owner_region` is the recorded one).
-    #[error("lease_id {lease_id}: already granted to region {owner_region}")]
-    LeaseIdTaken {
-        lease_id: String,
-        owner_region: String,
-    },
-    #[error("pool {pool}: the cap of {cap} grant records this window is reached")]
+    /// The lease id names a grant this Region got at an earlier
+    /// incarnation (its room is not handed back after a fence). Lease ids
+    /// are kept per Region: another Region's never collide, and the
+    /// refusal names none.
+    #[error("lease_id {lease_id}: already granted to this Region at an earlier incarnation")]
+    LeaseIdTaken { lease_id: String },
+    #[error(
+        "pool {pool}: this Region's cap of {cap} grant records this window is reached \
+         (ask for bigger chunks)"
+    )]
     GrantRecordsFull { pool: String, cap: usize },
+    /// `identity` is quoted input when it does not parse.
+    #[error("identity {identity}: {reason}")]
+    InvalidIdentity { identity: String, reason: String },
+    /// The identity is on the deny list ([`crate::revocation`]).
+    #[error("{identity} is revoked (an admin's `leasehold identity restore {identity}` allows it again)")]
+    IdentityRevoked { identity: String },
+    #[error(
+        "identity: the cap of {cap} revoked identities is reached (restore one, or rotate the CA)"
+    )]
+    TooManyRevoked { cap: usize },
+    /// An admin removed the Region from the pool and did not readmit it.
+    #[error("region {region}: removed from pool {pool} by an admin; it may register again only once an admin readmits it (`leasehold region readmit`)")]
+    RegionRemovedByAdmin { pool: String, region: String },
+    /// The pool's allow-list (`regions`) does not name the Region.
+    #[error("region {region}: not allowed in pool {pool}")]
+    RegionNotAllowed { pool: String, region: String },
+    #[error("pool {pool}: the cap of {cap} barred Regions is reached (readmit some, revoke the identity or use the pool's allow-list)")]
+    TooManyBarred { pool: String, cap: usize },
 }
 
 impl CommandError {
@@ -211,7 +255,9 @@ impl CommandError {
     /// a fact about the state it was found in.
     pub fn is_input_error(&self) -> bool {
         match self {
-            CommandError::InvalidId { .. } | CommandError::InvalidConfig { .. } => true,
+            CommandError::InvalidId { .. }
+            | CommandError::InvalidConfig { .. }
+            | CommandError::InvalidIdentity { .. } => true,
             CommandError::InvalidValue { field, .. } => field != "applied_share_version",
             _ => false,
         }

@@ -3,12 +3,13 @@
 //! A window pool has G millitokens per aligned window of W ms (window start =
 //! t − t mod W). `Grant` gives `min(want, G − granted this window)`, expiring
 //! at `min(t + lease_ttl, window end)`: tokens of one window are never
-//! spendable in the next. A lease id is bound to the Region and incarnation
-//! that got it: a request from them again is a replay — it returns the
-//! stored answer and grants nothing, whatever its `want` — and a request
-//! from another Region, or from the same Region at another incarnation
-//! (after a fence: its old room is not handed back), is refused
-//! `LeaseIdTaken`. A spent window is never a refusal: it answers
+//! spendable in the next. A lease id belongs to the Region that used it
+//! ([`GrantRecords`]: records are kept per Region, so two Regions never
+//! collide and no answer names another Region) and is bound to the
+//! incarnation that got it: a request at that incarnation again is a
+//! replay — it returns the stored answer and grants nothing, whatever its
+//! `want` — and one at another incarnation (after a fence: its old room is
+//! not handed back) is refused `LeaseIdTaken`. A spent window is never a refusal: it answers
 //! `granted: 0` (retry at the window end).
 //!
 //! Keeps, at every applied entry:
@@ -19,7 +20,7 @@
 //!
 //! | cap | value | at the cap |
 //! |---|---|---|
-//! | [`MAX_GRANT_RECORDS_PER_WINDOW`] | 4,096 new lease ids per pool per window | a new lease id is refused `GrantRecordsFull` (replays still answered); ask for bigger chunks |
+//! | [`MAX_GRANT_RECORDS_PER_REGION`] | 4,096 new lease ids per Region per pool per window | that Region's new lease id is refused `GrantRecordsFull` (replays still answered, other Regions unaffected); ask for bigger chunks |
 //!
 //! A lease id older than the previous window is forgotten: a replay of it is
 //! a new grant in the current window. Agents use fresh lease ids per request.
@@ -35,43 +36,9 @@ use crate::id::{LeaseId, PoolId, RegionId};
 use crate::region::{Member, Retired};
 use crate::sim_mutation;
 
-/// Cap on distinct lease ids recorded in one pool's current window.
-pub const MAX_GRANT_RECORDS_PER_WINDOW: usize = 4_096;
-
-/// The answer to a `Grant`, stored and returned unchanged on replay.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GrantAnswer {
-    pub lease_id: String,
-    /// 0 when the window is spent (then retry at `window_end_ms`).
-    pub granted_millitokens: u64,
-    /// `min(grant time + lease_ttl_ms, window_end_ms)`.
-    pub expires_at_ms: u64,
-    pub window_start_ms: u64,
-    pub window_end_ms: u64,
-}
-
-/// One remembered grant: who got it and the answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GrantRecord {
-    pub region: RegionId,
-    pub answer: GrantAnswer,
-    /// The incarnation the request carried. `None` only in a record
-    /// restored from a snapshot written before records kept it (then the
-    /// Region alone decides).
-    #[serde(default)]
-    pub incarnation: Option<u64>,
-}
-
-impl GrantRecord {
-    /// True when `request` replays this record: the same Region at the
-    /// same incarnation.
-    fn answers(&self, request: &GrantRequest<'_>) -> bool {
-        self.region == *request.region
-            && self
-                .incarnation
-                .is_none_or(|incarnation| incarnation == request.incarnation)
-    }
-}
+pub use crate::grant_records::{
+    GrantAnswer, GrantRecord, GrantRecords, MAX_GRANT_RECORDS_PER_REGION,
+};
 
 /// A window pool's state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,8 +48,9 @@ pub struct WindowPool {
     /// Start of the window the counters below belong to.
     pub window_start_ms: u64,
     pub granted_in_window_millitokens: u64,
-    pub current_records: BTreeMap<LeaseId, GrantRecord>,
-    pub previous_records: BTreeMap<LeaseId, GrantRecord>,
+    /// This window's records, per Region ([`GrantRecords`]).
+    pub current_records: GrantRecords,
+    pub previous_records: GrantRecords,
     /// Members removed by an admin (absent in snapshots written before
     /// removal existed: none then).
     #[serde(default)]
@@ -106,8 +74,8 @@ impl WindowPool {
             members: BTreeMap::new(),
             window_start_ms,
             granted_in_window_millitokens: 0,
-            current_records: BTreeMap::new(),
-            previous_records: BTreeMap::new(),
+            current_records: GrantRecords::default(),
+            previous_records: GrantRecords::default(),
             retired: Retired::default(),
         }
     }
@@ -128,22 +96,22 @@ impl WindowPool {
 
     /// The record of `lease_id` if it is from the current or previous window
     /// relative to `now_ms`. Reads only: rolling happens on success.
-    fn lookup(&self, lease_id: &LeaseId, now_ms: u64) -> Option<&GrantRecord> {
+    fn lookup(&self, region: &RegionId, lease_id: &LeaseId, now_ms: u64) -> Option<&GrantRecord> {
         let start = self.window_start_of(now_ms);
         if start == self.window_start_ms {
             self.current_records
-                .get(lease_id)
-                .or_else(|| self.previous_records.get(lease_id))
+                .get(region, lease_id)
+                .or_else(|| self.previous_records.get(region, lease_id))
         } else if start == self.window_start_ms.saturating_add(self.config.window_ms) {
-            self.current_records.get(lease_id)
+            self.current_records.get(region, lease_id)
         } else {
             None
         }
     }
 
-    fn records_at(&self, now_ms: u64) -> usize {
+    fn records_of_at(&self, region: &RegionId, now_ms: u64) -> usize {
         if self.window_start_of(now_ms) == self.window_start_ms {
-            self.current_records.len()
+            self.current_records.count_of(region)
         } else {
             0
         }
@@ -187,21 +155,20 @@ impl WindowPool {
         // record here: a replay (leader's state read and apply alike) is
         // granted anew instead of answered from its record.
         let record = self
-            .lookup(&request.lease_id, now_ms)
+            .lookup(request.region, &request.lease_id, now_ms)
             .filter(|_| !sim_mutation::active(sim_mutation::Mutation::NoLeaseIdIdempotency));
         if let Some(record) = record {
-            if !record.answers(request) {
+            if !record.answers(request.incarnation) {
                 return Err(CommandError::LeaseIdTaken {
                     lease_id: request.lease_id.to_string(),
-                    owner_region: record.region.to_string(),
                 });
             }
             return Ok(Some(record));
         }
-        if self.records_at(now_ms) >= MAX_GRANT_RECORDS_PER_WINDOW {
+        if self.records_of_at(request.region, now_ms) >= MAX_GRANT_RECORDS_PER_REGION {
             return Err(CommandError::GrantRecordsFull {
                 pool: request.pool.to_string(),
-                cap: MAX_GRANT_RECORDS_PER_WINDOW,
+                cap: MAX_GRANT_RECORDS_PER_REGION,
             });
         }
         Ok(None)
@@ -291,15 +258,20 @@ impl WindowPool {
                 self.granted_in_window_millitokens
             ));
         }
-        if self.current_records.len() > MAX_GRANT_RECORDS_PER_WINDOW {
-            return Err(format!("{} current records", self.current_records.len()));
+        let most = self.current_records.most_of_one_region();
+        if most > MAX_GRANT_RECORDS_PER_REGION {
+            return Err(format!("{most} current records of one Region"));
+        }
+        if !self.current_records.is_filed_by_region() || !self.previous_records.is_filed_by_region()
+        {
+            return Err("a grant record filed under another Region".into());
         }
         let previous_start = self.window_start_ms.checked_sub(window_ms);
         for (records, start) in [
             (&self.current_records, Some(self.window_start_ms)),
             (&self.previous_records, previous_start),
         ] {
-            for (lease_id, record) in records {
+            for (lease_id, record) in records.iter() {
                 let answer = &record.answer;
                 if Some(answer.window_start_ms) != start
                     || answer.window_end_ms != answer.window_start_ms + window_ms

@@ -14,6 +14,7 @@
 //! tonic raft transport, the node with its init rule, proposals and
 //! linearizable reads), the `leasehold.allocator.v1` gRPC [`service`] with
 //! its [`wire`] conversions and typed errors, the Region health [`prober`]
+//! and its target URLs ([`probe_url`], the `insecure_prober_http` opt-in)
 //! (verdicts arrive here as `HealthVerdict` commands), node configs
 //! ([`node_config`]), CLI rendering ([`render`]) and a process cluster for
 //! tests and benches ([`local_cluster`]).
@@ -63,6 +64,8 @@
 //!   unsafe silence_only) and the reclaim split.
 //! - [`removal`]: an admin's `RemoveRegion`, a named handoff to share 0 in a
 //!   rate pool (deleted once acked or lapsed), at once otherwise.
+//! - [`revocation`]: the replicated deny list of identities.
+//! - [`admission`]: Regions barred from a pool by an admin's removal.
 //! - [`fence`]: §4.1 incarnation fencing.
 //! - [`sim_mutation`]: simulation-only, unsafe per-thread switches that each
 //!   break one mechanism here (the acknowledged lowering, the window clamp,
@@ -72,6 +75,9 @@
 //! - [`region`]: pool membership and health records.
 //! - [`apportion`]: the exact integer split every rounding goes through.
 //! - [`snapshot`]: the versioned, byte-deterministic snapshot format.
+//! - [`listener_bounds`]: what a caller may send before any work is done
+//!   (request sizes, the identity check before decoding).
+//! - [`write_limit`]: per-identity token buckets on proposals.
 //! - [`metrics`]: the node's Prometheus metrics; the pool gauges as a pure
 //!   function of the applied state (`metrics::state_gauges`).
 //!
@@ -82,26 +88,38 @@
 //! | [`region::MAX_REGIONS_PER_POOL`] | 16 members (live or reclaimed) | `RegisterRegion` refused `TooManyRegionsInPool` |
 //! | [`region::MAX_REGIONS`] | 256 known Regions | `RegisterRegion` of a new Region refused `TooManyRegions` |
 //! | [`id::MAX_ID_BYTES`] | 64 bytes | `InvalidId { field }` |
-//! | [`grant::MAX_GRANT_RECORDS_PER_WINDOW`] | 4,096 new lease ids per pool per window | `GrantRecordsFull`; replays still answered |
+//! | [`grant::MAX_GRANT_RECORDS_PER_REGION`] | 4,096 new lease ids per Region per pool per window | `GrantRecordsFull` for that Region only; replays still answered |
 //! | grant records kept | current + previous window | older ones dropped (on Grant and Tick) |
+//! | [`listener_bounds::MAX_API_REQUEST_BYTES`] | 1 MiB per API request | OUT_OF_RANGE before decoding |
+//! | [`write_limit::MAX_TRACKED_IDENTITIES`] | 4,096 identities with a write bucket | a full bucket is forgotten first, then the least recently seen |
+//! | [`revocation::MAX_REVOKED_IDENTITIES`] | 1,024 revoked identities | `RevokeIdentity` of a new one refused `TooManyRevoked` |
+//! | [`admission::MAX_BARRED_PER_POOL`] | 256 Regions an admin removed, per pool | `RemoveRegion` of one more refused `TooManyBarred` |
+//! | [`config::MAX_ALLOWED_REGIONS`] | 256 Regions in a pool's allow-list (`regions`) | `InvalidConfig { field: "regions" }` |
+//! | reported demand | `max_demand_multiple` (1..100, default 2) × the requests L admits per interval | clamped to it ([`config::RatePoolConfig::max_demand_requests`]) |
 //! | numbers | [1, 2^40] (demand, applied share: [0, 2^40]); time ≤ 2^53 ms | `InvalidValue { field }` |
 
+pub mod admission;
 pub mod apportion;
 pub mod clock;
 pub mod command;
 pub mod fence;
 pub mod grant;
+pub mod grant_records;
+pub mod listener_bounds;
 pub mod local_cluster;
 pub mod machine;
 pub mod metrics;
 pub mod node_config;
 pub mod pool;
+pub mod probe_url;
 pub mod prober;
 pub mod raft;
 pub mod reclaim;
 pub mod region;
+pub mod region_view;
 pub mod removal;
 pub mod render;
+pub mod revocation;
 pub mod service;
 pub mod share;
 pub mod sim_mutation;
@@ -110,10 +128,11 @@ pub mod sim_net;
 pub mod snapshot;
 pub mod units;
 pub mod wire;
+pub mod write_limit;
 
 // The contract shared with the agent, at its old paths (`crate::client`,
 // `leasehold_allocator::id`, ...): see `leasehold-allocator-client`.
-pub use leasehold_allocator_client::{client, config, follow, id, transport};
+pub use leasehold_allocator_client::{client, config, follow, id, target, transport};
 
 pub use command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
 pub use config::{PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig};

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::Barred;
 use crate::command::{Command, CommandError, Outcome, Rejection, Reply, StampedCommand};
 use crate::config::{PoolConfig, MAX_VALUE};
 use crate::grant::{GrantAnswer, GrantRequest};
@@ -24,6 +25,7 @@ use crate::pool::{Pool, PoolKind, MAX_POOLS};
 use crate::reclaim::{fence_window_member, ReclaimReport};
 use crate::region::{RegionRecord, MAX_REGIONS};
 use crate::removal::{Removal, RemovalReport};
+use crate::revocation::DenyList;
 use crate::share::ShareReport;
 
 /// 2^53: the latest stamped time accepted, in ms (far beyond any real clock,
@@ -68,6 +70,13 @@ pub struct Machine {
     pub(crate) last_applied_time_ms: u64,
     pub(crate) pools: BTreeMap<PoolId, Pool>,
     pub(crate) regions: BTreeMap<RegionId, RegionRecord>,
+    /// The deny list (absent from snapshots written before it existed, and
+    /// while empty, so their bytes are unchanged).
+    #[serde(default, skip_serializing_if = "DenyList::is_empty")]
+    pub(crate) revoked: DenyList,
+    /// Regions an admin's `RemoveRegion` barred from a pool.
+    #[serde(default, skip_serializing_if = "Barred::is_empty")]
+    pub(crate) barred: Barred,
 }
 
 fn parse<T>(
@@ -118,6 +127,36 @@ impl Machine {
 
     pub fn regions(&self) -> &BTreeMap<RegionId, RegionRecord> {
         &self.regions
+    }
+
+    /// The deny list of identities.
+    pub fn revoked(&self) -> &DenyList {
+        &self.revoked
+    }
+
+    /// Regions barred from pools by an admin's removal.
+    pub fn barred(&self) -> &Barred {
+        &self.barred
+    }
+
+    /// A Region's own call (register, grant, share report) refused when its
+    /// identity `region/<r>` is revoked, or the pool's allow-list does not
+    /// name it. `region` is parsed.
+    fn admit_region_call(&self, pool: &PoolId, region: &RegionId) -> Result<(), CommandError> {
+        if self.revoked.region(region.as_str()).is_some() {
+            return Err(CommandError::IdentityRevoked {
+                identity: format!("region/{region}"),
+            });
+        }
+        if let Some(state) = self.pools.get(pool) {
+            if !state.allows(region) {
+                return Err(CommandError::RegionNotAllowed {
+                    pool: pool.to_string(),
+                    region: region.to_string(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Applies one committed log entry. On `Err`, state is unchanged: every
@@ -283,10 +322,40 @@ impl Machine {
                     _ => Err(self.wrong_kind(&pool, PoolKind::Rate)),
                 }
             }
-            Command::AdminReclaim { pool, region } | Command::RemoveRegion { pool, region } => {
+            Command::AdminReclaim { pool, region } => {
                 self.locate(pool, region).map(|_| Admission::Change)
             }
+            Command::RemoveRegion { pool, region } => {
+                let (pool, region) = self.locate(pool, region)?;
+                self.barred.admit_bar(&pool, &region)?;
+                Ok(Admission::Change)
+            }
+            Command::ReadmitRegion { pool, region } => {
+                self.readmit_fields(pool, region)?;
+                Ok(Admission::Change)
+            }
+            Command::RevokeIdentity { identity, reason } => {
+                self.revoked.admit_revoke(identity, reason)?;
+                Ok(Admission::Change)
+            }
+            Command::RestoreIdentity { identity } => {
+                crate::revocation::parse_identity(identity)?;
+                Ok(Admission::Change)
+            }
         }
+    }
+
+    /// `ReadmitRegion`'s fields: an existing pool and a valid Region id
+    /// (the Region need not be known: it was forgotten when removed).
+    fn readmit_fields(&self, pool: &str, region: &str) -> Result<(PoolId, RegionId), CommandError> {
+        let pool = parse("pool", pool, PoolId::parse)?;
+        let region = parse("region", region, RegionId::parse)?;
+        if !self.pools.contains_key(&pool) {
+            return Err(CommandError::UnknownPool {
+                pool: pool.to_string(),
+            });
+        }
+        Ok((pool, region))
     }
 
     /// `validate_at` of `Grant`: as `grant` then `WindowPool::grant`.
@@ -301,6 +370,7 @@ impl Machine {
     ) -> Result<Admission, CommandError> {
         let (pool, region, lease_id, want) =
             self.grant_fields(pool, region, lease_id, want_millitokens)?;
+        self.admit_region_call(&pool, &region)?;
         let Some(Pool::Window(state)) = self.pools.get(&pool) else {
             return Err(self.wrong_kind(&pool, PoolKind::Window));
         };
@@ -363,6 +433,13 @@ impl Machine {
             .ok_or_else(|| CommandError::UnknownPool {
                 pool: pool.to_string(),
             })?;
+        self.admit_region_call(&pool, &region)?;
+        if self.barred.contains(&pool, &region) && !state.is_removing(&region) {
+            return Err(CommandError::RegionRemovedByAdmin {
+                pool: pool.to_string(),
+                region: region.to_string(),
+            });
+        }
         state.admit_register(&pool, &region)
     }
 
@@ -381,6 +458,7 @@ impl Machine {
             MAX_VALUE,
         )?;
         let (pool, region) = self.locate(pool, region)?;
+        self.admit_region_call(&pool, &region)?;
         let Some(Pool::Rate(state)) = self.pools.get(&pool) else {
             return Err(self.wrong_kind(&pool, PoolKind::Rate));
         };
@@ -449,6 +527,26 @@ impl Machine {
             } => self.admin_freeze(pool, region, *frozen),
             Command::AdminReclaim { pool, region } => self.admin_reclaim(pool, region, now_ms),
             Command::RemoveRegion { pool, region } => self.remove_region(pool, region, now_ms),
+            Command::ReadmitRegion { pool, region } => {
+                let (pool, region) = self.readmit_fields(pool, region)?;
+                Ok(Outcome::Readmitted {
+                    was_barred: self.barred.readmit(&pool, &region),
+                })
+            }
+            Command::RevokeIdentity { identity, reason } => {
+                let (identity, new) = self.revoked.revoke(identity, reason, now_ms)?;
+                Ok(Outcome::Revoked {
+                    identity: identity.path(),
+                    new,
+                })
+            }
+            Command::RestoreIdentity { identity } => {
+                let (identity, was_revoked) = self.revoked.restore(identity)?;
+                Ok(Outcome::Restored {
+                    identity: identity.path(),
+                    was_revoked,
+                })
+            }
         }
     }
 
@@ -463,6 +561,7 @@ impl Machine {
     ) -> Result<Outcome, CommandError> {
         let (pool, region, lease_id, want) =
             self.grant_fields(pool, region, lease_id, want_millitokens)?;
+        self.admit_region_call(&pool, &region)?;
         let Some(Pool::Window(state)) = self.pools.get_mut(&pool) else {
             return Err(self.wrong_kind(&pool, PoolKind::Window));
         };
@@ -558,6 +657,22 @@ impl Machine {
         if !known && self.regions.len() >= MAX_REGIONS {
             return Err(CommandError::TooManyRegions { cap: MAX_REGIONS });
         }
+        if !self.pools.contains_key(&pool) {
+            return Err(CommandError::UnknownPool {
+                pool: pool.to_string(),
+            });
+        }
+        self.admit_region_call(&pool, &region)?;
+        let removing = self
+            .pools
+            .get(&pool)
+            .is_some_and(|p| p.is_removing(&region));
+        if self.barred.contains(&pool, &region) && !removing {
+            return Err(CommandError::RegionRemovedByAdmin {
+                pool: pool.to_string(),
+                region: region.to_string(),
+            });
+        }
         let state = self
             .pools
             .get_mut(&pool)
@@ -584,6 +699,7 @@ impl Machine {
             MAX_VALUE,
         )?;
         let (pool, region) = self.locate(pool, region)?;
+        self.admit_region_call(&pool, &region)?;
         let Some(Pool::Rate(state)) = self.pools.get_mut(&pool) else {
             return Err(self.wrong_kind(&pool, PoolKind::Rate));
         };
@@ -640,6 +756,7 @@ impl Machine {
         now_ms: u64,
     ) -> Result<Outcome, CommandError> {
         let (pool, region) = self.locate(pool, region)?;
+        self.barred.admit_bar(&pool, &region)?;
         let state = self
             .pools
             .get_mut(&pool)
@@ -647,6 +764,7 @@ impl Machine {
                 pool: pool.to_string(),
             })?;
         let removal = state.remove(&region, now_ms);
+        self.barred.bar(&pool, &region);
         Ok(Outcome::Removed(
             self.removal_report(&pool, &region, removal),
         ))
@@ -802,6 +920,8 @@ impl Machine {
         if self.last_applied_time_ms > MAX_TIME_MS {
             return Err(machine(format!("time {}", self.last_applied_time_ms)));
         }
+        self.revoked.check().map_err(machine)?;
+        self.barred.check().map_err(machine)?;
         for (pool, state) in &self.pools {
             let scoped = |detail: String| InvariantViolation {
                 scope: format!("pool {pool}"),

@@ -47,6 +47,10 @@ pub const ALLOCATOR_METHODS: &[&str] = &[
     "Freeze",
     "Reclaim",
     "RemoveRegion",
+    "ReadmitRegion",
+    "RevokeIdentity",
+    "RestoreIdentity",
+    "ListRevoked",
 ];
 
 /// The Raft service's methods (between nodes).
@@ -670,6 +674,7 @@ mod tests {
                     capacity_millitokens_per_window: 1_000_000,
                     window_ms: 3_600_000,
                     lease_ttl_ms: 60_000,
+                    regions: None,
                 }),
             },
             1_000,

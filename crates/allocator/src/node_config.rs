@@ -53,8 +53,15 @@
 //! request_timeout_ms = 30000
 //! keepalive_interval_ms = 30000
 //! keepalive_timeout_ms = 10000
-//! max_message_bytes = 67108864
+//! max_message_bytes = 67108864             # replies; requests: 1 MiB API, 16 MiB raft
 //! max_header_list_bytes = 16384
+//! max_connection_age_ms = 600000
+//! max_connections = 4096
+//! max_connections_per_address = 256
+//!
+//! [write_limit]                             # optional, these are the defaults
+//! rate_per_s = 1000                         # proposals per identity per second
+//! burst = 2000
 //! ```
 
 use std::collections::BTreeMap;
@@ -82,7 +89,10 @@ use crate::config::{
 };
 use crate::id::{PoolId, RegionId};
 use crate::pool::MAX_POOLS;
+pub use crate::probe_url::parse_health_url;
+use crate::probe_url::{check_host_port, HTTP_NEEDS_OPT_IN};
 use crate::raft::NodeId;
+use crate::write_limit::{WriteLimitSettings, MAX_WRITE_LIMIT};
 
 /// Cap on configured peers (voters) of one cluster.
 pub const MAX_PEERS: usize = 9;
@@ -127,6 +137,8 @@ pub const NODE_BOUNDS: &[Bound] = &[
     Bound::new("prober.interval_ms", 10, MAX_TIMEOUT_MS),
     Bound::new("prober.timeout_ms", 1, MAX_TIMEOUT_MS),
     Bound::new("prober.failures_to_unhealthy", 1, 1_000),
+    Bound::new("write_limit.rate_per_s", 1, MAX_WRITE_LIMIT),
+    Bound::new("write_limit.burst", 1, MAX_WRITE_LIMIT),
 ];
 
 /// The ranges of an HTTP listener's `[http_limits]`, the same in the
@@ -173,6 +185,7 @@ pub const POOL_BOUNDS: &[Bound] = &[
     Bound::new("reclaim.share_ttl_ms", 1, 86_400_000),
     Bound::new("reclaim.max_drift_ms", 0, 3_600_000),
     Bound::new("fallback_allowance_millitokens_per_s", 0, MAX_VALUE),
+    Bound::new("max_demand_multiple", 1, crate::config::MAX_DEMAND_MULTIPLE),
 ];
 
 /// Raft timing. Defaults suit loopback and one data centre.
@@ -273,6 +286,8 @@ pub struct NodeConfig {
     pub prober: ProberSettings,
     /// Limits of the node's gRPC listener (`[limits]`).
     pub limits: GrpcLimits,
+    /// Proposals per identity (`[write_limit]`, [`crate::write_limit`]).
+    pub write_limit: WriteLimitSettings,
     /// `[tls]`: serve mTLS only and dial peers over mTLS; absent →
     /// plaintext (logged at start).
     pub tls: Option<leasehold_tls::TlsSettings>,
@@ -310,11 +325,16 @@ struct RawConfig {
     #[serde(default)]
     limits: GrpcLimits,
     #[serde(default)]
+    write_limit: WriteLimitSettings,
+    #[serde(default)]
     tls: Option<leasehold_tls::TlsSettings>,
     /// No `[tls]`: plaintext on purpose (an experiment); without it a
     /// config with no `[tls]` is refused.
     #[serde(default)]
     plaintext: bool,
+    /// `http://` probe targets beside `[tls]` ([`crate::probe_url`]).
+    #[serde(default)]
+    insecure_prober_http: bool,
     #[serde(default)]
     metrics_listen: Option<Spanned<String>>,
     #[serde(default)]
@@ -454,9 +474,14 @@ impl NodeConfig {
             _ => {}
         }
         let prober = match raw.prober {
-            Some(prober) => parse_prober(&here, prober, raw.tls.is_some())?,
+            Some(prober) => {
+                parse_prober(&here, prober, raw.tls.is_some(), raw.insecure_prober_http)?
+            }
             None => ProberSettings::default(),
         };
+        let https: Vec<bool> = prober.targets.iter().map(|t| t.https).collect();
+        crate::probe_url::check_opt_in(raw.insecure_prober_http, raw.tls.is_some(), &https)
+            .map_err(|message| here.error("insecure_prober_http", message))?;
         let tls = match raw.tls.clone() {
             Some(mut tls) => {
                 tls.check()
@@ -513,6 +538,7 @@ impl NodeConfig {
             raft,
             prober,
             limits: raw.limits,
+            write_limit: raw.write_limit,
             tls,
             metrics,
         })
@@ -580,24 +606,6 @@ fn parse_peers(
     Ok(parsed)
 }
 
-/// `host:port` with a non-empty host and a numeric port, at most
-/// [`MAX_HOST_PORT_BYTES`].
-fn check_host_port(address: &str) -> Result<(), String> {
-    if address.len() > MAX_HOST_PORT_BYTES {
-        return Err(format!(
-            "{} is {} bytes, above the cap of {MAX_HOST_PORT_BYTES}",
-            quote(address),
-            address.len()
-        ));
-    }
-    let not_host_port = || format!("{} is not host:port", quote(address));
-    let (host, port) = address.rsplit_once(':').ok_or_else(not_host_port)?;
-    if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(not_host_port());
-    }
-    Ok(())
-}
-
 /// What the ranges alone cannot say: heartbeat < election_min <
 /// election_max. Returns the path at fault and why.
 fn check_raft(raft: &RaftSettings) -> Result<(), (&'static str, String)> {
@@ -622,11 +630,13 @@ fn check_raft(raft: &RaftSettings) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
-/// `tls`: the node has `[tls]` (needed by `https://` targets).
+/// `tls`: the node has `[tls]` (needed by `https://` targets; `http://`
+/// ones then need `insecure_http`).
 fn parse_prober(
     here: &Located<'_>,
     raw: RawProber,
     tls: bool,
+    insecure_http: bool,
 ) -> Result<ProberSettings, NodeConfigError> {
     let defaults = ProberSettings::default();
     let mut prober = ProberSettings {
@@ -676,6 +686,9 @@ fn parse_prober(
                 "prober.region.health: https:// needs [tls] (the node's certificate and the CA)",
             ));
         }
+        if !https && tls && !insecure_http {
+            return Err(here.at(target.health.span(), HTTP_NEEDS_OPT_IN));
+        }
         prober.targets.push(ProbeTarget {
             region: target.region.into_inner(),
             host_port,
@@ -684,35 +697,6 @@ fn parse_prober(
         });
     }
     Ok(prober)
-}
-
-/// `http://host:port/path`, `https://host:port/path`, `http://host:port`
-/// or `host:port` → (host:port, path, https), the path defaulting to
-/// `/health`; at most [`MAX_URL_BYTES`].
-pub fn parse_health_url(url: &str) -> Result<(String, String, bool), String> {
-    if url.len() > MAX_URL_BYTES {
-        return Err(format!(
-            "{} is {} bytes, above the cap of {MAX_URL_BYTES}",
-            quote(url),
-            url.len()
-        ));
-    }
-    let (rest, https) = match url.strip_prefix("https://") {
-        Some(rest) => (rest, true),
-        None => (url.strip_prefix("http://").unwrap_or(url), false),
-    };
-    let (host_port, path) = match rest.find('/') {
-        Some(slash) => (&rest[..slash], &rest[slash..]),
-        None => (rest, "/health"),
-    };
-    check_host_port(host_port)?;
-    if path
-        .bytes()
-        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
-    {
-        return Err(format!("{}: the path holds whitespace", quote(url)));
-    }
-    Ok((host_port.to_string(), path.to_string(), https))
 }
 
 #[derive(Deserialize)]
@@ -727,6 +711,7 @@ const WINDOW_FIELDS: &[&str] = &[
     "capacity_millitokens_per_window",
     "window_ms",
     "lease_ttl_ms",
+    "regions",
 ];
 /// The fields of a rate pool's table besides `id` and `kind`.
 const RATE_FIELDS: &[&str] = &[
@@ -738,6 +723,8 @@ const RATE_FIELDS: &[&str] = &[
     "max_raise_basis_points",
     "reclaim",
     "fallback_allowance_millitokens_per_s",
+    "max_demand_multiple",
+    "regions",
 ];
 /// Each reclaim policy a file may name and its fields besides `policy`
 /// (`silence_only` parses, to be refused by name below).
@@ -1210,7 +1197,16 @@ fallback_allowance_millitokens_per_s = 500000
     #[test]
     fn pool_field_lists_match_the_config_structs() {
         fn keys(config: &PoolConfig) -> Vec<String> {
-            let value = serde_json::to_value(config).unwrap();
+            // Optional fields are left out while unset or default: set them.
+            let mut config = config.clone();
+            match &mut config {
+                PoolConfig::Window(window) => window.regions = Some(vec!["eu".into()]),
+                PoolConfig::Rate(rate) => {
+                    rate.regions = Some(vec!["eu".into()]);
+                    rate.max_demand_multiple = 3;
+                }
+            }
+            let value = serde_json::to_value(&config).unwrap();
             let mut keys: Vec<String> = value
                 .as_object()
                 .unwrap()
@@ -1312,6 +1308,31 @@ fallback_allowance_millitokens_per_s = 500000
     }
 
     #[test]
+    fn a_plaintext_probe_beside_tls_needs_insecure_prober_http() {
+        let tls =
+            "[tls]\ntrust_domain = \"t\"\nca_file = \"c\"\ncert_file = \"n\"\nkey_file = \"k\"\n";
+        let secure = format!("{}\n{tls}", GOOD.replace("plaintext = true\n", ""));
+        let error = NodeConfig::parse("n2.toml", &secure, Path::new(".")).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with("n2.toml:14: prober.region.health: http:// with [tls]"),
+            "{text}"
+        );
+        assert!(text.contains("insecure_prober_http = true"), "{text}");
+        let chosen = format!("insecure_prober_http = true\n{secure}");
+        let config = NodeConfig::parse("n2.toml", &chosen, Path::new(".")).unwrap();
+        assert!(config.tls.is_some() && !config.prober.targets[0].https);
+        let stray = format!("insecure_prober_http = true\n{GOOD}");
+        let text = NodeConfig::parse("n2.toml", &stray, Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.starts_with("n2.toml:1: insecure_prober_http: true without [tls]"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn oversized_files_are_refused_unread() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big.toml");
@@ -1322,19 +1343,5 @@ fallback_allowance_millitokens_per_s = 500000
             error.ends_with("big.toml: above the cap of 4194304 bytes"),
             "{error}"
         );
-    }
-
-    #[test]
-    fn health_urls() {
-        assert_eq!(
-            parse_health_url("http://h:1/x").unwrap(),
-            ("h:1".to_string(), "/x".to_string(), false)
-        );
-        assert_eq!(
-            parse_health_url("https://h:1").unwrap(),
-            ("h:1".to_string(), "/health".to_string(), true)
-        );
-        assert!(parse_health_url("h").is_err());
-        assert!(parse_health_url(&format!("http://h:1/{}", "x".repeat(3_000))).is_err());
     }
 }

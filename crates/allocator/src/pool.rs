@@ -69,6 +69,18 @@ impl Pool {
         }
     }
 
+    /// True when the pool's allow-list (`regions` in its config) admits
+    /// `region`; a pool without one admits every Region.
+    pub fn allows(&self, region: &RegionId) -> bool {
+        let regions = match self {
+            Pool::Window(pool) => &pool.config.regions,
+            Pool::Rate(pool) => &pool.config.regions,
+        };
+        regions
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|r| r == region.as_str()))
+    }
+
     /// The members this pool removed.
     pub fn retired(&self) -> &Retired {
         match self {

@@ -161,7 +161,7 @@ fn grant_json(region: &str, grant: &pb::Grant) -> Value {
 }
 
 fn window_json(window: &pb::WindowPoolState) -> Value {
-    let config = window.config.unwrap_or_default();
+    let config = window.config.clone().unwrap_or_default();
     let records = |records: &[pb::GrantRecord]| -> Vec<Value> {
         records
             .iter()
@@ -232,7 +232,7 @@ fn account_json(account: &pb::ShareAccount) -> Value {
 }
 
 fn rate_json(rate: &pb::RatePoolState) -> Value {
-    let config = rate.config.unwrap_or_default();
+    let config = rate.config.clone().unwrap_or_default();
     json!({
         "kind": "rate",
         "config": {
@@ -673,7 +673,7 @@ pub fn pool_list(reply: &pb::InspectReply, view: &View) -> String {
         .iter()
         .map(|pool| match &pool.kind {
             Some(pb::pool_state::Kind::Window(w)) => {
-                let config = w.config.unwrap_or_default();
+                let config = w.config.clone().unwrap_or_default();
                 vec![
                     pool.pool.clone(),
                     "window".into(),
@@ -686,7 +686,7 @@ pub fn pool_list(reply: &pb::InspectReply, view: &View) -> String {
                 ]
             }
             Some(pb::pool_state::Kind::Rate(r)) => {
-                let config = r.config.unwrap_or_default();
+                let config = r.config.clone().unwrap_or_default();
                 vec![
                     pool.pool.clone(),
                     "rate".into(),
@@ -721,7 +721,7 @@ fn pool_list_human(reply: &pb::InspectReply) -> String {
         .iter()
         .map(|pool| match &pool.kind {
             Some(pb::pool_state::Kind::Window(w)) => {
-                let config = w.config.unwrap_or_default();
+                let config = w.config.clone().unwrap_or_default();
                 vec![
                     pool.pool.clone(),
                     "window".into(),
@@ -737,7 +737,7 @@ fn pool_list_human(reply: &pb::InspectReply) -> String {
                 ]
             }
             Some(pb::pool_state::Kind::Rate(r)) => {
-                let config = r.config.unwrap_or_default();
+                let config = r.config.clone().unwrap_or_default();
                 vec![
                     pool.pool.clone(),
                     "rate".into(),
@@ -863,7 +863,7 @@ pub fn pool_show(reply: &pb::InspectReply, view: &View) -> String {
     let mut out = format!("{}\n", header(reply));
     match &pool.kind {
         Some(pb::pool_state::Kind::Window(w)) => {
-            let c = w.config.unwrap_or_default();
+            let c = w.config.clone().unwrap_or_default();
             let end = w.window_start_ms.saturating_add(c.window_ms);
             if human {
                 out.push_str(&format!(
@@ -914,7 +914,7 @@ pub fn pool_show(reply: &pb::InspectReply, view: &View) -> String {
             out.push_str(&retired_text(w.retired.as_ref()));
         }
         Some(pb::pool_state::Kind::Rate(r)) => {
-            let c = r.config.unwrap_or_default();
+            let c = r.config.clone().unwrap_or_default();
             if human {
                 out.push_str(&format!(
                     "pool {} (rate)\n  L {} (in force {}) · burst {} tokens ({} s) · floor {} · interval {} · raise ≤ {} per step · reclaim {} · fallback {}\n  unassigned {} · rates below in tokens/s\n\n",
@@ -1351,6 +1351,8 @@ mod tests {
                 })),
             }),
             fallback_allowance_millitokens_per_s: 500_000,
+            allowed_regions: None,
+            max_demand_multiple: 0,
         }
     }
 
@@ -1359,6 +1361,7 @@ mod tests {
             capacity_millitokens_per_window: 1_000_000,
             window_ms: 60_000,
             lease_ttl_ms: 10_000,
+            allowed_regions: None,
         }
     }
 

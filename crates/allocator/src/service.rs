@@ -7,31 +7,83 @@
 //! the state machine would refuse is refused before it is proposed.
 //! `Inspect` is linearizable on the leader (`ensure_linearizable`), or
 //! served from this node's applied state and flagged `stale` when the
-//! caller allows it.
+//! caller allows it. Every call passes the authorization table and then
+//! the deny list of the node's applied state ([`crate::revocation`]).
 
-use leasehold_logging::quote;
+mod admission_rpc;
+
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Instant;
+
+use leasehold_logging::{default_limiter, quote, warn_limited, SharedLimiter};
 use tonic::{Request, Response, Status};
 
 use crate::command::{Command, Outcome};
 use crate::raft::node::{Committed, Node, ProposeError, RaftView};
+use crate::region_view;
 use crate::wire::{self, ErrorInfo, InspectFilter};
+use crate::write_limit::{WriteBuckets, WriteLimitSettings};
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_tls::authz::{Call, Method};
 use leasehold_tls::gate::{audit_admin, Gate};
+use leasehold_tls::Identity;
 
 /// The Allocator service over one node.
 #[derive(Clone)]
 pub struct AllocatorService {
     node: Node,
     gate: Gate,
+    /// Per-identity proposal buckets ([`crate::write_limit`]).
+    writes: Arc<Mutex<WriteBuckets>>,
+    /// The buckets' clock (monotonic).
+    started: Instant,
 }
+
+/// One WARN per limited identity per interval.
+static WRITE_LIMIT_LOG: LazyLock<SharedLimiter> = LazyLock::new(default_limiter);
 
 impl AllocatorService {
     /// `gate`: [`Gate::Enforced`] when the node serves mTLS (every call
     /// authorized by [`leasehold_tls::authz`] before anything is read or
-    /// proposed), [`Gate::Open`] when it serves plaintext.
+    /// proposed), [`Gate::Open`] when it serves plaintext. Writes are
+    /// limited per identity with the default [`WriteLimitSettings`].
     pub fn new(node: Node, gate: Gate) -> Self {
-        AllocatorService { node, gate }
+        Self::with_write_limit(node, gate, WriteLimitSettings::default())
+    }
+
+    /// [`AllocatorService::new`] with the node config's `[write_limit]`.
+    pub fn with_write_limit(node: Node, gate: Gate, limit: WriteLimitSettings) -> Self {
+        AllocatorService {
+            node,
+            gate,
+            writes: Arc::new(Mutex::new(WriteBuckets::new(limit))),
+            started: Instant::now(),
+        }
+    }
+
+    /// Takes a token of `caller`'s write bucket (none without an identity:
+    /// a plaintext listener), or RESOURCE_EXHAUSTED naming the limit.
+    fn admit_write(&self, caller: Option<&Identity>) -> Result<(), Status> {
+        let Some(caller) = caller else {
+            return Ok(());
+        };
+        let identity = caller.to_string();
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let taken = self
+            .writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .try_take(&identity, now_ms);
+        taken.map_err(|limited| {
+            let cause = format!("write limit {identity}");
+            warn_limited!(
+                WRITE_LIMIT_LOG,
+                cause.as_str(),
+                identity = identity.as_str(),
+                "proposal refused: the caller is above its write limit"
+            );
+            Status::resource_exhausted(limited.to_string())
+        })
     }
 
     /// Proposes `command`; refusals become statuses, logged with their scope.
@@ -63,9 +115,12 @@ fn scope_of(command: &Command) -> (String, String) {
         | Command::AckShare { pool, region, .. }
         | Command::AdminFreeze { pool, region, .. }
         | Command::AdminReclaim { pool, region }
-        | Command::RemoveRegion { pool, region } => (quote(pool), quote(region)),
+        | Command::RemoveRegion { pool, region }
+        | Command::ReadmitRegion { pool, region } => (quote(pool), quote(region)),
         Command::HealthVerdict { region, .. } => (String::new(), quote(region)),
-        Command::Tick => (String::new(), String::new()),
+        Command::Tick | Command::RevokeIdentity { .. } | Command::RestoreIdentity { .. } => {
+            (String::new(), String::new())
+        }
     }
 }
 
@@ -104,10 +159,11 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::GrantRequest>,
     ) -> Result<Response<pb::GrantReply>, Status> {
-        self.gate.check(
+        let caller = self.admit(
             &request,
             Call::for_region(Method::Grant, &request.get_ref().region),
         )?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::Grant {
@@ -133,10 +189,11 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RebalanceRequest>,
     ) -> Result<Response<pb::ShareReply>, Status> {
-        self.gate.check(
+        let caller = self.admit(
             &request,
             Call::for_region(Method::Rebalance, &request.get_ref().region),
         )?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::Rebalance {
@@ -155,10 +212,11 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::AckShareRequest>,
     ) -> Result<Response<pb::ShareReply>, Status> {
-        self.gate.check(
+        let caller = self.admit(
             &request,
             Call::for_region(Method::AckShare, &request.get_ref().region),
         )?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::AckShare {
@@ -176,10 +234,11 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
-        self.gate.check(
+        let caller = self.admit(
             &request,
             Call::for_region(Method::Register, &request.get_ref().region),
         )?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let committed = self
             .commit(Command::RegisterRegion {
@@ -203,7 +262,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::HealthReportRequest>,
     ) -> Result<Response<pb::HealthReportReply>, Status> {
-        let _ = self.gate.check(&request, Call::new(Method::HealthReport))?;
+        let caller = self.admit(&request, Call::new(Method::HealthReport))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         if !self.node.is_leader() {
             return Err(ErrorInfo::not_leader(self.node.leader()).into_status());
@@ -239,7 +299,7 @@ impl pb::allocator_server::Allocator for AllocatorService {
         request: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::InspectReply>, Status> {
         let narrow = !request.get_ref().pool.is_empty() && !request.get_ref().include_grants;
-        self.gate.check(&request, Call::inspect(narrow))?;
+        let caller = self.admit(&request, Call::inspect(narrow))?;
         let r = request.into_inner();
         let linearizable = self.node.linearizable_read().await;
         let stale = match linearizable {
@@ -268,6 +328,11 @@ impl pb::allocator_server::Allocator for AllocatorService {
             .state_machine()
             .read(|state| wire::machine_to_wire(&state.machine, &filter));
         let raft = raft_view_to_wire(self.node.raft_view().await);
+        // A Region sees the pool's config and its own membership only.
+        let (state, raft) = match &caller {
+            Some(Identity::Region(region)) => region_view::for_region(state, raft, region),
+            _ => (state, raft),
+        };
         Ok(Response::new(pb::InspectReply {
             epoch: state.epoch,
             stale,
@@ -280,7 +345,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::CreatePoolRequest>,
     ) -> Result<Response<pb::PoolReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::CreatePool))?;
+        let caller = self.admit(&request, Call::new(Method::CreatePool))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let config = wire::pool_config_from_wire(r.config).map_err(ErrorInfo::into_status)?;
         let detail = format!("pool {}", quote(&r.pool));
@@ -298,7 +364,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::UpdatePoolRequest>,
     ) -> Result<Response<pb::PoolReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::UpdatePool))?;
+        let caller = self.admit(&request, Call::new(Method::UpdatePool))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let config = wire::pool_config_from_wire(r.config).map_err(ErrorInfo::into_status)?;
         let detail = format!("pool {}", quote(&r.pool));
@@ -318,7 +385,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::MembershipReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::AddNode))?;
+        let caller = self.admit(&request, Call::new(Method::AddNode))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let detail = format!("node {} at {}", r.node_id, quote(&r.address));
         let change = self
@@ -335,7 +403,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::MembershipReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::RemoveNode))?;
+        let caller = self.admit(&request, Call::new(Method::RemoveNode))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let detail = format!("node {}", r.node_id);
         let change = self
@@ -352,7 +421,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::FreezeRequest>,
     ) -> Result<Response<pb::FreezeReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::Freeze))?;
+        let caller = self.admit(&request, Call::new(Method::Freeze))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let detail = format!("pool {} region {}", quote(&r.pool), quote(&r.region));
         let committed = self
@@ -379,7 +449,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::ReclaimRequest>,
     ) -> Result<Response<pb::ReclaimReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::Reclaim))?;
+        let caller = self.admit(&request, Call::new(Method::Reclaim))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let detail = format!("pool {} region {}", quote(&r.pool), quote(&r.region));
         let committed = self
@@ -405,7 +476,8 @@ impl pb::allocator_server::Allocator for AllocatorService {
         &self,
         request: Request<pb::RemoveRegionRequest>,
     ) -> Result<Response<pb::RemoveRegionReply>, Status> {
-        let caller = self.gate.check(&request, Call::new(Method::RemoveRegion))?;
+        let caller = self.admit(&request, Call::new(Method::RemoveRegion))?;
+        self.admit_write(caller.as_ref())?;
         let r = request.into_inner();
         let detail = format!("pool {} region {}", quote(&r.pool), quote(&r.region));
         let committed = self
@@ -445,6 +517,34 @@ impl pb::allocator_server::Allocator for AllocatorService {
             }
             other => Err(unexpected(other)),
         }
+    }
+
+    async fn readmit_region(
+        &self,
+        request: Request<pb::ReadmitRegionRequest>,
+    ) -> Result<Response<pb::ReadmitRegionReply>, Status> {
+        self.readmit_region_rpc(request).await
+    }
+
+    async fn revoke_identity(
+        &self,
+        request: Request<pb::RevokeIdentityRequest>,
+    ) -> Result<Response<pb::RevocationReply>, Status> {
+        self.revoke_identity_rpc(request).await
+    }
+
+    async fn restore_identity(
+        &self,
+        request: Request<pb::RestoreIdentityRequest>,
+    ) -> Result<Response<pb::RevocationReply>, Status> {
+        self.restore_identity_rpc(request).await
+    }
+
+    async fn list_revoked(
+        &self,
+        request: Request<pb::ListRevokedRequest>,
+    ) -> Result<Response<pb::ListRevokedReply>, Status> {
+        self.list_revoked_rpc(request).await
     }
 }
 

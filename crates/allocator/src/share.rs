@@ -498,12 +498,16 @@ impl RatePool {
             .map(|member| &mut member.account)
     }
 
+    /// Keeps the report; a demand above the pool's cap
+    /// ([`RatePoolConfig::max_demand_requests`]) counts as the cap, so one
+    /// Region's report cannot claim nearly all of L whatever it says.
     fn record(&mut self, region: &RegionId, report: &ShareReport, now_ms: u64) {
+        let demand_cap = self.config.max_demand_requests();
         if let Some(member) = self.members.get_mut(region) {
             member.member.last_heard_ms = now_ms;
             let account = &mut member.account;
             if let Some(demand) = report.demand_requests {
-                account.demand_requests = demand;
+                account.demand_requests = demand.min(demand_cap);
                 account.demand_reported = true;
             }
             if report.applied_share_version >= account.applied_share_version {

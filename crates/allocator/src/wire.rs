@@ -47,6 +47,7 @@ pub fn pool_config_from_wire(config: Option<pb::PoolConfig>) -> Result<PoolConfi
             capacity_millitokens_per_window: window.capacity_millitokens_per_window,
             window_ms: window.window_ms,
             lease_ttl_ms: window.lease_ttl_ms,
+            regions: window.allowed_regions.map(|list| list.regions),
         }),
         pb::pool_config::Kind::Rate(rate) => {
             let policy = rate
@@ -62,6 +63,11 @@ pub fn pool_config_from_wire(config: Option<pb::PoolConfig>) -> Result<PoolConfi
                 max_raise_basis_points: rate.max_raise_basis_points,
                 reclaim: reclaim_from_wire(policy)?,
                 fallback_allowance_millitokens_per_s: rate.fallback_allowance_millitokens_per_s,
+                max_demand_multiple: match rate.max_demand_multiple {
+                    0 => crate::config::DEFAULT_MAX_DEMAND_MULTIPLE,
+                    multiple => multiple,
+                },
+                regions: rate.allowed_regions.map(|list| list.regions),
             })
         }
     })
@@ -389,14 +395,11 @@ impl ErrorInfo {
             message: error.to_string(),
             ..Default::default()
         };
-        match error {
-            CommandError::Fenced {
-                current_incarnation,
-            } => detail.current_incarnation = *current_incarnation,
-            CommandError::LeaseIdTaken { owner_region, .. } => {
-                detail.owner_region = owner_region.clone()
-            }
-            _ => {}
+        if let CommandError::Fenced {
+            current_incarnation,
+        } = error
+        {
+            detail.current_incarnation = *current_incarnation;
         }
         ErrorInfo {
             code,
@@ -503,6 +506,27 @@ fn classify(error: &CommandError) -> (Code, pb::ErrorCode, String) {
         CommandError::GrantRecordsFull { .. } => {
             (Code::ResourceExhausted, E::GrantRecordsFull, named("pool"))
         }
+        CommandError::InvalidIdentity { .. } => {
+            (Code::InvalidArgument, E::InvalidIdentity, named("identity"))
+        }
+        CommandError::IdentityRevoked { .. } => (
+            Code::PermissionDenied,
+            E::IdentityRevoked,
+            named("identity"),
+        ),
+        CommandError::TooManyRevoked { .. } => (
+            Code::ResourceExhausted,
+            E::TooManyRevoked,
+            named("identity"),
+        ),
+        CommandError::RegionRemovedByAdmin { .. } | CommandError::RegionNotAllowed { .. } => (
+            Code::PermissionDenied,
+            E::RegionNotAdmitted,
+            named("region"),
+        ),
+        CommandError::TooManyBarred { .. } => {
+            (Code::ResourceExhausted, E::TooManyBarred, named("region"))
+        }
     }
 }
 
@@ -518,6 +542,7 @@ mod tests {
                 capacity_millitokens_per_window: 5,
                 window_ms: 60_000,
                 lease_ttl_ms: 1_000,
+                regions: None,
             }),
             PoolConfig::Rate(RatePoolConfig::with_defaults(10_000_000)),
             PoolConfig::Rate(RatePoolConfig {

@@ -202,6 +202,7 @@ fn commands_of_the_other_pool_kind_are_refused() {
         capacity_millitokens_per_window: 1,
         window_ms: 1,
         lease_ttl_ms: 1,
+        regions: None,
     };
     assert_eq!(
         refused(
@@ -286,6 +287,7 @@ fn invalid_configs_name_the_field() {
                 capacity_millitokens_per_window: 5,
                 window_ms: 30_000,
                 lease_ttl_ms: 1,
+                regions: None,
             }),
         },
     );

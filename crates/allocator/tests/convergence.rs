@@ -73,7 +73,10 @@ proptest! {
         let interval_ms = config.interval_ms;
         let regions = case.phases_ms.len() as u64;
         let bound = convergence_bound_intervals(&config, regions);
-        let wanted = targets(case.limit, config.floor_millitokens_per_s(), &case.demands);
+        // The machine counts a report at most at the pool's demand cap.
+        let cap = config.max_demand_requests();
+        let counted: Vec<u64> = case.demands.iter().map(|d| (*d).min(cap)).collect();
+        let wanted = targets(case.limit, config.floor_millitokens_per_s(), &counted);
         let mut sim = PhasedSim::new(config, &case.phases_ms, 0, ACK_DELAY_MS);
 
         // Random demands first, so convergence starts from a reachable mess.

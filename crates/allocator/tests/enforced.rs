@@ -125,7 +125,20 @@ impl World {
 
     fn register(&mut self, index: usize) {
         let id = self.agents[index].model.id.clone();
-        let outcome = match self.harness.apply(self.now_ms, register(POOL, &id)) {
+        let mut attempt = self.harness.apply(self.now_ms, register(POOL, &id));
+        if let Err(rejection) = &attempt {
+            if matches!(rejection.error, CommandError::RegionRemovedByAdmin { .. }) {
+                // An admin removed it: here the admin readmits it, and the
+                // agent's retry joins as a fresh member.
+                let readmit = Command::ReadmitRegion {
+                    pool: POOL.into(),
+                    region: id.clone(),
+                };
+                self.harness.ok(self.now_ms, readmit);
+                attempt = self.harness.apply(self.now_ms, register(POOL, &id));
+            }
+        }
+        let outcome = match attempt {
             Ok(reply) => reply.outcome,
             Err(rejection) => {
                 // Its removal waits for the old share's release: it keeps

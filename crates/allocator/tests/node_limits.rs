@@ -38,6 +38,7 @@ async fn messages_above_the_cap_are_refused_and_the_node_still_serves() {
             max_message_bytes: Some(MAX_MESSAGE_BYTES),
             ..Default::default()
         },
+        write_limit: Default::default(),
         tls: None,
         metrics: None,
     };

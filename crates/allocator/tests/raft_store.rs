@@ -110,6 +110,7 @@ fn history(last: u64) -> Vec<RaftEntry> {
         capacity_millitokens_per_window: 1_000_000,
         window_ms: 60_000,
         lease_ttl_ms: 10_000,
+        regions: None,
     };
     let setup = [
         Command::CreatePool {
@@ -599,6 +600,7 @@ fn single_node_raft_commits_through_the_stores_and_recovers_after_restart() {
         capacity_millitokens_per_window: 1_000,
         window_ms: 60_000,
         lease_ttl_ms: 10_000,
+        regions: None,
     };
     let (before, first_epoch) = runtime().block_on(async {
         let (raft, state_machine) = start_single_node(dir.path(), true).await;
@@ -679,6 +681,7 @@ fn window_pool(pool: &str) -> Command {
             capacity_millitokens_per_window: 1_000,
             window_ms: 60_000,
             lease_ttl_ms: 10_000,
+            regions: None,
         }),
     }
 }

@@ -34,6 +34,13 @@ fn remove(pool: &str, region: &str) -> Command {
     }
 }
 
+fn readmit(pool: &str, region: &str) -> Command {
+    Command::ReadmitRegion {
+        pool: pool.into(),
+        region: region.into(),
+    }
+}
+
 fn removed(outcome: Outcome) -> RemovalReport {
     match outcome {
         Outcome::Removed(report) => report,
@@ -437,6 +444,15 @@ fn removal_frees_a_place_under_the_member_cap() {
     assert_eq!(report.members_left, (MAX_REGIONS_PER_POOL - 1) as u64);
     harness.ok(2, register(POOL, "real"));
     assert_eq!(harness.rate(POOL).members.len(), MAX_REGIONS_PER_POOL);
+    // Removed by an admin: barred before the cap is even looked at.
+    assert_eq!(
+        harness.refused(3, register(POOL, "fake-3")),
+        CommandError::RegionRemovedByAdmin {
+            pool: POOL.into(),
+            region: "fake-3".into()
+        }
+    );
+    harness.ok(3, readmit(POOL, "fake-3"));
     assert_eq!(harness.refused(3, register(POOL, "fake-3")), full);
 }
 
@@ -523,6 +539,15 @@ fn a_re_registered_region_is_a_fresh_member_and_its_old_agent_is_fenced() {
     let retired_incarnation = harness.rate(POOL).retired.tombstones["c"].incarnation;
     assert!(retired_incarnation >= old.incarnation);
 
+    let barred = CommandError::RegionRemovedByAdmin {
+        pool: POOL.into(),
+        region: "c".into(),
+    };
+    assert_eq!(harness.refused(201_000, register(POOL, "c")), barred);
+    let Outcome::Readmitted { was_barred } = harness.ok(201_000, readmit(POOL, "c")) else {
+        panic!("not a readmission")
+    };
+    assert!(was_barred);
     let outcome = harness.ok(201_000, register(POOL, "c"));
     let reply = share_reply(&outcome).clone();
     assert_eq!(reply.share_millitokens_per_s, 0);
@@ -582,6 +607,7 @@ fn a_removed_window_member_chunks_stay_counted_until_their_window_ends() {
     };
     assert_eq!(answer.granted_millitokens, 400);
 
+    harness.ok(4_000, readmit("quota", "a"));
     harness.ok(4_000, register("quota", "a"));
     let incarnation = harness.incarnation_of("quota", "a");
     assert!(incarnation > 1);
@@ -595,7 +621,6 @@ fn a_removed_window_member_chunks_stay_counted_until_their_window_ends() {
         harness.refused(4_000, grant("quota", "a", incarnation, "before", 600)),
         CommandError::LeaseIdTaken {
             lease_id: "before".into(),
-            owner_region: "a".into()
         }
     );
 }
@@ -642,8 +667,9 @@ fn tombstones_are_bounded_and_incarnations_stay_monotonic_past_eviction() {
             region: last
         }
     );
-    // Evicted or not, a Region registering again joins above every
-    // incarnation it ever had.
+    // Evicted or not, a Region registering again (once readmitted) joins
+    // above every incarnation it ever had.
+    harness.ok(1_000, readmit(POOL, "fake-0"));
     let outcome = harness.ok(1_000, register(POOL, "fake-0"));
     assert!(share_reply(&outcome).incarnation > retired.incarnation_floor);
 }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use leasehold_allocator::client::{AllocatorClient, ClientSettings};
+use leasehold_allocator::id::{LeaseId, RegionId};
 use leasehold_allocator::node_config::{NodeConfig, ProberSettings, RaftSettings};
 use leasehold_allocator::pool::Pool;
 use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
@@ -56,6 +57,7 @@ fn node_config(id: u64) -> NodeConfig {
         raft: sim_net::election_band(&RaftSettings::default(), id - 1),
         prober: ProberSettings::default(),
         limits: Default::default(),
+        write_limit: Default::default(),
         tls: None,
         metrics: None,
     }
@@ -247,6 +249,7 @@ async fn scenario(
         capacity_millitokens_per_window: WINDOW_CAPACITY,
         window_ms: WINDOW_MS,
         lease_ttl_ms: 60_000,
+        regions: None,
     });
     let reply = client.create_pool("w", &window).await?;
     trace.record(format!(
@@ -344,7 +347,11 @@ async fn scenario(
             assert_eq!(pool.granted_in_window_millitokens, expected, "n{id}");
             assert_eq!(pool.current_records.len(), granted.len(), "n{id}");
             for (lease_id, (amount, expires)) in &granted {
-                let record = pool.current_records.get(lease_id.as_str());
+                let region = lease_id.split('-').next().expect("region-i");
+                let record = pool.current_records.get(
+                    &RegionId::parse(region).expect("region"),
+                    &LeaseId::parse(lease_id).expect("lease id"),
+                );
                 let record = record.unwrap_or_else(|| panic!("n{id}: no record of {lease_id}"));
                 assert_eq!(
                     (

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{create_window, grant, register, Harness};
-use leasehold_allocator::grant::{GrantAnswer, MAX_GRANT_RECORDS_PER_WINDOW};
+use leasehold_allocator::grant::{GrantAnswer, MAX_GRANT_RECORDS_PER_REGION};
 use leasehold_allocator::pool::Pool;
 use leasehold_allocator::{Command, CommandError, Outcome};
 use proptest::prelude::*;
@@ -120,17 +120,46 @@ fn stale_incarnation_is_fenced_with_the_current_one() {
 }
 
 #[test]
-fn another_regions_lease_id_is_refused() {
+fn two_regions_using_one_lease_id_get_two_grants() {
     let mut harness = window_pool(1_000, 60_000, 10_000, &["a", "b"]);
-    harness.ok(1_000, grant(POOL, "a", 1, "shared", 10));
-    let error = harness.refused(1_000, grant(POOL, "b", 1, "shared", 10));
+    let of_a = granted(harness.ok(1_000, grant(POOL, "a", 1, "shared", 10)));
+    let of_b = granted(harness.ok(1_000, grant(POOL, "b", 1, "shared", 20)));
+    assert_eq!(
+        (of_a.granted_millitokens, of_b.granted_millitokens),
+        (10, 20)
+    );
+    // Each replays its own answer.
+    assert_eq!(
+        granted(harness.ok(1_000, grant(POOL, "a", 1, "shared", 99))),
+        of_a
+    );
+    assert_eq!(
+        granted(harness.ok(1_000, grant(POOL, "b", 1, "shared", 99))),
+        of_b
+    );
+}
+
+#[test]
+fn a_region_at_its_record_cap_refuses_only_itself() {
+    let mut harness = window_pool(1 << 40, 60_000, 10_000, &["a", "b"]);
+    for index in 0..MAX_GRANT_RECORDS_PER_REGION {
+        harness.ok(1_000, grant(POOL, "a", 1, &format!("l-{index}"), 1));
+    }
+    let error = harness.refused(1_000, grant(POOL, "a", 1, "one-more", 1));
     assert_eq!(
         error,
-        CommandError::LeaseIdTaken {
-            lease_id: "shared".into(),
-            owner_region: "a".into()
+        CommandError::GrantRecordsFull {
+            pool: POOL.into(),
+            cap: MAX_GRANT_RECORDS_PER_REGION
         }
     );
+    // b's fresh ids (its own, and one a holds) are granted as before.
+    for lease_id in ["b-1", "l-7", "one-more"] {
+        assert_eq!(
+            granted(harness.ok(1_000, grant(POOL, "b", 1, lease_id, 5))).granted_millitokens,
+            5
+        );
+    }
 }
 
 #[test]
@@ -155,7 +184,7 @@ fn records_are_kept_for_the_current_and_previous_window_only() {
 #[test]
 fn new_lease_ids_beyond_the_record_cap_are_refused_but_replays_answered() {
     let mut harness = window_pool(1 << 40, 60_000, 10_000, &["a"]);
-    for index in 0..MAX_GRANT_RECORDS_PER_WINDOW {
+    for index in 0..MAX_GRANT_RECORDS_PER_REGION {
         harness.ok(1_000, grant(POOL, "a", 1, &format!("l-{index}"), 1));
     }
     let error = harness.refused(1_000, grant(POOL, "a", 1, "one-more", 1));
@@ -163,7 +192,7 @@ fn new_lease_ids_beyond_the_record_cap_are_refused_but_replays_answered() {
         error,
         CommandError::GrantRecordsFull {
             pool: POOL.into(),
-            cap: MAX_GRANT_RECORDS_PER_WINDOW
+            cap: MAX_GRANT_RECORDS_PER_REGION
         }
     );
     assert_eq!(

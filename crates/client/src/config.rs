@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::check_batch::BatchSettings;
 use crate::clock::{Clock, MonotonicClock};
+pub use crate::config_error::ConfigError;
 use crate::fail_mode::{FailMode, LOCAL_FALLBACK_KEYS_MAX};
 use crate::negative_cache::NEGATIVE_CACHE_ENTRIES_MAX;
 use leasehold_proto::agent::v1::MAX_CHECKS_PER_BATCH;
@@ -28,21 +29,6 @@ pub const CHECK_QUEUE_MAX: usize = 4_096;
 /// Default most CheckBatch calls awaiting their answer at once.
 pub const CHECK_BATCHES_IN_FLIGHT: usize = 4;
 const SHARDS_MAX: usize = 1_024;
-
-/// A configuration value the limiter cannot run with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{field} = {value} is outside [1, 2^40]")]
-    OutOfRange { field: &'static str, value: u64 },
-    #[error("local fallback capacity (millitokens) × period_ms exceeds 2^52")]
-    CapacityTimesPeriod,
-    #[error("{field} must be at least 1")]
-    Zero { field: &'static str },
-    #[error("shards = {0} is outside [1, 1024]")]
-    Shards(usize),
-    #[error("check_batch_max = {0} is outside [1, 256]")]
-    CheckBatchMax(usize),
-}
 
 /// How a [`crate::Limiter`] behaves. Every map it keeps is capped; the caps
 /// are totals, split evenly over `shards`.

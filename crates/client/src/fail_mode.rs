@@ -26,7 +26,7 @@
 
 use leasehold_proto::agent::v1::{Decision, Reason};
 
-use crate::config::ConfigError;
+use crate::config_error::ConfigError;
 use crate::lru::LruMap;
 use crate::target_key::TargetKey;
 

@@ -49,6 +49,7 @@ pub mod block;
 pub mod check_batch;
 pub mod clock;
 pub mod config;
+pub mod config_error;
 pub mod fail_mode;
 pub mod http;
 pub mod limiter;

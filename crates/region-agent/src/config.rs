@@ -66,12 +66,12 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new(
         "ratelimit.expiration_jitter_max_seconds",
         0,
-        crate::rls_engine::MAX_EXPIRATION_JITTER_S,
+        crate::envoy::yaml_engine::MAX_EXPIRATION_JITTER_S,
     ),
     Bound::new(
         "ratelimit.local_cache_max_keys",
         0,
-        crate::rls::over_limit_cache::MAX_LOCAL_CACHE_KEYS,
+        crate::envoy::ratelimit::over_limit_cache::MAX_LOCAL_CACHE_KEYS,
     ),
 ];
 
@@ -111,15 +111,23 @@ pub struct AgentConfig {
     /// Serve `listen` with mTLS under the `[tls]` identity (default with
     /// `[tls]`): every call authorized (gateways `/gateway/<region>`,
     /// ReloadPolicy `/admin`, Status `/sre` or `/admin`). `false`:
-    /// plaintext, logged at start.
+    /// plaintext; needs `insecure_grpc_plaintext`.
     #[serde(default)]
     pub grpc_mtls: Option<bool>,
     /// Serve `http_listen` (`/health`, `/metrics`) as HTTPS with client
     /// certificates (default with `[tls]`): `/health` for the prober (node
     /// identities), sre, admin and this Region's gateways; `/metrics` for
-    /// sre and admin. `false`: plaintext, logged at start.
+    /// sre and admin. `false`: plaintext; needs `insecure_http_plaintext`.
     #[serde(default)]
     pub http_mtls: Option<bool>,
+    /// The opt-ins of plaintext paths beside `[tls]` ([`crate::insecure`]):
+    /// `grpc_mtls = false`, `http_mtls = false`, a `redis://` URL.
+    #[serde(default)]
+    pub insecure_grpc_plaintext: bool,
+    #[serde(default)]
+    pub insecure_http_plaintext: bool,
+    #[serde(default)]
+    pub insecure_redis_plaintext: bool,
     /// A plaintext listener serving only Envoy's RLS, for a sidecar on the
     /// same host: a loopback address only.
     #[serde(default)]
@@ -316,9 +324,9 @@ fn default_near_limit_percent() -> u64 {
 
 impl RatelimitSettings {
     /// The answer options these settings choose.
-    pub fn options(&self) -> crate::rls_engine::RlsOptions {
-        use crate::rls::answer::Headers;
-        crate::rls_engine::RlsOptions {
+    pub fn options(&self) -> crate::envoy::yaml_engine::RlsOptions {
+        use crate::envoy::ratelimit::answer::Headers;
+        crate::envoy::yaml_engine::RlsOptions {
             headers: match self.response_headers.as_str() {
                 "upstream" => Headers::Upstream {
                     limit: self.limit_header.clone(),
@@ -435,6 +443,25 @@ impl AgentConfig {
     /// The HTTP listener's mTLS settings: `[tls]` unless `http_mtls = false`.
     pub fn http_tls(&self) -> Option<leasehold_tls::TlsSettings> {
         self.tls.clone().filter(|_| self.http_mtls != Some(false))
+    }
+
+    /// The plaintext paths and their opt-ins ([`crate::insecure`]).
+    pub fn plaintext_paths(&self) -> crate::insecure::Paths<'_> {
+        let cluster = self.redis_cluster.iter().flatten().map(String::as_str);
+        crate::insecure::Paths {
+            tls: self.tls.is_some(),
+            grpc_mtls: self.grpc_mtls,
+            http_mtls: self.http_mtls,
+            redis_urls: self
+                .redis_url
+                .as_deref()
+                .into_iter()
+                .chain(cluster)
+                .collect(),
+            insecure_grpc_plaintext: self.insecure_grpc_plaintext,
+            insecure_http_plaintext: self.insecure_http_plaintext,
+            insecure_redis_plaintext: self.insecure_redis_plaintext,
+        }
     }
 
     /// Reads and validates a config file; paths inside become absolute.
@@ -557,6 +584,7 @@ impl AgentConfig {
                 ));
             }
         }
+        self.plaintext_paths().check()?;
         if let Some(rls) = self.rls_listen {
             if !rls.ip().is_loopback() {
                 return Err((
@@ -578,7 +606,9 @@ impl AgentConfig {
             ratelimit.check()?;
         }
         match &self.global {
-            Some(global) => global.validate(),
+            Some(global) => global
+                .validate()
+                .and_then(|()| global.check_pinned(self.tls.is_some())),
             None => Ok(()),
         }
     }
@@ -594,6 +624,7 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
             url.len()
         ));
     }
+    crate::insecure::check_no_fragment(url)?;
     redis::Client::open(url).map(drop).map_err(|e| {
         format!(
             "not a usable Redis URL ({}); expected redis://host:port/db",
@@ -835,10 +866,16 @@ policy_file = "policy.toml"
         let secure = format!("{}{TLS}", GOOD.replace("plaintext = true", ""));
         let c = AgentConfig::parse("eu.toml", &secure).unwrap();
         assert!(c.grpc_tls().is_some() && c.http_tls().is_some());
-        let http_off = secure.replace("[tls]", "http_mtls = false\n[tls]");
+        let http_off = secure.replace(
+            "[tls]",
+            "http_mtls = false\ninsecure_http_plaintext = true\n[tls]",
+        );
         let c = AgentConfig::parse("eu.toml", &http_off).unwrap();
         assert!(c.grpc_tls().is_some() && c.http_tls().is_none());
-        let grpc_off = secure.replace("[tls]", "grpc_mtls = false\n[tls]");
+        let grpc_off = secure.replace(
+            "[tls]",
+            "grpc_mtls = false\ninsecure_grpc_plaintext = true\n[tls]",
+        );
         let c = AgentConfig::parse("eu.toml", &grpc_off).unwrap();
         assert!(c.grpc_tls().is_none() && c.http_tls().is_some());
         for field in ["grpc_mtls", "http_mtls"] {

@@ -204,7 +204,7 @@ impl Decider {
     /// request are not atomic together either).
     ///
     /// The target is built by the caller (Envoy's descriptors,
-    /// `crate::envoy_target`); `decision_id` must be a valid id.
+    /// `crate::envoy::target`); `decision_id` must be a valid id.
     pub async fn check_spending_leased(
         &self,
         decision_id: String,

@@ -180,7 +180,7 @@ impl KeyBuilder {
         ))
     }
 
-    /// An envoyproxy/ratelimit counter (`crate::rls`):
+    /// An envoyproxy/ratelimit counter (`crate::envoy::ratelimit`):
     /// `lh:v1:{rls-<h>}:<unit>`, where `<h>` is 16 hex of
     /// HMAC-SHA256(pepper, domain and every entry, length-prefixed). Each
     /// counter is its own hash tag (Redis Cluster spreads them), and no

@@ -31,15 +31,15 @@
 //! - [`fallback`]: bounded local buckets for rules that fail `local`.
 //! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
 //! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
-//! - [`service`], [`envoy`]: the native gRPC service and Envoy's RLS, thin shells;
-//!   [`envoy_json`]: the RLS messages as protojson (upstream's `/json`).
-//! - [`rls`]: envoyproxy/ratelimit YAML configs and their semantics (pure).
-//! - [`rls_engine`]: those domains' ShouldRateLimit on the store (one batch).
-//! - [`rls_ext`]: the counters of YAML rules with Leasehold's extension (algorithms, pools).
+//! - [`service`]: the native gRPC service, a thin shell.
+//! - [`envoy`]: everything Envoy — its RLS service, `/json`, descriptor
+//!   targets and statuses of TOML domains, envoyproxy/ratelimit YAML
+//!   configs and semantics, and the counters those domains run.
 //! - [`sim_mutation`]: simulation-only, unsafe per-thread switches that each
 //!   break one mechanism here (blocks debited from the bucket, the local
 //!   fallback's allowance; this side of incarnation fencing and of the
 //!   epoch) so the simulation shows its checker catching them.
+//! - [`insecure`]: the `insecure_*` opt-ins of plaintext paths beside `[tls]`.
 //! - [`metrics`]: the agent's Prometheus registry; [`config`] and [`server`]: starting an agent.
 //! - [`testing`]: a private `redis-server` per test binary.
 
@@ -48,19 +48,15 @@ pub mod args;
 pub mod config;
 pub mod decide;
 pub mod envoy;
-pub mod envoy_json;
-pub mod envoy_status;
-pub mod envoy_target;
 pub mod fallback;
 pub mod global;
+pub mod insecure;
 pub mod key;
 pub mod lease;
+pub mod listener_bounds;
 pub mod metrics;
 pub mod policy;
 pub mod request;
-pub mod rls;
-pub mod rls_engine;
-pub mod rls_ext;
 pub mod server;
 pub mod service;
 pub mod sim_mutation;

@@ -342,7 +342,12 @@ impl AgentMetrics {
 
     /// Counts one limit's statistics of a request (`stats_key` is
     /// `domain.path`; the label `key` is the path).
-    pub fn record_rls(&self, domain: &str, stats_key: &str, stats: &crate::rls::answer::HitStats) {
+    pub fn record_rls(
+        &self,
+        domain: &str,
+        stats_key: &str,
+        stats: &crate::envoy::ratelimit::answer::HitStats,
+    ) {
         let path = stats_key
             .strip_prefix(domain)
             .and_then(|rest| rest.strip_prefix('.'))

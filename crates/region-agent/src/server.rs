@@ -26,7 +26,8 @@ use tokio::task::JoinHandle;
 
 use crate::config::{AgentConfig, HttpLimits, ListenerLimits, StoreSettings};
 use crate::decide::{Counters, Decider};
-use crate::envoy::{EnvoyRateLimitService, RateLimitServiceServer};
+use crate::envoy::service::{EnvoyRateLimitService, RateLimitServiceServer};
+use crate::envoy::yaml_engine::RlsEngine;
 use crate::fallback::LocalFallback;
 use crate::global::room::{GlobalRoom, PoolView};
 use crate::global::settings::GlobalSettings;
@@ -34,7 +35,6 @@ use crate::global::sync::{GlobalSync, SyncError};
 use crate::key::{KeyBuilder, KeyError, MIN_PEPPER_LEN};
 use crate::metrics::{breaker_gauge, AgentMetrics, AGENT_RPC_METHODS};
 use crate::policy::{self, Bundle, PolicyHolder};
-use crate::rls_engine::RlsEngine;
 use crate::service::AgentService;
 use crate::store::cluster::{ClusterStore, ClusterStoreConfig, ClusterStoreError};
 use crate::store::coalesce::CoalescingStore;
@@ -93,7 +93,7 @@ pub struct AgentSpec {
 pub struct RatelimitSpec {
     pub config_dir: PathBuf,
     pub poll: Duration,
-    pub options: crate::rls_engine::RlsOptions,
+    pub options: crate::envoy::yaml_engine::RlsOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +110,7 @@ pub enum StartError {
     Pepper(String),
     /// The ratelimit YAML directory does not load (names file and line).
     #[error("ratelimit.config_dir: {0}")]
-    Ratelimit(#[from] crate::rls::config::RlsConfigError),
+    Ratelimit(#[from] crate::envoy::ratelimit::config::RlsConfigError),
     #[error("global pools: {0}")]
     Global(#[from] SyncError),
     #[error("metrics: {0}")]
@@ -163,6 +163,7 @@ impl AgentSpec {
         let read = |setting: &'static str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| refused(setting, format!("{}: {e}", path.display())))
         };
+        config.plaintext_paths().log_at_start();
         let pepper = read("pepper_file", &config.pepper_file)?;
         let pepper = String::from_utf8_lossy(&pepper).trim().as_bytes().to_vec();
         if pepper.len() < MIN_PEPPER_LEN {
@@ -377,7 +378,7 @@ impl Built {
             ));
         }
         if let Some((dir, poll)) = &self.ratelimit_watch {
-            tasks.push(crate::rls::watch::spawn_dir_watch(
+            tasks.push(crate::envoy::ratelimit::watch::spawn_dir_watch(
                 dir.clone(),
                 self.engine.holder.clone(),
                 *poll,
@@ -433,13 +434,13 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
     });
     let (engine, ratelimit_watch) = match spec.ratelimit {
         Some(ratelimit) => {
-            let config = crate::rls::config::load_dir(&ratelimit.config_dir)?;
+            let config = crate::envoy::ratelimit::config::load_dir(&ratelimit.config_dir)?;
             tracing::info!(
                 dir = %ratelimit.config_dir.display(),
                 domains = config.domains.len(),
                 "ratelimit config loaded"
             );
-            let holder = Arc::new(crate::rls::watch::RlsHolder::new(config));
+            let holder = Arc::new(crate::envoy::ratelimit::watch::RlsHolder::new(config));
             (
                 RlsEngine::new(holder, ratelimit.options),
                 Some((ratelimit.config_dir, ratelimit.poll)),
@@ -484,19 +485,28 @@ fn timed<S>(decider: &Arc<Decider>, service: S) -> Timed<S> {
     )
 }
 
+/// The layers of [`limited_grpc_router`]: the identity check before
+/// decoding ([`crate::listener_bounds`]).
+pub type PreAuthStack =
+    tower_layer::Stack<leasehold_tls::preauth::PreAuthLayer, tower_layer::Identity>;
+
 /// The same services behind `limits` (`[limits]`): concurrency per
-/// connection, request timeout, keepalive, streams, header list and message
-/// sizes. What [`start`] serves.
+/// connection, request timeout, keepalive, streams, header list, message
+/// sizes, connection age, and the identity check before decoding. What
+/// [`start`] serves.
 pub fn limited_grpc_router(
     decider: &Arc<Decider>,
     engine: &Arc<RlsEngine>,
     limits: &ListenerLimits,
     gate: Gate,
-) -> tonic::transport::server::Router {
+) -> tonic::transport::server::Router<PreAuthStack> {
     let bytes = limits.grpc_message_bytes();
     limits
         .grpc
         .server()
+        .layer(crate::listener_bounds::preauth_layer(
+            gate == Gate::Enforced,
+        ))
         .add_service(timed(
             decider,
             AgentServer::new(AgentService::with_gate(decider.clone(), gate))
@@ -660,15 +670,20 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
 
     let acceptor = match &listeners.grpc_tls {
         Some(tls) => Some(
-            leasehold_tls::TlsAcceptor::new(tls.files(), &tls.trust_domain).map_err(|e| {
-                StartError::Listener {
-                    setting: "grpc_mtls",
-                    message: e.to_string(),
-                }
+            leasehold_tls::TlsAcceptor::with_options(
+                tls.files(),
+                &tls.trust_domain,
+                built.limits.grpc.tls_options(),
+            )
+            .map_err(|e| StartError::Listener {
+                setting: "grpc_mtls",
+                message: e.to_string(),
             })?,
         ),
         None => {
-            leasehold_tls::warn_plaintext("agent gRPC listener");
+            leasehold_tls::warn_plaintext(
+                "agent gRPC listener (decision RPCs, Envoy RLS, ReloadPolicy)",
+            );
             None
         }
     };
@@ -749,7 +764,9 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             )
         }
         None => {
-            leasehold_tls::warn_plaintext("agent HTTP listener (/health, /metrics)");
+            leasehold_tls::warn_plaintext(
+                "agent HTTP listener (/json, which charges buckets; /health; /metrics)",
+            );
             None
         }
     };
@@ -785,7 +802,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
 /// Answers one `/json` body (see [`http_router_limited`]).
 async fn json_answer(rls: &EnvoyRateLimitService, body: &[u8]) -> axum::response::Response {
     use axum::http::StatusCode;
-    let request = match crate::envoy_json::request(body) {
+    let request = match crate::envoy::json::request(body) {
         Ok(request) => request,
         Err(error) => {
             return (StatusCode::BAD_REQUEST, format!("Bad Request: {error}\n")).into_response()
@@ -800,7 +817,7 @@ async fn json_answer(rls: &EnvoyRateLimitService, body: &[u8]) -> axum::response
             } else {
                 StatusCode::OK
             };
-            (status, axum::Json(crate::envoy_json::response(&response))).into_response()
+            (status, axum::Json(crate::envoy::json::response(&response))).into_response()
         }
         Err(status) if status.code() == tonic::Code::InvalidArgument => (
             StatusCode::BAD_REQUEST,
@@ -1014,6 +1031,7 @@ fail_mode = "closed"
                         capacity_millitokens_per_window: 1_000_000,
                         window_ms: 3_600_000,
                         lease_ttl_ms: 60_000,
+                        regions: None,
                     }),
                 },
             ],
@@ -1021,6 +1039,7 @@ fail_mode = "closed"
             raft: RaftSettings::default(),
             prober: ProberSettings::default(),
             limits: Default::default(),
+            write_limit: Default::default(),
             tls: None,
             metrics: None,
         };
@@ -1056,6 +1075,7 @@ fail_mode = "closed"
                     })
                     .collect(),
                 sim_unclamped_lease: false,
+                sim_lease_id_seed: None,
                 agent_id: None,
                 syncer_lease_ttl_ms: 3_000,
             }),

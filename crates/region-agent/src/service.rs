@@ -240,16 +240,28 @@ impl Agent for AgentService {
         let caller = self.allow(&request, Method::ReloadPolicy)?;
         let req = request.into_inner();
         let expected = (!req.sha256.is_empty()).then_some(req.sha256.as_str());
-        let outcome = policy::parse("admin-rpc", &req.bundle_toml, expected)
-            .map_err(|e| e.to_string())
-            .and_then(|bundle| {
-                let (version, checksum) = (bundle.version, bundle.checksum.clone());
-                self.decider
-                    .policy
-                    .install(bundle)
-                    .map(|_| (version, checksum))
-                    .map_err(|e| e.to_string())
-            });
+        let parsed = policy::parse("admin-rpc", &req.bundle_toml, expected);
+        if let Ok(bundle) = &parsed {
+            let current = self.decider.policy.version();
+            if let Err(error) = policy::check_rpc_version_step(current, bundle.version) {
+                let refused: Result<(u64, String), String> = Err(error.clone());
+                audit_admin(
+                    caller.as_ref(),
+                    Method::ReloadPolicy,
+                    "policy bundle",
+                    &refused,
+                );
+                return Err(Status::invalid_argument(error));
+            }
+        }
+        let outcome = parsed.map_err(|e| e.to_string()).and_then(|bundle| {
+            let (version, checksum) = (bundle.version, bundle.checksum.clone());
+            self.decider
+                .policy
+                .install(bundle)
+                .map(|_| (version, checksum))
+                .map_err(|e| e.to_string())
+        });
         audit_admin(
             caller.as_ref(),
             Method::ReloadPolicy,

@@ -8,7 +8,8 @@
 pub mod cluster;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -168,6 +169,11 @@ impl RedisServer {
         self.spawn()
     }
 
+    /// This server's private readiness socket, in its own temp dir.
+    fn socket_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("ready.sock")
+    }
+
     fn spawn(&mut self) -> Result<(), HarnessError> {
         let mut args: Vec<String> = self.extra_args.clone();
         if let Some(tls_port) = self.tls_port {
@@ -191,6 +197,14 @@ impl RedisServer {
                 // Tests use DEBUG SLEEP to make a reply late.
                 "--enable-debug-command",
                 "local",
+                // Readiness is asked here, not on the TCP port: another
+                // test's server may have taken that port between
+                // `free_port` and this spawn, and would answer PING for us.
+                // Redis creates the socket only after binding its TCP port.
+                "--unixsocket",
+                &self.socket_path().display().to_string(),
+                "--unixsocketperm",
+                "700",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -205,7 +219,7 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
-            if ping(self.port) {
+            if ping(&self.socket_path()) {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut() {
@@ -240,8 +254,8 @@ fn free_port() -> Result<u16, HarnessError> {
     Ok(listener.local_addr()?.port())
 }
 
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+fn ping(socket: &std::path::Path) -> bool {
+    let Ok(mut stream) = UnixStream::connect(socket) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));

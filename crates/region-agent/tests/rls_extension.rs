@@ -10,18 +10,18 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use leasehold_region_agent::decide::{Counters, Decider};
+use leasehold_region_agent::envoy::ratelimit::answer::{Code, Status};
+use leasehold_region_agent::envoy::ratelimit::config::parse_files;
+use leasehold_region_agent::envoy::ratelimit::unit::Unit;
+use leasehold_region_agent::envoy::ratelimit::watch::RlsHolder;
+use leasehold_region_agent::envoy::yaml_engine::{
+    RlsAnswer, RlsDescriptor, RlsEngine, RlsError, RlsRequest,
+};
 use leasehold_region_agent::fallback::LocalFallback;
 use leasehold_region_agent::global::room::{GlobalRoom, HeldChunk, PoolView, WindowView};
 use leasehold_region_agent::key::KeyBuilder;
 use leasehold_region_agent::metrics::AgentMetrics;
 use leasehold_region_agent::policy::{self, PolicyHolder};
-use leasehold_region_agent::rls::answer::{Code, Status};
-use leasehold_region_agent::rls::config::parse_files;
-use leasehold_region_agent::rls::unit::Unit;
-use leasehold_region_agent::rls::watch::RlsHolder;
-use leasehold_region_agent::rls_engine::{
-    RlsAnswer, RlsDescriptor, RlsEngine, RlsError, RlsRequest,
-};
 use leasehold_region_agent::store::memory::{Clock, MemoryStore};
 use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::store::script::{ScriptCall, ScriptKind};

@@ -7,16 +7,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use leasehold_region_agent::decide::{Counters, Decider};
+use leasehold_region_agent::envoy::ratelimit::answer::Code;
+use leasehold_region_agent::envoy::ratelimit::config::parse_files;
+use leasehold_region_agent::envoy::ratelimit::watch::RlsHolder;
+use leasehold_region_agent::envoy::yaml_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
 use leasehold_region_agent::fallback::LocalFallback;
 use leasehold_region_agent::global::room::{GlobalRoom, PoolView, RateView};
 use leasehold_region_agent::global::share_sync::{BucketRate, Mode};
 use leasehold_region_agent::key::KeyBuilder;
 use leasehold_region_agent::metrics::AgentMetrics;
 use leasehold_region_agent::policy::{self, PolicyHolder};
-use leasehold_region_agent::rls::answer::Code;
-use leasehold_region_agent::rls::config::parse_files;
-use leasehold_region_agent::rls::watch::RlsHolder;
-use leasehold_region_agent::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
 use leasehold_region_agent::store::memory::{Clock, MemoryStore};
 
 const POLICY: &str = "version = 1\n[[domain]]\nname = \"native\"\n[[domain.rule]]\nid = \"n\"\nscope = \"tenant\"\nalgorithm = \"token_bucket\"\ncapacity = 1\nrefill = 1\nperiod_ms = 1000\nfail_mode = \"open\"\n";

@@ -359,10 +359,15 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
     let mut text = String::new();
     {
         let height = 320 * scenario.pools.len() as u32;
-        let root = SVGBackend::with_string(&mut text, (900, height)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut text, (PLOT_WIDTH + LEGEND_WIDTH, height))
+            .into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let areas = root.split_evenly((scenario.pools.len(), 1));
         for ((p, pool), area) in scenario.pools.iter().enumerate().zip(areas) {
+            // The legend has its own column right of the plot: inside, it
+            // covered the last third of the curves.
+            let (area, legend_area) = area.split_horizontally(PLOT_WIDTH);
+            let mut legend: Vec<LegendEntry> = Vec::new();
             let rows = per_second(scenario, outcome, p);
             let x_max = rows.len() as u64 + 1;
             let limit = match pool {
@@ -413,22 +418,21 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                         [(0, limit), (x_max, limit)],
                         BLACK.stroke_width(1),
                     ))
-                    .map_err(|e| e.to_string())?
-                    .label("L")
-                    .legend(|(x, y)| {
-                        PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(1))
-                    });
+                    .map_err(|e| e.to_string())?;
+                legend.push(("L".to_string(), BLACK.to_rgba(), 1, None));
                 let grey = RGBColor(128, 128, 128);
                 chart
                     .draw_series(LineSeries::new(
                         rows.iter().map(|row| (row.t_s, limit + row.allowances)),
                         grey.stroke_width(1),
                     ))
-                    .map_err(|e| e.to_string())?
-                    .label("L + allowances in force")
-                    .legend(move |(x, y)| {
-                        PathElement::new([(x, y), (x + 16, y)], grey.stroke_width(1))
-                    });
+                    .map_err(|e| e.to_string())?;
+                legend.push((
+                    "L + allowances in force".to_string(),
+                    grey.to_rgba(),
+                    1,
+                    None,
+                ));
             }
             chart
                 .draw_series(LineSeries::new(
@@ -436,9 +440,8 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                         .map(|row| (row.t_s, row.regions.iter().map(|(a, _, _)| *a).sum::<u64>())),
                     BLACK.stroke_width(3),
                 ))
-                .map_err(|e| e.to_string())?
-                .label("Σ admitted/s")
-                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(3)));
+                .map_err(|e| e.to_string())?;
+            legend.push(("Σ admitted/s".to_string(), BLACK.to_rgba(), 3, None));
             for (t_ms, event) in &outcome.trace.events {
                 let x = t_ms / 1_000;
                 chart
@@ -460,11 +463,8 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                             rows.iter().map(|row| (row.t_s, row.regions[r].1 / 1_000)),
                             color.stroke_width(2),
                         ))
-                        .map_err(|e| e.to_string())?
-                        .label(format!("{} share", region.name))
-                        .legend(move |(x, y)| {
-                            PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                        });
+                        .map_err(|e| e.to_string())?;
+                    legend.push((format!("{} share", region.name), color.to_rgba(), 2, None));
                 }
                 chart
                     .draw_series(DashedLineSeries::new(
@@ -473,11 +473,13 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                         3,
                         color.stroke_width(1),
                     ))
-                    .map_err(|e| e.to_string())?
-                    .label(format!("{} admitted/s", region.name))
-                    .legend(move |(x, y)| {
-                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(1))
-                    });
+                    .map_err(|e| e.to_string())?;
+                legend.push((
+                    format!("{} admitted/s", region.name),
+                    color.to_rgba(),
+                    1,
+                    Some((4, 3)),
+                ));
                 chart
                     .draw_series(DashedLineSeries::new(
                         rows.iter().map(|row| (row.t_s, row.demand[r])),
@@ -485,22 +487,55 @@ pub fn svg(scenario: &Scenario, outcome: &Outcome) -> Result<String, String> {
                         3,
                         color.stroke_width(1),
                     ))
-                    .map_err(|e| e.to_string())?
-                    .label(format!("{} demand/s", region.name))
-                    .legend(move |(x, y)| {
-                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(1))
-                    });
+                    .map_err(|e| e.to_string())?;
+                legend.push((
+                    format!("{} demand/s", region.name),
+                    color.to_rgba(),
+                    1,
+                    Some((1, 3)),
+                ));
             }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            draw_legend(&legend_area, &legend)?;
         }
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(text)
+}
+
+/// Width of a chart's plot, and of the legend column right of it (px).
+const PLOT_WIDTH: u32 = 900;
+const LEGEND_WIDTH: u32 = 220;
+
+/// One legend line: label, colour, stroke width, dashes (dash, gap px) as
+/// the series is drawn.
+type LegendEntry = (String, RGBAColor, u32, Option<(i32, i32)>);
+
+/// The legend in its own column, one sample line and label per series.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[LegendEntry],
+) -> Result<(), String> {
+    for (i, (label, color, width, dashes)) in entries.iter().enumerate() {
+        let y = 40 + 18 * i as i32;
+        let (dash, gap) = dashes.unwrap_or((24, 0));
+        let mut x = 8;
+        while x < 32 {
+            let end = (x + dash.max(1)).min(32);
+            area.draw(&PathElement::new(
+                [(x, y), (end, y)],
+                color.stroke_width(*width),
+            ))
+            .map_err(|e| e.to_string())?;
+            x = end + gap;
+        }
+        area.draw(&Text::new(
+            label.clone(),
+            (38, y - 6),
+            ("sans-serif", 12).into_font(),
+        ))
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -624,6 +659,21 @@ steps = [[0, 20]]
             "fault: partition us",
         ] {
             assert!(svg.contains(label), "no {label:?} in the chart");
+        }
+        // Every legend label sits right of the plot, none over the curves.
+        for label in ["Σ admitted/s", "eu demand/s", "us admitted/s"] {
+            let at = svg.find(label).expect("label drawn");
+            let tag = &svg[svg[..at].rfind("<text").expect("a text element")..at];
+            let x: f64 = tag
+                .split("x=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .and_then(|x| x.parse().ok())
+                .unwrap_or_else(|| panic!("no x in {tag}"));
+            assert!(
+                x >= f64::from(PLOT_WIDTH),
+                "{label} at x = {x}, inside the plot"
+            );
         }
         // Without faults there is no marker.
         let (scenario, mut quiet) = tiny();

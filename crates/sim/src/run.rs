@@ -274,6 +274,7 @@ fn pool_config(spec: &PoolSpec) -> PoolConfig {
             capacity_millitokens_per_window: w.capacity_per_window * 1_000,
             window_ms: w.window_ms,
             lease_ttl_ms: w.lease_ttl_ms,
+            regions: None,
         }),
         PoolSpec::Rate(r) => {
             let mut config = RatePoolConfig::with_defaults(r.limit_per_s * 1_000);
@@ -357,6 +358,7 @@ fn node_config(scenario: &Scenario, id: u64) -> NodeConfig {
         // Verdicts come from the `prober` host (HealthReport).
         prober: ProberSettings::default(),
         limits: Default::default(),
+        write_limit: Default::default(),
         tls: None,
         metrics: None,
     }
@@ -403,6 +405,8 @@ fn agent_settings(scenario: &Scenario, r: usize, a: u32) -> GlobalSettings {
             })
             .collect(),
         sim_unclamped_lease: region.unclamped_lease,
+        // Replayable lease ids: one stream per agent of each Region.
+        sim_lease_id_seed: Some(((r as u64) << 32) | u64::from(a)),
         agent_id: (region.agents > 1).then(|| format!("{}-{}", region.name, a + 1)),
         syncer_lease_ttl_ms: SYNCER_LEASE_TTL_MS,
     }

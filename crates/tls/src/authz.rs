@@ -10,11 +10,15 @@
 //!
 //! | caller | may call |
 //! |---|---|
-//! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config) |
+//! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
 //! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver); the allocator binds all but NodeStatus further to the payload's sender and its membership (`leasehold_allocator::raft::senders`) |
 //! | prober | HealthReport |
-//! | admin | the admin RPCs, the agent's ReloadPolicy, Inspect, Status, Health, NodeStatus, `/metrics` |
-//! | sre | Inspect, Status, Health, NodeStatus, `/metrics` (read-only) |
+//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, Status, Health, NodeStatus, `/metrics` |
+//! | sre | Inspect, ListRevoked, Status, Health, NodeStatus, `/metrics` (read-only) |
+//!
+//! On the allocator a call this table allows is then checked against the
+//! replicated deny list (`leasehold identity revoke`): a revoked identity
+//! is refused PERMISSION_DENIED whatever the table says.
 //! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
 //!
 //! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
@@ -51,6 +55,14 @@ pub enum Method {
     AddNode,
     RemoveNode,
     RemoveRegion,
+    /// Lifts the bar a `RemoveRegion` puts on the Region re-registering.
+    ReadmitRegion,
+    /// Adds an identity to the allocator's deny list.
+    RevokeIdentity,
+    /// Takes an identity off the deny list.
+    RestoreIdentity,
+    // Allocator: the deny list, read.
+    ListRevoked,
     // Allocator: between nodes.
     AppendEntries,
     Vote,
@@ -76,7 +88,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 30] = [
+    pub const ALL: [Method; 34] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -90,6 +102,10 @@ impl Method {
         Method::AddNode,
         Method::RemoveNode,
         Method::RemoveRegion,
+        Method::ReadmitRegion,
+        Method::RevokeIdentity,
+        Method::RestoreIdentity,
+        Method::ListRevoked,
         Method::AppendEntries,
         Method::Vote,
         Method::InstallSnapshot,
@@ -124,6 +140,10 @@ impl Method {
             Method::AddNode => "AddNode",
             Method::RemoveNode => "RemoveNode",
             Method::RemoveRegion => "RemoveRegion",
+            Method::ReadmitRegion => "ReadmitRegion",
+            Method::RevokeIdentity => "RevokeIdentity",
+            Method::RestoreIdentity => "RestoreIdentity",
+            Method::ListRevoked => "ListRevoked",
             Method::AppendEntries => "AppendEntries",
             Method::Vote => "Vote",
             Method::InstallSnapshot => "InstallSnapshot",
@@ -155,6 +175,9 @@ impl Method {
                 | Method::AddNode
                 | Method::RemoveNode
                 | Method::RemoveRegion
+                | Method::ReadmitRegion
+                | Method::RevokeIdentity
+                | Method::RestoreIdentity
                 | Method::ReloadPolicy
         )
     }
@@ -256,11 +279,13 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
         (
             Identity::Admin,
             CreatePool | UpdatePool | Freeze | Reclaim | AddNode | RemoveNode | RemoveRegion
-            | ReloadPolicy | Inspect | Status | Health | NodeStatus | HttpHealth | HttpMetrics,
+            | ReadmitRegion | RevokeIdentity | RestoreIdentity | ListRevoked | ReloadPolicy
+            | Inspect | Status | Health | NodeStatus | HttpHealth | HttpMetrics,
         ) => Ok(()),
-        (Identity::Sre, Inspect | Status | Health | NodeStatus | HttpHealth | HttpMetrics) => {
-            Ok(())
-        }
+        (
+            Identity::Sre,
+            Inspect | ListRevoked | Status | Health | NodeStatus | HttpHealth | HttpMetrics,
+        ) => Ok(()),
         (
             Identity::Gateway(own),
             Check | CheckBatch | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
@@ -277,15 +302,33 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
     }
 }
 
-/// Writes a refusal to the `audit` target.
+/// `Ok` when some request could let `identity` call `method`: the table
+/// asked with the most permissive call for that identity (its own Region,
+/// a narrow Inspect). A refusal here holds for every request, so it can be
+/// given before the request body is read ([`crate::preauth`]).
+pub fn may_ever_call(identity: &Identity, method: Method) -> Result<(), Denied> {
+    let own_region = match identity {
+        Identity::Region(region) | Identity::Gateway(region) => Some(region.as_str()),
+        Identity::Node(_) | Identity::Prober | Identity::Admin | Identity::Sre => None,
+    };
+    authorize(
+        identity,
+        &Call {
+            method,
+            region: own_region,
+            narrow_inspect: true,
+        },
+    )
+}
+
+/// Writes a refusal to the `audit` target, collapsed per identity, method
+/// and reason per interval ([`crate::refusal_log`]).
 pub fn audit_refusal(denied: &Denied) {
-    tracing::warn!(
-        target: "audit",
-        identity = %denied.identity,
-        method = denied.method.name(),
-        outcome = "denied",
-        reason = denied.reason,
-        "call refused"
+    crate::refusal_log::audit(
+        &denied.identity,
+        denied.method.name(),
+        denied.reason,
+        denied.reason,
     );
 }
 
@@ -331,7 +374,7 @@ mod tests {
         Method::NodeStatus,
         Method::TakeOver,
     ];
-    const ADMIN_MUTATIONS: [Method; 8] = [
+    const ADMIN_MUTATIONS: [Method; 11] = [
         Method::CreatePool,
         Method::UpdatePool,
         Method::Freeze,
@@ -339,6 +382,9 @@ mod tests {
         Method::AddNode,
         Method::RemoveNode,
         Method::RemoveRegion,
+        Method::ReadmitRegion,
+        Method::RevokeIdentity,
+        Method::RestoreIdentity,
         Method::ReloadPolicy,
     ];
     const GATEWAY_CALLS: [Method; 9] = [
@@ -457,11 +503,50 @@ mod tests {
     }
 
     #[test]
+    fn only_admin_revokes_restores_and_readmits_and_sre_or_admin_lists() {
+        for method in [
+            Method::RevokeIdentity,
+            Method::RestoreIdentity,
+            Method::ReadmitRegion,
+        ] {
+            assert!(method.is_admin_mutation(), "{method}");
+            assert!(allowed(&Identity::Admin, Call::new(method)), "{method}");
+            for identity in [
+                region("eu"),
+                Identity::Node(1),
+                Identity::Prober,
+                Identity::Sre,
+                gateway("eu"),
+            ] {
+                let denied = authorize(&identity, &Call::for_region(method, "eu")).unwrap_err();
+                assert!(denied.to_string().contains(method.name()), "{denied}");
+            }
+        }
+        assert!(!Method::ListRevoked.is_admin_mutation());
+        for identity in [
+            Identity::Admin,
+            Identity::Sre,
+            region("eu"),
+            Identity::Node(1),
+            Identity::Prober,
+            gateway("eu"),
+        ] {
+            let expected = matches!(identity, Identity::Sre | Identity::Admin);
+            assert_eq!(
+                allowed(&identity, Call::for_region(Method::ListRevoked, "eu")),
+                expected,
+                "{identity}"
+            );
+        }
+    }
+
+    #[test]
     fn sre_reads_and_changes_nothing() {
         for method in Method::ALL {
             let reads = matches!(
                 method,
                 Method::Inspect
+                    | Method::ListRevoked
                     | Method::Status
                     | Method::Health
                     | Method::NodeStatus

@@ -25,8 +25,10 @@ use time::OffsetDateTime;
 
 use crate::identity::{validate_region, validate_trust_domain, Identity};
 
-/// Default validity of generated certificates, in days.
-pub const DEFAULT_VALIDITY_DAYS: u64 = 365;
+/// Default validity of generated certificates, in days: short, so a leaked
+/// key stops working within a quarter without a revocation (rotate before;
+/// docs/security.md, "Revocation and Region admission").
+pub const DEFAULT_VALIDITY_DAYS: u64 = 90;
 /// Longest validity [`init`] writes, in days: long-lived keys are what
 /// rotation exists to avoid.
 pub const MAX_VALIDITY_DAYS: u64 = 3 * 365;

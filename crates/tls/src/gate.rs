@@ -22,7 +22,9 @@ pub enum Gate {
 
 impl Gate {
     /// `Ok(identity)` (None when open) or PERMISSION_DENIED naming the
-    /// identity and the method, written to the `audit` target.
+    /// identity and the method, written to the `audit` target (collapsed,
+    /// [`crate::refusal_log`]). A certificate whose `notAfter` has passed
+    /// is refused too (a connection opened before its expiry).
     pub fn check<T>(
         self,
         request: &Request<T>,
@@ -32,17 +34,30 @@ impl Gate {
             return Ok(None);
         }
         let Some(peer) = crate::peer(request) else {
-            tracing::warn!(
-                target: "audit",
-                method = call.method.name(),
-                outcome = "denied",
-                "call without a verified client identity refused"
+            crate::refusal_log::audit(
+                "unauthenticated",
+                call.method.name(),
+                "no identity",
+                "call without a verified client identity",
             );
             return Err(Status::permission_denied(format!(
                 "{}: no verified client identity",
                 call.method
             )));
         };
+        if peer.expired_at(std::time::SystemTime::now()) {
+            let identity = peer.identity.to_string();
+            crate::refusal_log::audit(
+                &identity,
+                call.method.name(),
+                "expired",
+                "the certificate has expired",
+            );
+            return Err(Status::permission_denied(format!(
+                "{identity} may not call {}: the certificate has expired",
+                call.method
+            )));
+        }
         match authz::authorize(&peer.identity, &call) {
             Ok(()) => Ok(Some(peer.identity.clone())),
             Err(denied) => {

@@ -81,7 +81,9 @@ pub fn limit_body(router: axum::Router, limits: &HttpLimits) -> axum::Router {
 /// Asks the authorization table (ARCHITECTURE §8) before each HTTPS
 /// request: `method_of(path)` names the [`Method`], `region` the Region the
 /// listener serves (the agent's; `None` for the allocator). A refusal is 403
-/// naming the identity and the method, written to the `audit` target. The
+/// naming the identity and the method, written to the `audit` target
+/// (collapsed, [`crate::refusal_log`]); so is a request on a connection
+/// whose certificate has expired since it was opened. The
 /// caller's [`PeerInfo`] is set per connection by [`serve`].
 pub fn authorize(
     router: axum::Router,
@@ -102,6 +104,20 @@ pub fn authorize(
                     )
                         .into_response();
                 };
+                if peer.expired_at(std::time::SystemTime::now()) {
+                    let identity = peer.identity.to_string();
+                    crate::refusal_log::audit(
+                        &identity,
+                        method.name(),
+                        "expired",
+                        "the certificate has expired",
+                    );
+                    return (
+                        axum::http::StatusCode::FORBIDDEN,
+                        format!("PERMISSION_DENIED: {identity} may not call {method}: the certificate has expired\n"),
+                    )
+                        .into_response();
+                }
                 let call = match region.as_deref() {
                     Some(region) => Call::for_region(method, region),
                     None => Call::new(method),

@@ -210,6 +210,31 @@ pub fn parse_spiffe(uri: &str, trust_domain: &str) -> Result<Identity, IdentityE
     }
 }
 
+/// A DER certificate's `notAfter`, None when it cannot be read.
+pub fn not_after_of(cert_der: &[u8]) -> Option<std::time::SystemTime> {
+    let (_, cert) = X509Certificate::from_der(cert_der).ok()?;
+    let seconds = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(seconds))
+}
+
+/// The identity an operator writes: the SPIFFE path without the scheme
+/// and trust domain (`region/us`, `gateway/eu`, `node/3`, `sre`; a leading
+/// `/` is accepted), parsed by the same strict rules as [`parse_spiffe`].
+pub fn parse_identity_path(text: &str) -> Result<Identity, IdentityError> {
+    const DOMAIN: &str = "operator.invalid";
+    let path = text.strip_prefix('/').unwrap_or(text);
+    parse_spiffe(&format!("{SCHEME}{DOMAIN}/{path}"), DOMAIN)
+}
+
+impl Identity {
+    /// The path an operator writes ([`parse_identity_path`]'s input):
+    /// `region/us`, `node/3`, `sre`.
+    pub fn path(&self) -> String {
+        let shown = self.to_string();
+        shown.trim_start_matches('/').to_string()
+    }
+}
+
 /// The identity of a DER certificate: exactly one URI SAN, a SPIFFE URI of
 /// `trust_domain` naming a Leasehold identity. Zero or several URI SANs
 /// are refused (SPIFFE's X.509-SVID rule), whatever else the certificate
@@ -325,6 +350,33 @@ mod tests {
         );
         let message = error.to_string();
         assert!(message.len() < 100, "{message}");
+    }
+
+    #[test]
+    fn operator_paths_parse_strictly_and_round_trip() {
+        for identity in [
+            Identity::Region("us".into()),
+            Identity::Gateway("eu".into()),
+            Identity::Node(3),
+            Identity::Sre,
+            Identity::Admin,
+            Identity::Prober,
+        ] {
+            assert_eq!(parse_identity_path(&identity.path()), Ok(identity.clone()));
+            assert_eq!(parse_identity_path(&identity.to_string()), Ok(identity));
+        }
+        assert_eq!(Identity::Region("us".into()).path(), "region/us");
+        for bad in [
+            "",
+            "region",
+            "region/US",
+            "node/0",
+            "admin/",
+            "bogus/x",
+            "//sre",
+        ] {
+            assert!(parse_identity_path(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

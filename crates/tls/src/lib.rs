@@ -11,6 +11,11 @@
 //! Map:
 //! - [`authz`] — [`authz::authorize`]: the table of §8, the `audit` target.
 //! - [`gate`] — [`gate::Gate`]: a service's check of each call against `authz`.
+//! - [`preauth`] — [`preauth::PreAuthLayer`]: the identity's kind checked
+//!   against the method path before a request body is read.
+//! - [`refusal_log`] — audit lines of refusals, collapsed per identity,
+//!   method and cause per interval.
+//! - `conn_limit` (private) — connections per peer address and in total.
 //! - [`http`] — the HTTP(S) listener of `/metrics` and `/health` (limits,
 //!   mTLS, the table asked per request), shared by the agent and allocator.
 //! - [`rpc_timing`] — [`rpc_timing::Timed`]: a gRPC service's per-call span
@@ -32,11 +37,14 @@
 pub mod authz;
 pub mod certs;
 pub mod client;
+mod conn_limit;
 pub mod error;
 pub mod files;
 pub mod gate;
 pub mod http;
 pub mod identity;
+pub mod preauth;
+pub mod refusal_log;
 pub mod reload;
 pub mod rpc_timing;
 pub mod server;
@@ -46,7 +54,7 @@ mod verify;
 pub use client::{channel, lazy_channel, ClientOptions, ExpectedPeer, GrpcConnector, TlsConnector};
 pub use error::TlsError;
 pub use files::TlsFiles;
-pub use identity::{identity_of, parse_spiffe, Identity, IdentityError};
+pub use identity::{identity_of, parse_identity_path, parse_spiffe, Identity, IdentityError};
 pub use reload::{Reloading, ReloadingClientConfig, ReloadingServerConfig};
 pub use server::{incoming, peer, Alpn, PeerInfo, ServerOptions, TlsAcceptor, TlsConnection};
 pub use settings::{warn_plaintext, TlsSettings};

@@ -5,7 +5,8 @@
 //! [`NamedService`] name, so it is added to a router like the service
 //! itself). Each call gets an `rpc` span (`method`, `region` when the
 //! listener serves one, `code` once answered) that the handler's own spans
-//! and events nest in, and its [`RpcObserver`] hears `started` and
+//! and events nest in (at debug for a [`Timed::quiet`] service: raft), and
+//! its [`RpcObserver`] hears `started` and
 //! `finished` (method, gRPC code, latency). Labels are closed sets: the
 //! method is one of the service's own names (`_unknown` otherwise: a path
 //! is the caller's choice) and the code one of gRPC's 17.
@@ -39,6 +40,8 @@ pub struct Timed<S> {
     methods: &'static [&'static str],
     region: Option<Arc<str>>,
     observer: Arc<dyn RpcObserver>,
+    /// Spans at debug rather than info (see [`Timed::quiet`]).
+    quiet: bool,
 }
 
 impl<S: Clone> Clone for Timed<S> {
@@ -48,6 +51,7 @@ impl<S: Clone> Clone for Timed<S> {
             methods: self.methods,
             region: self.region.clone(),
             observer: self.observer.clone(),
+            quiet: self.quiet,
         }
     }
 }
@@ -66,7 +70,16 @@ impl<S> Timed<S> {
             methods,
             region: region.map(Into::into),
             observer,
+            quiet: false,
         }
+    }
+
+    /// Its `rpc` spans at debug level: for a service whose calls are
+    /// machine traffic many times a second (raft), which would otherwise
+    /// fill an info-level log. Its metrics are unchanged.
+    pub fn quiet(mut self) -> Self {
+        self.quiet = true;
+        self
     }
 }
 
@@ -178,12 +191,12 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let method = method_label(request.uri().path(), self.methods);
-        let span = tracing::info_span!(
-            "rpc",
-            method,
-            region = self.region.as_deref(),
-            code = tracing::field::Empty
-        );
+        let region = self.region.as_deref();
+        let span = if self.quiet {
+            tracing::debug_span!("rpc", method, region, code = tracing::field::Empty)
+        } else {
+            tracing::info_span!("rpc", method, region, code = tracing::field::Empty)
+        };
         self.observer.started(method);
         let mut finish = Finish {
             observer: self.observer.clone(),
@@ -279,6 +292,43 @@ mod tests {
                 ("Inspect", tonic::Code::PermissionDenied),
                 (UNKNOWN_METHOD, tonic::Code::Cancelled),
             ]
+        );
+    }
+
+    /// Answers with the level of the span it was called in.
+    #[derive(Clone, Default)]
+    struct SpanLevel(Arc<Mutex<Vec<Option<tracing::Level>>>>);
+
+    impl Service<http::Request<()>> for SpanLevel {
+        type Response = http::Response<()>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            let level = tracing::Span::current().metadata().map(|m| *m.level());
+            self.0.lock().unwrap().push(level);
+            std::future::ready(Ok(http::Response::new(())))
+        }
+    }
+
+    #[test]
+    fn a_quiet_service_opens_its_spans_at_debug() {
+        let levels = SpanLevel::default();
+        let seen = Arc::new(Seen::default());
+        let subscriber = tracing_subscriber::registry();
+        tracing::subscriber::with_default(subscriber, || {
+            let mut loud = Timed::new(levels.clone(), METHODS, None, seen.clone());
+            let mut quiet = Timed::new(levels.clone(), METHODS, None, seen.clone()).quiet();
+            drop(loud.call(request("/x.Y/Grant")));
+            drop(quiet.call(request("/x.Y/Grant")));
+        });
+        assert_eq!(
+            *levels.0.lock().unwrap(),
+            vec![Some(tracing::Level::INFO), Some(tracing::Level::DEBUG)]
         );
     }
 

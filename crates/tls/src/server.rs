@@ -7,16 +7,23 @@
 //! Bounds: a handshake lasts at most `handshake_timeout`
 //! ([`MAX_HANDSHAKE_TIMEOUT`]); at most `max_handshakes_in_flight`
 //! ([`MAX_HANDSHAKES_IN_FLIGHT`]) run at once (past it, connections wait
-//! in the kernel's backlog); TLS 1.3 only; no session resumption, so every
+//! in the kernel's backlog); at most `max_connections`
+//! ([`MAX_CONNECTIONS`]) connections open at once, at most
+//! `max_connections_per_address` of them from one peer IP address — past
+//! either cap a new connection is closed right after `accept(2)`, before
+//! any handshake, and the refusal logged once per cause per interval
+//! (without the address); TLS 1.3 only; no session resumption, so every
 //! connection runs the full certificate and identity checks against the
-//! files in force.
+//! files in force. How long a connection may live is the gRPC server's
+//! `max_connection_age` (`[limits]`), and a call on a connection whose
+//! certificate has expired since is refused ([`PeerInfo::expired_at`]).
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use leasehold_logging::{default_limiter, warn_limited, SharedLimiter};
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
@@ -29,9 +36,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use crate::conn_limit::{ConnCounter, ConnSlot};
 use crate::error::TlsError;
 use crate::files::{check_own_cert, load_certs, load_error, load_key, load_roots, TlsFiles};
-use crate::identity::{identity_of, validate_trust_domain, Identity};
+use crate::identity::{identity_of, not_after_of, validate_trust_domain, Identity};
 use crate::reload::{Build, ReloadingServerConfig, DEFAULT_CHECK_INTERVAL};
 use crate::verify::{handshake_reason, SpiffeClientVerifier};
 
@@ -44,6 +52,12 @@ pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_HANDSHAKES_IN_FLIGHT: usize = 256;
 /// Cap on handshakes in flight (each is a task and a socket).
 pub const MAX_HANDSHAKES_IN_FLIGHT: usize = 4096;
+/// Default cap on a listener's open connections ([`incoming`]).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default cap on open connections from one peer IP address.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+/// Largest `max_connections` (each is a socket, a task and buffers).
+pub const MAX_CONNECTIONS: usize = 65_536;
 /// Handshaken connections queued for the server before [`incoming`]
 /// stops accepting (the server takes them as fast as it can spawn).
 const ACCEPTED_QUEUE: usize = 64;
@@ -82,6 +96,11 @@ pub struct ServerOptions {
     pub max_handshakes_in_flight: usize,
     /// How often the files are looked at (`reload`).
     pub check_interval: Duration,
+    /// 1 to [`MAX_CONNECTIONS`]: connections [`incoming`] holds open at
+    /// once (handshakes included).
+    pub max_connections: usize,
+    /// 1 to `max_connections`: of them, from one peer IP address.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for ServerOptions {
@@ -91,6 +110,8 @@ impl Default for ServerOptions {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_handshakes_in_flight: DEFAULT_HANDSHAKES_IN_FLIGHT,
             check_interval: DEFAULT_CHECK_INTERVAL,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
@@ -163,6 +184,17 @@ pub struct PeerInfo {
     /// From the verified client certificate.
     pub identity: Identity,
     pub remote_addr: Option<SocketAddr>,
+    /// The client certificate's `notAfter` (None if it could not be read:
+    /// the handshake's own validity check still applied).
+    pub not_after: Option<SystemTime>,
+}
+
+impl PeerInfo {
+    /// The certificate presented when the connection opened has expired
+    /// by `now` (a call on it is refused, [`crate::gate`]).
+    pub fn expired_at(&self, now: SystemTime) -> bool {
+        self.not_after.is_some_and(|not_after| now > not_after)
+    }
 }
 
 /// The [`PeerInfo`] of the connection a request came on, when the server
@@ -197,6 +229,17 @@ impl TlsAcceptor {
                 reason: format!(
                     "max handshakes in flight {} is outside 1..={MAX_HANDSHAKES_IN_FLIGHT}",
                     options.max_handshakes_in_flight
+                ),
+            });
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&options.max_connections)
+            || !(1..=options.max_connections).contains(&options.max_connections_per_address)
+        {
+            return Err(TlsError::Config {
+                reason: format!(
+                    "max connections {} (per address {}) is outside 1..={MAX_CONNECTIONS} \
+                     (per address: 1..=max connections)",
+                    options.max_connections, options.max_connections_per_address
                 ),
             });
         }
@@ -249,12 +292,15 @@ impl TlsAcceptor {
                 reason: "no client certificate".to_string(),
             })?;
         let identity = identity_of(leaf, &self.trust_domain)?;
+        let not_after = not_after_of(leaf);
         Ok(TlsConnection {
             stream,
             peer: PeerInfo {
                 identity,
                 remote_addr,
+                not_after,
             },
+            _slot: None,
         })
     }
 }
@@ -263,6 +309,8 @@ impl TlsAcceptor {
 pub struct TlsConnection {
     stream: tokio_rustls::server::TlsStream<TcpStream>,
     peer: PeerInfo,
+    /// [`incoming`]'s count of open connections, freed on drop.
+    _slot: Option<ConnSlot>,
 }
 
 impl TlsConnection {
@@ -350,6 +398,10 @@ async fn accept_loop(
     sender: mpsc::Sender<Result<TlsConnection, io::Error>>,
 ) {
     let slots = Arc::new(Semaphore::new(acceptor.options.max_handshakes_in_flight));
+    let open = ConnCounter::new(
+        acceptor.options.max_connections,
+        acceptor.options.max_connections_per_address,
+    );
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {
@@ -359,13 +411,22 @@ async fn accept_loop(
             },
             () = sender.closed() => return,
         };
-        let tcp = tokio::select! {
+        let (tcp, slot) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _remote)) => {
-                    // gRPC writes small frames: no Nagle delay on them.
-                    let _ = tcp.set_nodelay(true);
-                    tcp
-                }
+                Ok((tcp, remote)) => match open.try_open(remote.ip()) {
+                    Ok(slot) => {
+                        // gRPC writes small frames: no Nagle delay on them.
+                        let _ = tcp.set_nodelay(true);
+                        (tcp, slot)
+                    }
+                    // Closed at once: no handshake, nothing read. The
+                    // cause only, never the address.
+                    Err(cap) => {
+                        drop(tcp);
+                        warn_limited!(LOGS, cap.cause(), error = %cap, "connection refused");
+                        continue;
+                    }
+                },
                 Err(error) => {
                     warn_limited!(LOGS, "tls.accept", %error, "accept failed");
                     tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
@@ -381,7 +442,8 @@ async fn accept_loop(
             // server that stops taking connections also stops handshakes.
             let _permit = permit;
             match acceptor.accept(tcp).await {
-                Ok(connection) => {
+                Ok(mut connection) => {
+                    connection._slot = Some(slot);
                     let _ = sender.send(Ok(connection)).await;
                 }
                 // The reason only: the peer's address is personal data and

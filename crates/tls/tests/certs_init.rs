@@ -120,3 +120,46 @@ async fn a_loaded_ca_issues_certificates_that_chain_to_it() {
     let seen = common::exchange_with(&acceptor, &connector, ExpectedPeer::AnyOfTrustDomain).await;
     assert_eq!(seen.server.expect("accepted").identity, Identity::Sre);
 }
+
+/// Days from now to a certificate's notAfter.
+fn days_left(path: &std::path::Path) -> i64 {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = common::read_der(path);
+    let (_, cert) = X509Certificate::from_der(&der).unwrap();
+    let not_after = cert.validity().not_after.timestamp();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    (not_after - now) / 86_400
+}
+
+#[test]
+fn certificates_last_90_days_by_default_and_the_lifetime_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    certs::init(dir.path(), TD, &["eu".to_string()], 1).unwrap();
+    for stem in ["ca", "region-eu", "admin"] {
+        let left = days_left(&dir.path().join(format!("{stem}.pem")));
+        assert!((89..=90).contains(&left), "{stem}: {left} days");
+    }
+    let short = tempfile::tempdir().unwrap();
+    let options = InitOptions {
+        validity_days: 7,
+        ..InitOptions::default()
+    };
+    certs::init_with(short.path(), TD, &["eu".to_string()], 1, &options).unwrap();
+    let left = days_left(&short.path().join("region-eu.pem"));
+    assert!((6..=7).contains(&left), "{left} days");
+    let too_long = InitOptions {
+        validity_days: certs::MAX_VALIDITY_DAYS + 1,
+        ..InitOptions::default()
+    };
+    let refused = certs::init_with(
+        tempfile::tempdir().unwrap().path(),
+        TD,
+        &["eu".to_string()],
+        1,
+        &too_long,
+    );
+    assert!(refused.is_err());
+}

@@ -38,10 +38,11 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
 };
 use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -58,18 +59,26 @@ use crate::raft::senders::{self, SenderRefused, Senders};
 use crate::raft::types::{NodeId, Raft, TypeConfig};
 pub use crate::transport::{lazy_channel, CONNECT_TIMEOUT};
 use crate::transport::{Connector, TcpConnector};
-use leasehold_logging::{warn_limited, SharedLimiter, Verdict, DEFAULT_INTERVAL};
+use leasehold_logging::{warn_limited, SharedLimiter, DEFAULT_INTERVAL};
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::raft_client::RaftClient;
 use leasehold_tls::authz::{Call, Method};
 use leasehold_tls::Identity;
 
-/// Largest raft message accepted or sent (a snapshot chunk is at most
-/// `snapshot_max_chunk_size`, 1 MiB, about 4 MiB as JSON).
-pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest raft message accepted or sent: 16 MiB. An InstallSnapshot
+/// carries one chunk of at most `snapshot_max_chunk_size` (1 MiB,
+/// `raft::node`) as a JSON array of numbers, at most 4 bytes per byte
+/// (`255,`): 4 MiB and its envelope, with room to spare. An AppendEntries
+/// of `max_payload_entries` entries that would encode larger is not sent:
+/// openraft is told `PayloadTooLarge` and retries with half the entries.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// The snapshot chunk size the node configures openraft with.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1024 * 1024;
+// A chunk as JSON (4 bytes per byte) and a generous envelope fit.
+const _: () = assert!(SNAPSHOT_CHUNK_BYTES as usize * 4 + (1 << 20) <= MAX_RAFT_MESSAGE_BYTES);
 // A node's default `limits.max_message_bytes` lets every raft message in.
 const _: () =
-    assert!(MAX_RAFT_MESSAGE_BYTES == crate::node_config::NODE_MAX_MESSAGE_BYTES as usize);
+    assert!(MAX_RAFT_MESSAGE_BYTES <= crate::node_config::NODE_MAX_MESSAGE_BYTES as usize);
 /// First pause before openraft retries a node it could not reach; it
 /// doubles per failure in a row up to [`MAX_UNREACHABLE_BACKOFF`].
 pub const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(250);
@@ -90,9 +99,6 @@ pub const OPENRAFT_REPLICATION_FILTER: &str =
 /// One WARN per failing peer per interval (causes are per source and target:
 /// the simulation runs several nodes in one process).
 static PEER_LOG: LazyLock<SharedLimiter> = LazyLock::new(|| SharedLimiter::new(DEFAULT_INTERVAL));
-/// One audit line per (identity, method, kind of refusal) per interval: a
-/// removed node still sending heartbeats must not flood the log.
-static SENDER_LOG: LazyLock<SharedLimiter> = LazyLock::new(|| SharedLimiter::new(DEFAULT_INTERVAL));
 
 /// The pauses openraft takes between attempts at an unreachable node.
 pub fn unreachable_backoff() -> impl Iterator<Item = Duration> + Send + 'static {
@@ -172,6 +178,9 @@ pub struct Connection {
 
 /// Why a call did not produce the remote's answer.
 enum CallError {
+    /// The encoded message (bytes) is above [`MAX_RAFT_MESSAGE_BYTES`]:
+    /// not sent.
+    TooLarge(usize),
     Unreachable(String),
     Network(String),
     Timeout,
@@ -180,6 +189,10 @@ enum CallError {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct Described(String);
+
+fn too_large(bytes: usize) -> String {
+    format!("message of {bytes} bytes above the raft limit of {MAX_RAFT_MESSAGE_BYTES} bytes")
+}
 
 impl Connection {
     /// Sends `request` with `method`, waits at most `ttl`, decodes the answer.
@@ -202,6 +215,9 @@ impl Connection {
             )));
         };
         let json = serde_json::to_vec(request).map_err(|e| CallError::Network(e.to_string()))?;
+        if json.len() > MAX_RAFT_MESSAGE_BYTES {
+            return Err(CallError::TooLarge(json.len()));
+        }
         let answer = tokio::time::timeout(ttl, method(client, pb::RaftPayload { json }))
             .await
             .map_err(|_| CallError::Timeout)?;
@@ -244,6 +260,7 @@ impl Connection {
     ) -> RPCError<NodeId, BasicNode, E> {
         self.failures = self.failures.saturating_add(1);
         let detail = match &error {
+            CallError::TooLarge(bytes) => too_large(*bytes),
             CallError::Unreachable(detail) | CallError::Network(detail) => detail.clone(),
             CallError::Timeout => format!("no answer within {} ms", ttl.as_millis()),
         };
@@ -260,6 +277,7 @@ impl Connection {
             );
         }
         let error = match error {
+            CallError::TooLarge(bytes) => CallError::Network(too_large(bytes)),
             CallError::Network(_) | CallError::Timeout
                 if self.failures >= FAILURES_BEFORE_BACKOFF =>
             {
@@ -273,6 +291,9 @@ impl Connection {
         match error {
             CallError::Unreachable(detail) => RPCError::Unreachable(Unreachable::new(&Described(
                 format!("{}: {detail}", self.address),
+            ))),
+            CallError::TooLarge(bytes) => RPCError::Network(NetworkError::new(&Described(
+                format!("{}: {}", self.address, too_large(bytes)),
             ))),
             CallError::Network(detail) => RPCError::Network(NetworkError::new(&Described(
                 format!("{}: {detail}", self.address),
@@ -336,6 +357,21 @@ impl RaftNetwork<TypeConfig> for Connection {
                 |mut c, p| async move { c.append_entries(p).await },
             )
             .await;
+        if let Err(CallError::TooLarge(bytes)) = &answer {
+            // Fewer entries per message until it fits (one entry comes from
+            // an API request of at most 1 MiB: as JSON far below the limit).
+            let hint = (rpc.entries.len() / 2).max(1) as u64;
+            warn_limited!(
+                PEER_LOG,
+                "raft append too large",
+                bytes,
+                entries = rpc.entries.len(),
+                "AppendEntries above the raft message limit: retried with fewer entries"
+            );
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(hint),
+            ));
+        }
         let answer = self.settle(answer, RPCTypes::AppendEntries, ttl)?;
         answer.map_err(|e| self.remote(e))
     }
@@ -460,20 +496,11 @@ impl RaftRpcService {
 
 /// PERMISSION_DENIED naming the identity, the method and why; written to
 /// the `audit` target at most once per (identity, method, `kind`) per
-/// [`DEFAULT_INTERVAL`], with the count of the refusals not written.
+/// interval, with the count of the refusals not written
+/// ([`leasehold_tls::refusal_log`]: a removed node still sending
+/// heartbeats must not flood the log).
 fn refuse(identity: &Identity, method: Method, kind: &'static str, reason: &str) -> Status {
-    let cause = format!("raft sender {identity} {method}: {kind}");
-    if let Verdict::Log { suppressed } = SENDER_LOG.check(&cause, Instant::now()) {
-        tracing::warn!(
-            target: "audit",
-            identity = %identity,
-            method = method.name(),
-            outcome = "denied",
-            reason,
-            suppressed,
-            "call refused"
-        );
-    }
+    leasehold_tls::refusal_log::audit(&identity.to_string(), method.name(), kind, reason);
     Status::permission_denied(format!("{identity} may not call {method}: {reason}"))
 }
 

@@ -1061,7 +1061,7 @@ fn openraft_config(settings: &RaftSettings) -> Result<openraft::Config, NodeErro
         max_payload_entries: settings.max_payload_entries,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_every_entries),
         max_in_snapshot_log_to_keep: settings.logs_kept_after_snapshot,
-        snapshot_max_chunk_size: 1024 * 1024,
+        snapshot_max_chunk_size: crate::raft::network::SNAPSHOT_CHUNK_BYTES,
         ..Default::default()
     };
     config
@@ -1286,7 +1286,11 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
                 .map_err(|source| NodeError::Bind { addr, source })?;
             match &config.tls {
                 Some(tls) => {
-                    let acceptor = leasehold_tls::TlsAcceptor::new(tls.files(), &tls.trust_domain)?;
+                    let acceptor = leasehold_tls::TlsAcceptor::with_options(
+                        tls.files(),
+                        &tls.trust_domain,
+                        config.limits.tls_options(),
+                    )?;
                     (Bound::Tls(listener, acceptor), address)
                 }
                 None => {
@@ -1319,6 +1323,14 @@ pub async fn start_with(parts: NodeParts) -> Result<RunningNode, NodeError> {
         config.clone(),
         stop.clone(),
     )));
+    crate::probe_url::log_plaintext_probes(
+        config.tls.is_some(),
+        config
+            .prober
+            .targets
+            .iter()
+            .map(|t| (t.region.as_str(), t.https)),
+    );
     tasks.push(tokio::spawn(prober::run_with(
         Arc::new(node.clone()),
         config.prober.clone(),
@@ -1396,9 +1408,15 @@ fn serve(
     bound: Bound,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    // `[limits]` (defaults: the 64 MiB peers and clients send at most).
+    // `[limits]` (default 64 MiB: the largest reply, an Inspect of many
+    // pools); requests are decoded only up to the smaller bounds of
+    // `listener_bounds` (1 MiB API, the raft chunk's limit).
     let api_bytes = config.limits.message_bytes(MAX_API_MESSAGE_BYTES as u64);
-    let raft_bytes = config.limits.message_bytes(MAX_RAFT_MESSAGE_BYTES as u64);
+    let api_request_bytes = crate::listener_bounds::api_request_bytes(api_bytes);
+    let raft_bytes = config
+        .limits
+        .message_bytes(MAX_RAFT_MESSAGE_BYTES as u64)
+        .min(MAX_RAFT_MESSAGE_BYTES);
     let gate = match bound {
         Bound::Tls(..) => Gate::Enforced,
         Bound::Tcp(_) | Bound::Incoming(_) => Gate::Open,
@@ -1406,9 +1424,13 @@ fn serve(
     let observer: Arc<dyn leasehold_tls::rpc_timing::RpcObserver> =
         Arc::new(node.inner.metrics.clone());
     let allocator = Timed::new(
-        AllocatorServer::new(AllocatorService::new(node.clone(), gate))
-            .max_decoding_message_size(api_bytes)
-            .max_encoding_message_size(api_bytes),
+        AllocatorServer::new(AllocatorService::with_write_limit(
+            node.clone(),
+            gate,
+            config.write_limit,
+        ))
+        .max_decoding_message_size(api_request_bytes)
+        .max_encoding_message_size(api_bytes),
         crate::metrics::ALLOCATOR_METHODS,
         None,
         observer.clone(),
@@ -1428,11 +1450,15 @@ fn serve(
         crate::metrics::RAFT_METHODS,
         None,
         observer,
-    );
+    )
+    .quiet();
     let (health, health_service) = tonic_health::server::health_reporter();
     let router = config
         .limits
         .server()
+        .layer(crate::listener_bounds::preauth_layer(
+            gate == Gate::Enforced,
+        ))
         .add_service(allocator)
         .add_service(raft)
         .add_service(health_service);
@@ -1687,6 +1713,7 @@ mod tests {
                     capacity_millitokens_per_window: 100,
                     window_ms: 1_000,
                     lease_ttl_ms: 1_000,
+                    regions: None,
                 }),
             },
             10_000,

@@ -346,9 +346,12 @@ fn command_scope(command: &Command) -> (&str, &str) {
         | Command::AckShare { pool, region, .. }
         | Command::AdminFreeze { pool, region, .. }
         | Command::AdminReclaim { pool, region }
-        | Command::RemoveRegion { pool, region } => (pool, region),
+        | Command::RemoveRegion { pool, region }
+        | Command::ReadmitRegion { pool, region } => (pool, region),
         Command::HealthVerdict { region, .. } => ("", region),
-        Command::Tick => ("", ""),
+        Command::Tick | Command::RevokeIdentity { .. } | Command::RestoreIdentity { .. } => {
+            ("", "")
+        }
     }
 }
 

@@ -106,6 +106,7 @@ pub fn create_window(pool: &str, capacity: u64, window_ms: u64, lease_ttl_ms: u6
             capacity_millitokens_per_window: capacity,
             window_ms,
             lease_ttl_ms,
+            regions: None,
         }),
     }
 }

@@ -154,6 +154,7 @@ pub fn window_config() -> impl Strategy<Value = WindowPoolConfig> {
             capacity_millitokens_per_window: capacity,
             window_ms,
             lease_ttl_ms,
+            regions: None,
         })
 }
 

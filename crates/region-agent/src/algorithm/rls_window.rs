@@ -1,6 +1,6 @@
 //! Twin of `lua/rls_window.lua`: an envoyproxy/ratelimit counter, hits in
 //! the epoch-aligned window counted even past the limit (upstream's INCRBY;
-//! the caller compares with the limit, [`crate::rls`]).
+//! the caller compares with the limit, [`crate::envoy::ratelimit`]).
 //!
 //! KEYS[1] = hash {w, n}; ARGV = window_ms ([1, 2^40]), hits ([0, 2^40];
 //! 0 looks without counting, and writes nothing), jitter_ms ([0, 2^40]),

@@ -4,6 +4,7 @@
 //! allocator, so one source of truth sizes every Region.
 
 use leasehold_allocator_client::config_file::{Bound, MAX_HOST_PORT_BYTES, MAX_TIMEOUT_MS};
+use leasehold_allocator_client::target::NodeTarget;
 use leasehold_logging::quote;
 use serde::Deserialize;
 
@@ -52,8 +53,11 @@ fn in_bound(field: String, value: u64, bound: Bound) -> Result<(), (String, Stri
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct GlobalSettings {
-    /// Allocator nodes (`host:port`); any of them: followers answer
-    /// NOT_LEADER with a hint and the client follows it.
+    /// Allocator nodes, each `node/<id>@host:port` (required with `[tls]`:
+    /// the agent then accepts only `/node/<id>` at that address, and
+    /// follows leader hints pinned to the leader's id) or `host:port`
+    /// (plaintext only); any of them: followers answer NOT_LEADER with a
+    /// hint and the client follows it.
     pub allocators: Vec<String>,
     /// Deadline of one allocator call, including leader hops.
     #[serde(default = "default_request_timeout_ms")]
@@ -85,6 +89,12 @@ pub struct GlobalSettings {
     /// the bound breaking without the lease clamp.
     #[serde(skip)]
     pub sim_unclamped_lease: bool,
+    /// **Simulation only; unreachable from config files** (serde skips
+    /// it). Set: lease-id runs are drawn from a generator seeded with it and
+    /// the clock at start (the simulated clock: the same seed replays the
+    /// same ids, a restarted agent draws new ones), not from the OS.
+    #[serde(skip)]
+    pub sim_lease_id_seed: Option<u64>,
 }
 
 fn default_request_timeout_ms() -> u64 {
@@ -250,10 +260,32 @@ impl GlobalSettings {
     }
 }
 
-/// `host:port` or `http://host:port` (plain gRPC), at most
-/// [`MAX_HOST_PORT_BYTES`] after the scheme.
+impl GlobalSettings {
+    /// With `[tls]` (`tls`), every allocator address names its node
+    /// (`node/<id>@host:port`): the agent dials expecting that identity.
+    pub fn check_pinned(&self, tls: bool) -> Result<(), (String, String)> {
+        for (i, address) in self.allocators.iter().enumerate() {
+            let pinned = NodeTarget::parse(address).is_ok_and(|t| t.node_id.is_some());
+            if tls && !pinned {
+                return Err((
+                    format!("global.allocators[{i}]"),
+                    format!(
+                        "{} names no node id: with [tls] write node/<id>@host:port (the agent \
+                         then accepts only that node's certificate there)",
+                        quote(address)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `node/<id>@host:port`, `host:port` or `http://host:port` (plain gRPC),
+/// at most [`MAX_HOST_PORT_BYTES`] after the scheme.
 fn check_allocator_address(address: &str) -> Result<(), String> {
-    let bare = address.trim().trim_start_matches("http://");
+    let target = NodeTarget::parse(address)?;
+    let bare = target.address.as_str();
     if bare.len() > MAX_HOST_PORT_BYTES {
         return Err(format!(
             "{} is {} bytes, above the cap of {MAX_HOST_PORT_BYTES}",
@@ -266,7 +298,7 @@ fn check_allocator_address(address: &str) -> Result<(), String> {
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if !port_ok {
         return Err(format!(
-            "{} must be host:port (plain gRPC, optional http://)",
+            "{} must be node/<id>@host:port or host:port (plain gRPC, optional http://)",
             quote(address)
         ));
     }

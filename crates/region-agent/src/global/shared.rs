@@ -177,22 +177,27 @@ pub fn demand(reply: &ScriptReply) -> Result<(u64, u64), ScriptError> {
     Ok((v[0] as u64, v[1] as u64))
 }
 
-/// The lease-id prefix of one window-pool sync: `<region>.<run number>`,
-/// the run number 10 digits (a Region of ≤ 32 bytes, the dot and 10 digits
-/// fill the prefix cap; the chunk index keeps it as a number). One agent
-/// per Region: the boot's ms (mod 10^10), so a restart never reuses an id.
-/// Several agents: their boots may share a ms (and one agent syncs again
-/// after another did, from counter 0), so the syncer's fencing token
-/// (unique per term while the store lives) takes the last 3 digits after
-/// the boot's ms mod 10^7 (2.8 h): without it the next syncer reuses the
-/// previous one's lease ids and the allocator answers them with the old
-/// grants while it keeps their records (their window and the next).
-pub fn lease_id_prefix(region: &str, boot_id: u64, token: Option<u64>) -> String {
-    let run = match token {
-        None => boot_id % 10_000_000_000,
-        Some(token) => (boot_id % 10_000_000) * 1_000 + token % 1_000,
-    };
-    format!("{region}.{run}")
+/// Lease-id run numbers are below this (10 digits: a Region of ≤ 32
+/// bytes, the dot and 10 digits fill the prefix cap, and the chunk index
+/// keeps the number under its scripts' 2^40 cap).
+pub const LEASE_ID_RUNS: u64 = 10_000_000_000;
+
+/// The lease-id prefix of one window-pool sync: `<region>.<run>`, `run`
+/// drawn at random for every sync run (every boot, every syncer term) by
+/// [`run_from`]. Random, not the boot's time, so nobody can predict a
+/// Region's next ids (issue 27; the allocator keeps lease ids per Region
+/// anyway, so a guess could not take one), and two agents of a Region, or
+/// one agent's next term, never reuse a previous run's ids (a collision
+/// needs the same of 10^10 draws while the earlier run's records live,
+/// i.e. within two windows).
+pub fn lease_id_prefix(region: &str, run: u64) -> String {
+    format!("{region}.{}", run % LEASE_ID_RUNS)
+}
+
+/// A fresh run number for [`lease_id_prefix`] from `generator` (the
+/// OS-seeded one; a seeded one in the simulation).
+pub fn run_from(generator: &mut impl rand::RngCore) -> u64 {
+    generator.next_u64() % LEASE_ID_RUNS
 }
 
 /// The numbers that name a chunk in the index: the lease id is
@@ -360,21 +365,21 @@ mod tests {
     }
 
     #[test]
-    fn each_syncer_term_has_its_own_lease_id_prefix() {
-        let boot = 1_735_689_600_000;
-        assert_eq!(lease_id_prefix("eu", boot, None), "eu.5689600000");
-        // Two agents booted in one ms, and one agent's next term: apart.
-        let (first, second) = (
-            lease_id_prefix("eu", boot, Some(1)),
-            lease_id_prefix("eu", boot, Some(2)),
-        );
-        assert_ne!(first, second);
+    fn each_run_has_its_own_unpredictable_lease_id_prefix() {
+        use rand::SeedableRng;
+        let mut generator = rand::rngs::StdRng::from_entropy();
+        let runs: std::collections::BTreeSet<u64> =
+            (0..64).map(|_| run_from(&mut generator)).collect();
+        // 64 draws of 10^10: a repeat has probability ~2e-7.
+        assert_eq!(runs.len(), 64);
+        assert!(runs.iter().all(|&run| run < LEASE_ID_RUNS));
+        let run = *runs.iter().next().unwrap();
         assert_eq!(
-            lease_id_numbers("eu", &format!("{second}:7")),
-            Some((9_600_000_002, 7))
+            lease_id_numbers("eu", &format!("{}:7", lease_id_prefix("eu", run))),
+            Some((run, 7))
         );
         let region = "r".repeat(32);
-        let longest = lease_id_prefix(&region, u64::MAX, Some(u64::MAX));
+        let longest = lease_id_prefix(&region, u64::MAX);
         assert!(
             longest.len() <= crate::global::chunk::MAX_PREFIX_BYTES,
             "{longest}"
@@ -382,10 +387,6 @@ mod tests {
         let (run, _) = lease_id_numbers(&region, &format!("{longest}:0")).unwrap();
         // The chunk index keeps the number under the scripts' 2^40 cap.
         assert!(run < 1 << 40);
-        assert!(
-            lease_id_prefix(&region, u64::MAX, None).len()
-                <= crate::global::chunk::MAX_PREFIX_BYTES
-        );
     }
 
     #[test]

@@ -72,8 +72,8 @@ pub struct GlobalSync {
     pub keys: KeyBuilder,
     /// The decider's clock (wall ms): chunk expiry is compared on it.
     pub clock: Arc<dyn Clock>,
-    /// Distinguishes this process's lease ids from an earlier run's.
-    pub boot_id: u64,
+    /// Draws each sync run's lease-id run ([`shared::lease_id_prefix`]).
+    runs: std::sync::Mutex<rand::rngs::StdRng>,
     started: Instant,
     observer: RwLock<Option<Arc<dyn SyncObserver>>>,
     /// The agent's metrics (allocator call latency and failures), once set.
@@ -124,7 +124,7 @@ impl GlobalSync {
             client_settings(settings.request_timeout_ms),
             connector,
         )?;
-        let boot_id = u64::try_from(clock.now_ms()).unwrap_or(0);
+        let runs = std::sync::Mutex::new(run_generator(&settings, &*clock));
         Ok(GlobalSync {
             region,
             settings,
@@ -133,7 +133,7 @@ impl GlobalSync {
             store,
             keys,
             clock,
-            boot_id,
+            runs,
             started: Instant::now(),
             observer: RwLock::new(None),
             metrics: std::sync::OnceLock::new(),
@@ -655,17 +655,20 @@ impl GlobalSync {
         slot: &PoolSlot,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), SyncError> {
-        // Several agents per Region: the syncer's term names the ids too
+        // Several agents per Region: only a syncer's term asks for chunks
         // (a term that ended has nothing to ask for).
-        let token = if self.shared() {
-            let Some(token) = self.role.borrow().token_now() else {
-                return Ok(());
-            };
-            Some(token)
-        } else {
-            None
+        if self.shared() && self.role.borrow().token_now().is_none() {
+            return Ok(());
+        }
+        // A fresh random run per sync run: no run reuses another's ids.
+        let run = {
+            let mut runs = self
+                .runs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            shared::run_from(&mut *runs)
         };
-        let prefix = shared::lease_id_prefix(&self.region, self.boot_id, token);
+        let prefix = shared::lease_id_prefix(&self.region, run);
         let mut holder = ChunkHolder::new(
             ChunkConfig {
                 want_millitokens: pool.chunk_millitokens(),
@@ -905,6 +908,20 @@ impl GlobalSync {
                 let _ = holder.spend(spent, self.wall_ms());
             }
         }
+    }
+}
+
+/// The OS-seeded generator of lease-id runs, or — in the simulation
+/// ([`GlobalSettings::sim_lease_id_seed`]) — one seeded with the seed and
+/// the clock at start, so a run replays and a restart draws new ids.
+fn run_generator(settings: &GlobalSettings, clock: &dyn Clock) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    match settings.sim_lease_id_seed {
+        Some(seed) => {
+            let now_ms = u64::try_from(clock.now_ms()).unwrap_or(0);
+            rand::rngs::StdRng::seed_from_u64(seed ^ now_ms.rotate_left(17))
+        }
+        None => rand::rngs::StdRng::from_entropy(),
     }
 }
 

@@ -33,6 +33,24 @@ pub enum InstallError {
     },
 }
 
+/// Most a `ReloadPolicy` call may raise the version in force by: 2^32
+/// (room for versions that are dates, `2026120401`, or epoch seconds,
+/// from 1). A bigger jump comes from the policy file, which is trusted;
+/// over the RPC it is refused, so no single call (`version = i64::MAX`)
+/// can freeze the policy against every later version.
+pub const MAX_RPC_VERSION_STEP: u64 = 1 << 32;
+
+/// `offered` is within [`MAX_RPC_VERSION_STEP`] of `current`: the refusal
+/// names the field.
+pub fn check_rpc_version_step(current: u64, offered: u64) -> Result<(), String> {
+    if offered > current.saturating_add(MAX_RPC_VERSION_STEP) {
+        return Err(format!(
+            "version: {offered} is more than {MAX_RPC_VERSION_STEP} above version {current} in              force; a ReloadPolicy may raise the version by at most that step (a bigger jump              goes through the policy file)"
+        ));
+    }
+    Ok(())
+}
+
 /// Holds the bundle in force. Send + Sync; cheap to read.
 #[derive(Debug)]
 pub struct PolicyHolder {
@@ -109,6 +127,17 @@ mod tests {
             source: "test".into(),
             domains: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn an_rpc_may_raise_the_version_by_one_step_at_most() {
+        assert!(check_rpc_version_step(1, 1 + MAX_RPC_VERSION_STEP).is_ok());
+        let refused = check_rpc_version_step(1, i64::MAX as u64).unwrap_err();
+        assert!(
+            refused.starts_with("version: 9223372036854775807"),
+            "{refused}"
+        );
+        assert!(check_rpc_version_step(u64::MAX - 1, u64::MAX).is_ok());
     }
 
     #[test]

@@ -106,7 +106,7 @@
 //!
 //! Entry keys are 1–64 bytes of printable ASCII; each fills one field;
 //! 1–8 principal keys. Every other entry of a descriptor is a descriptor
-//! rules match on (see `crate::envoy_target`).
+//! rules match on (see `crate::envoy::target`).
 //!
 //! Bounds: a bundle is at most 1 MiB, 64 domains, 1,024 rules per domain;
 //! one parse reports at most 20 errors.
@@ -120,7 +120,9 @@ pub mod validate;
 pub mod watch;
 
 pub use error::{PolicyError, PolicyErrors, Problem, MAX_ERRORS};
-pub use holder::{InstallError, Installed, PolicyHolder};
+pub use holder::{
+    check_rpc_version_step, InstallError, Installed, PolicyHolder, MAX_RPC_VERSION_STEP,
+};
 pub use model::{
     Algorithm, Bundle, ConcurrencyCap, Domain, EnvoyMapping, FailMode, Leased, Match, Rate, Rule,
     Scope, MIN_BLOCK_TOKENS,

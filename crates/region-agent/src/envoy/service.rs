@@ -3,11 +3,11 @@
 //! unchanged.
 //!
 //! Which semantics answer a request is chosen by its domain:
-//! - a domain of the envoyproxy/ratelimit YAML config ([`crate::rls_engine`]):
+//! - a domain of the envoyproxy/ratelimit YAML config ([`crate::envoy::yaml_engine`]):
 //!   upstream's semantics exactly (descriptor trees, fixed windows, full
 //!   statuses, `response_headers_to_add`);
 //! - a domain of the TOML policy bundle: each descriptor is one native
-//!   Check on the target [`crate::envoy_target`] reads from its entries
+//!   Check on the target [`crate::envoy::target`] reads from its entries
 //!   (the domain's `[domain.envoy]` names which entry is the tenant, the
 //!   principal, the route group and the method; any key and any UTF-8
 //!   value is accepted). A descriptor without a tenant (and no
@@ -38,10 +38,10 @@ use leasehold_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::decide::Decider;
+use crate::envoy::ratelimit::answer::{self, CurrentLimit};
+use crate::envoy::yaml_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
+use crate::envoy::{status as envoy_status, target as envoy_target};
 use crate::request::InvalidField;
-use crate::rls::answer::{self, CurrentLimit};
-use crate::rls_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
-use crate::{envoy_status, envoy_target};
 
 /// Most descriptors in one request.
 pub const MAX_RLS_DESCRIPTORS: usize = 64;
@@ -152,7 +152,7 @@ pub fn rls_request(request: &rls::RateLimitRequest) -> RlsRequest {
 }
 
 /// An engine answer as the proto.
-pub fn response_of(answer: &crate::rls_engine::RlsAnswer) -> rls::RateLimitResponse {
+pub fn response_of(answer: &crate::envoy::yaml_engine::RlsAnswer) -> rls::RateLimitResponse {
     let code = |c: answer::Code| match c {
         answer::Code::Ok => Code::Ok as i32,
         answer::Code::OverLimit => Code::OverLimit as i32,

@@ -2,7 +2,7 @@
 //! target (pure: no I/O, no clock).
 //!
 //! Envoy sends whatever its actions produce: any keys, any UTF-8 values (up
-//! to the RLS bounds of `crate::envoy`), keys repeated, entries in any
+//! to the RLS bounds of `crate::envoy::service`), keys repeated, entries in any
 //! number. None of that is refused here. The domain's `[domain.envoy]`
 //! ([`EnvoyMapping`]) names which entries fill the tenant, the principal,
 //! the route group and the method; every other entry is a descriptor rules

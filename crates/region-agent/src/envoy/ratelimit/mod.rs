@@ -1,6 +1,6 @@
 //! envoyproxy/ratelimit compatibility (issue 12): its YAML configs read
 //! unchanged and its semantics, as pure functions the Envoy RLS service
-//! ([`crate::envoy`]) calls.
+//! ([`crate::envoy::service`]) calls.
 //!
 //! - [`yaml`]: a YAML document as a tree whose nodes know their lines.
 //! - [`config`]: one domain per file → a descriptor tree; load errors name `file:line`.

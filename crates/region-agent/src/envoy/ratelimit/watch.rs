@@ -1,5 +1,5 @@
 //! The envoyproxy/ratelimit config directory in force, and its hot reload:
-//! the only part of [`crate::rls`] that does I/O.
+//! the only part of [`crate::envoy::ratelimit`] that does I/O.
 //!
 //! Every `poll` the directory's listing (names, sizes, modification times)
 //! is looked at; when it changed, every file is read and parsed

@@ -16,8 +16,8 @@
 //!   left it by then).
 
 use crate::algorithm::bucket::BucketParams;
+use crate::envoy::ratelimit::unit::Unit;
 use crate::policy::{Algorithm, Rule};
-use crate::rls::unit::Unit;
 
 /// `amount` per `period_ms` as requests per one of Envoy's units (see the
 /// module doc); None when it is below 1 per year. (Millitokens per

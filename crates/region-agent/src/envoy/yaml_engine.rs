@@ -1,5 +1,5 @@
 //! Answers ShouldRateLimit for the domains of an envoyproxy/ratelimit YAML
-//! config exactly as upstream does ([`crate::rls`] holds the semantics;
+//! config exactly as upstream does ([`crate::envoy::ratelimit`] holds the semantics;
 //! this shell runs the counters on the store).
 //!
 //! One request: every descriptor is matched (a `limit` override in the
@@ -11,14 +11,14 @@
 //! errors do.
 //!
 //! A rule with Leasehold's extension (`leasehold: {algorithm: …}` or
-//! `{pool: …}`) is planned and read by [`crate::rls_ext`] instead, its call
+//! `{pool: …}`) is planned and read by [`crate::envoy::extension_counters`] instead, its call
 //! in the same batch; its fail mode answers when the store cannot.
 //!
 //! Upstream's options (`[ratelimit]`): counter TTLs get a random jitter
 //! drawn here (the script takes it as an argument);
 //! `stop_increment_when_over_limit` looks at every counter first (one more
 //! round trip) and counts as upstream's `fixed_cache_impl.go` then does;
-//! the local over-limit cache ([`crate::rls::over_limit_cache`]) answers a
+//! the local over-limit cache ([`crate::envoy::ratelimit::over_limit_cache`]) answers a
 //! counter known over without a store call.
 
 use std::borrow::Cow;
@@ -27,18 +27,18 @@ use std::sync::{Arc, Mutex};
 use rand::Rng;
 
 use crate::decide::Decider;
+use crate::envoy::extension_counters::{self as rls_ext, ExtPlan, ExtRule, Pending};
+use crate::envoy::ratelimit::answer::{self, CurrentLimit, Headers, Outcome, Status};
+use crate::envoy::ratelimit::config::Limit;
+use crate::envoy::ratelimit::over_limit_cache::OverLimitCache;
+use crate::envoy::ratelimit::tree;
+use crate::envoy::ratelimit::unit::Unit;
+use crate::envoy::ratelimit::watch::RlsHolder;
 use crate::request::InvalidField;
-use crate::rls::answer::{self, CurrentLimit, Headers, Outcome, Status};
-use crate::rls::config::Limit;
-use crate::rls::over_limit_cache::OverLimitCache;
-use crate::rls::tree;
-use crate::rls::unit::Unit;
-use crate::rls::watch::RlsHolder;
-use crate::rls_ext::{self, ExtPlan, ExtRule, Pending};
 use crate::store::script::{reply, ScriptCall, ScriptKind};
 
 // Defined beside the extension rules that need them (no import circle).
-pub use crate::rls_ext::{RlsError, COUNTER_SLACK_MS};
+pub use crate::envoy::extension_counters::{RlsError, COUNTER_SLACK_MS};
 
 /// Cap on `[ratelimit] expiration_jitter_max_seconds` (one day).
 pub const MAX_EXPIRATION_JITTER_S: u64 = 86_400;

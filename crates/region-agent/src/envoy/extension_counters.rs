@@ -1,5 +1,5 @@
 //! The counters of a ratelimit YAML rule carrying Leasehold's extension
-//! (`rate_limit.leasehold`, read by [`crate::rls::config`]): the store call
+//! (`rate_limit.leasehold`, read by [`crate::envoy::ratelimit::config`]): the store call
 //! it needs, how its reply becomes a status, and its fail mode.
 //!
 //! - `algorithm: …` — the limit `requests_per_unit` per `unit` on one of
@@ -33,13 +33,13 @@ use std::sync::LazyLock;
 
 use crate::algorithm::bucket::BucketParams;
 use crate::decide::{store_cause, Decider, MILLI, NO_ROOM_RETRY_MS};
+use crate::envoy::ratelimit::answer::{CurrentLimit, Outcome};
+use crate::envoy::ratelimit::config::{Extension, ExtensionFailMode};
+use crate::envoy::ratelimit::extension::{self, Counter};
+use crate::envoy::ratelimit::unit::Unit;
 use crate::fallback::LocalCharge;
 use crate::global::room::Room;
 use crate::request::InvalidField;
-use crate::rls::answer::{CurrentLimit, Outcome};
-use crate::rls::config::{Extension, ExtensionFailMode};
-use crate::rls::extension::{self, Counter};
-use crate::rls::unit::Unit;
 use crate::store::script::{reply, ScriptCall, ScriptKind};
 use crate::store::CallResult;
 

@@ -1,0 +1,22 @@
+//! Everything Envoy: the rooms a stock Envoy (or Istio) gateway talks to,
+//! beside the core decision code they call ([`crate::decide`]).
+//!
+//! - [`service`]: Envoy's rate-limit service (`envoy.service.ratelimit.v3`)
+//!   — which semantics answer a request is chosen by its domain;
+//! - [`json`]: the same messages as protojson, for upstream's HTTP `/json`;
+//! - [`target`] and [`status`]: a TOML-policy domain's descriptor as a
+//!   native Check's target, and what its status reports (pure);
+//! - [`ratelimit`]: envoyproxy/ratelimit's YAML configs and semantics, as
+//!   pure functions (descriptor trees, units, answers, its over-limit
+//!   cache) and the config's hot reload;
+//! - [`yaml_engine`]: the shell that runs a YAML domain's counters on the
+//!   store, and [`extension_counters`]: those of a YAML rule carrying
+//!   Leasehold's `leasehold:` extension.
+
+pub mod extension_counters;
+pub mod json;
+pub mod ratelimit;
+pub mod service;
+pub mod status;
+pub mod target;
+pub mod yaml_engine;
