@@ -16,9 +16,9 @@ use leasehold_allocator::config::{
 };
 use leasehold_allocator::id::{PoolId, RegionId};
 use leasehold_allocator::node_config::{parse_pools, read_config_file, NodeConfig};
-use leasehold_allocator::raft::node::{self, InitMode};
 use leasehold_allocator::raft::recover;
 use leasehold_allocator::render::{self, Format, View};
+use leasehold_allocator::running::{self as node, InitMode};
 use leasehold_allocator::transport::TlsNodeConnector;
 use leasehold_allocator::units;
 use leasehold_allocator::wire;

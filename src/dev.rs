@@ -31,7 +31,7 @@ use leasehold_allocator::client::{AllocatorClient, ClientSettings};
 use leasehold_allocator::config::PoolConfig;
 use leasehold_allocator::node_config::{parse_pools, NodeConfig, SeedPool};
 use leasehold_allocator::raft::network::lazy_channel;
-use leasehold_allocator::raft::node::{self, InitMode, RunningNode};
+use leasehold_allocator::running::{self as node, InitMode, RunningNode};
 use leasehold_allocator::transport::TlsNodeConnector;
 use leasehold_proto::agent::v1 as agent_pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;

@@ -1598,7 +1598,7 @@ async fn a_dead_learner_is_logged_once_per_interval_not_per_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_stuck_membership_unbricks_a_cluster_of_one() {
     use leasehold_allocator::node_config::NodeConfig;
-    use leasehold_allocator::raft::node::{self, InitMode};
+    use leasehold_allocator::running::{self as node, InitMode};
 
     let _serial = serial().await;
     let settings = ClusterSettings {

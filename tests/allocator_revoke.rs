@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
 use leasehold_allocator::node_config::NodeConfig;
-use leasehold_allocator::raft::node::{start, InitMode, RunningNode};
+use leasehold_allocator::running::{start, InitMode, RunningNode};
 use leasehold_allocator::transport::TlsNodeConnector;
 use leasehold_allocator::{PoolConfig, RatePoolConfig};
 use leasehold_proto::allocator::v1 as pb;

@@ -131,7 +131,7 @@ cluster_base() { # eu → 6400, us → 6410, ap → 6420: the first of a Region'
 cluster_mode() { [[ -f "$mode_file" && "$(cat "$mode_file")" == cluster ]]; }
 
 # The Redis Cluster of REGION: six nodes (full coverage off, so a failing
-# primary takes down only its own slots, as the README tells production;
+# primary takes down only its own slots, as docs/operating.md tells production;
 # no persistence), joined once by redis-cli --cluster create.
 start_redis_cluster() {
   local region="$1" base port i dir pid seeds=()

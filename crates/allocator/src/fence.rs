@@ -7,7 +7,7 @@
 //! A fenced Region therefore admits nothing from its old room: no command of
 //! its old incarnation can change state.
 
-use crate::command::CommandError;
+use crate::command_error::CommandError;
 use crate::region::{Member, MemberStatus};
 
 /// Admits a command from `member` carrying `incarnation`, or says `Fenced`.

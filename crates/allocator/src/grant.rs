@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::CommandError;
+use crate::command_error::CommandError;
 use crate::config::WindowPoolConfig;
 use crate::fence;
 use crate::id::{LeaseId, PoolId, RegionId};

@@ -32,7 +32,7 @@
 //! ([`transport::Listen`]), keeps its log in sled or in memory, reads wall
 //! time only through its [`clock::WallClock`], and openraft's RNG (the
 //! election timeout) can be seeded per node ([`raft::runtime`]); all of it
-//! is chosen in [`raft::node::NodeParts`] for [`raft::node::start_with`].
+//! is chosen in [`running::NodeParts`] for [`running::start_with`].
 //! The turmoil network and clock are in `sim_net` (feature `turmoil`).
 //!
 //! **Does not own:** Region-local buckets, block leasing and fallback
@@ -102,6 +102,7 @@ pub mod admission;
 pub mod apportion;
 pub mod clock;
 pub mod command;
+pub mod command_error;
 pub mod fence;
 pub mod grant;
 pub mod grant_records;
@@ -110,7 +111,9 @@ pub mod local_cluster;
 pub mod machine;
 pub mod metrics;
 pub mod node_config;
+pub mod outcome;
 pub mod pool;
+pub mod pool_kind;
 pub mod probe_url;
 pub mod prober;
 pub mod raft;
@@ -120,6 +123,7 @@ pub mod region_view;
 pub mod removal;
 pub mod render;
 pub mod revocation;
+pub mod running;
 pub mod service;
 pub mod share;
 pub mod sim_mutation;

@@ -1,6 +1,6 @@
 //! The allocator node's Prometheus metrics (ARCHITECTURE §7), on a
 //! registry of its own (several nodes can live in one process: `leasehold
-//! dev`, tests), served on `metrics_listen` (by `raft::node`).
+//! dev`, tests), served on `metrics_listen` (by `running`).
 //!
 //! Two kinds:
 //! - **Counted** as things happen on this node: proposals by outcome,

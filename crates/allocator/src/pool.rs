@@ -18,24 +18,18 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{CommandError, Outcome};
+use crate::command_error::CommandError;
 use crate::config::PoolConfig;
 use crate::grant::WindowPool;
 use crate::id::{PoolId, RegionId};
+use crate::outcome::Outcome;
+pub use crate::pool_kind::PoolKind;
 use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
 use crate::removal::Removal;
 use crate::share::RatePool;
 
 /// Cap on pools per machine.
 pub const MAX_POOLS: usize = 1_024;
-
-/// Which kind a pool is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PoolKind {
-    Window,
-    Rate,
-}
 
 /// A pool's state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,7 +202,13 @@ impl Pool {
     ) -> Result<Outcome, CommandError> {
         self.admit_register(pool, region)?;
         let window = match self {
-            Pool::Rate(state) => return state.register(pool, region, now_ms),
+            Pool::Rate(state) => {
+                let share = state.register(pool, region, now_ms)?;
+                return Ok(Outcome::Registered {
+                    incarnation: share.incarnation,
+                    share: Some(share),
+                });
+            }
             Pool::Window(window) => window,
         };
         let incarnation = window.retired.next_incarnation();

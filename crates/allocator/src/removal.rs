@@ -41,15 +41,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ReclaimPolicy;
 use crate::id::RegionId;
+pub use crate::share::PendingRemoval;
 use crate::share::{RateMember, RatePool};
-
-/// A rate-pool member an admin asked to remove, waiting for its old share to
-/// be released (see the module docs).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PendingRemoval {
-    /// Allocator time of the `RemoveRegion` that started it.
-    pub requested_at_ms: u64,
-}
 
 /// What removing a member did to its pool ([`crate::pool::Pool::remove`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -106,12 +106,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::apportion::apportion;
-use crate::command::{CommandError, Outcome};
+use crate::command_error::CommandError;
 use crate::config::RatePoolConfig;
 use crate::fence;
 use crate::id::{PoolId, RegionId};
 use crate::region::{Member, Retired, MAX_REGIONS_PER_POOL};
-use crate::removal::PendingRemoval;
 use crate::sim_mutation;
 
 /// Targets for live Regions with these demands, Σ = `limit` exactly:
@@ -420,7 +419,7 @@ impl RatePool {
         pool: &PoolId,
         region: &RegionId,
         now_ms: u64,
-    ) -> Result<Outcome, CommandError> {
+    ) -> Result<ShareReply, CommandError> {
         match self.members.get_mut(region) {
             Some(member) if member.member.is_live() => member.member.last_heard_ms = now_ms,
             Some(member) => {
@@ -460,11 +459,7 @@ impl RatePool {
         // others only through the handoff. Its first Rebalance takes its
         // target from unassigned room at once.
         debug_assert_eq!(self.check(), Ok(()));
-        let reply = self.reply(region, target);
-        Ok(Outcome::Registered {
-            incarnation: reply.incarnation,
-            share: Some(reply),
-        })
+        Ok(self.reply(region, target))
     }
 
     /// `UpdatePool` of a rate pool (config already validated): a higher L
@@ -739,6 +734,14 @@ impl RatePool {
             fallback_allowance_millitokens_per_s: self.config.fallback_allowance_millitokens_per_s,
         }
     }
+}
+
+/// A rate-pool member an admin asked to remove, waiting for its old share to
+/// be released ([`crate::removal`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRemoval {
+    /// Allocator time of the `RemoveRegion` that started it.
+    pub requested_at_ms: u64,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use leasehold_allocator::node_config::{GrpcLimits, NodeConfig, ProberSettings, RaftSettings};
-use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
+use leasehold_allocator::running::{start_with, InitMode, MemoryDisk, NodeParts};
 use leasehold_proto::allocator::v1 as pb;
 use pb::allocator_client::AllocatorClient;
 use pb::raft_client::RaftClient;

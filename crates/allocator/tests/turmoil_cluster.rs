@@ -23,8 +23,8 @@ use leasehold_allocator::client::{AllocatorClient, ClientSettings};
 use leasehold_allocator::id::{LeaseId, RegionId};
 use leasehold_allocator::node_config::{NodeConfig, ProberSettings, RaftSettings};
 use leasehold_allocator::pool::Pool;
-use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
 use leasehold_allocator::raft::types::LogId;
+use leasehold_allocator::running::{start_with, InitMode, MemoryDisk, NodeParts};
 use leasehold_allocator::{sim_net, PoolConfig, RatePoolConfig, WindowPoolConfig};
 use leasehold_proto::allocator::v1 as pb;
 
@@ -494,7 +494,7 @@ fn a_late_report_from_a_lapsed_lease_region_is_fenced_before_any_tick() {
 fn a_stopping_leader_hands_over_before_any_election_timeout() {
     let raft = RaftSettings::default();
     let stop_leader: Arc<Mutex<Option<u64>>> = Arc::default();
-    let stopped: Arc<Mutex<Option<(Duration, leasehold_allocator::raft::node::NodeStopReport)>>> =
+    let stopped: Arc<Mutex<Option<(Duration, leasehold_allocator::running::NodeStopReport)>>> =
         Arc::default();
     let mut sim = turmoil::Builder::new()
         .rng_seed(11)

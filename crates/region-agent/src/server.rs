@@ -932,7 +932,7 @@ mod tests {
 
     // The allocator (a dev-dependency) only to start an in-process node.
     use leasehold_allocator::node_config::{NodeConfig, ProberSettings, RaftSettings, SeedPool};
-    use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
+    use leasehold_allocator::running::{start_with, InitMode, MemoryDisk, NodeParts};
     use leasehold_allocator_client::config::{
         PoolConfig, RatePoolConfig, ReclaimPolicy, WindowPoolConfig,
     };

@@ -560,7 +560,7 @@ fn a_killed_primary_degrades_only_its_keys_until_its_replica_serves_them() {
     loop {
         let replies = rt.block_on(store.run_batch(&batch));
         if replies.iter().all(Result::is_ok) {
-            // The README's failover figure (`--nocapture`).
+            // docs/operating.md's failover figure (`--nocapture`).
             eprintln!(
                 "killed primary's keys served again {:?} after the kill (cluster-node-timeout {} ms)",
                 killed_at.elapsed(),

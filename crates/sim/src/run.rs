@@ -1,6 +1,6 @@
 //! One seeded run of a scenario on turmoil hosts, all running the real code:
 //!
-//! - `n1..nN`: allocator nodes (`raft::node::start_with`: in-memory log
+//! - `n1..nN`: allocator nodes (`running::start_with`: in-memory log
 //!   store, the real state machine, tonic over turmoil TCP, a seeded
 //!   openraft RNG, the simulated clock plus the host's skew);
 //! - `agent-<region>`: a Region agent (`server::build`: decider on the
@@ -35,7 +35,7 @@ use leasehold_allocator::node_config::{
 };
 use leasehold_allocator::pool::Pool;
 use leasehold_allocator::prober::{self, ProbeOutcome};
-use leasehold_allocator::raft::node::{start_with, InitMode, MemoryDisk, NodeParts};
+use leasehold_allocator::running::{start_with, InitMode, MemoryDisk, NodeParts};
 use leasehold_allocator::sim_net;
 use leasehold_client::{AdmitRequest, FailMode, Limiter, LimiterConfig};
 use leasehold_proto::agent::v1 as agent_pb;

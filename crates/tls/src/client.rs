@@ -30,27 +30,17 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::TlsError;
 use crate::files::{check_own_cert, load_certs, load_error, load_key, load_roots, TlsFiles};
-use crate::identity::Identity;
-use crate::reload::{Build, ReloadingClientConfig, DEFAULT_CHECK_INTERVAL};
+use crate::reload::{Build, Reloading, DEFAULT_CHECK_INTERVAL};
 use crate::server::{
     check_handshake_timeout, check_trust_domain, provider, Alpn, DEFAULT_HANDSHAKE_TIMEOUT,
 };
+pub use crate::verify::ExpectedPeer;
 use crate::verify::{handshake_reason, SpiffeServerVerifier};
 
-/// Which server a client accepts, beyond "its chain verifies to the CA".
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ExpectedPeer {
-    /// Any identity of the trust domain.
-    AnyOfTrustDomain,
-    /// Any allocator node (`/node/<id>`): what a client of the allocator
-    /// expects when it does not know which node answers at an address; a
-    /// Region's or a gateway's certificate cannot pose as the allocator.
-    AnyNode,
-    /// Any Region's agent (`/region/<r>`): the prober's health probes.
-    AnyRegion,
-    /// Exactly this identity (e.g. `/node/2` for node 2's raft port).
-    Identity(Identity),
-}
+/// The client side of [`crate::reload`]: roots and certified key; the
+/// `ClientConfig` is made per connection, since the expected peer is part
+/// of its verifier.
+pub type ReloadingClientConfig = Reloading<ClientMaterial>;
 
 /// What a client's configs are made from, re-read on change.
 pub struct ClientMaterial {

@@ -51,10 +51,11 @@ pub mod server;
 pub mod settings;
 mod verify;
 
+pub use client::ReloadingClientConfig;
 pub use client::{channel, lazy_channel, ClientOptions, ExpectedPeer, GrpcConnector, TlsConnector};
 pub use error::TlsError;
 pub use files::TlsFiles;
 pub use identity::{identity_of, parse_identity_path, parse_spiffe, Identity, IdentityError};
-pub use reload::{Reloading, ReloadingClientConfig, ReloadingServerConfig};
+pub use reload::{Reloading, ReloadingServerConfig};
 pub use server::{incoming, peer, Alpn, PeerInfo, ServerOptions, TlsAcceptor, TlsConnection};
 pub use settings::{warn_plaintext, TlsSettings};

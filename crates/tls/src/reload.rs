@@ -53,10 +53,8 @@ pub struct Reloading<T> {
 /// The server side: a whole rustls `ServerConfig` (CA, certificate, key).
 pub type ReloadingServerConfig = Reloading<rustls::ServerConfig>;
 
-/// The client side: roots and certified key (`client::ClientMaterial`); the
-/// `ClientConfig` is made per connection, since the expected peer is part
-/// of its verifier.
-pub type ReloadingClientConfig = Reloading<crate::client::ClientMaterial>;
+// The client side (`client::ReloadingClientConfig`) is defined with the
+// client's material, so this module needs nothing above it.
 
 fn stamps(files: &TlsFiles) -> [Stamp; 3] {
     files.all().map(stamp)

@@ -24,8 +24,22 @@ use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, OtherEr
 use rustls::{RootCertStore, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::client::ExpectedPeer;
-use crate::identity::{identity_of, IdentityError};
+use crate::identity::{identity_of, Identity, IdentityError};
+
+/// Which server a client accepts, beyond "its chain verifies to the CA".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpectedPeer {
+    /// Any identity of the trust domain.
+    AnyOfTrustDomain,
+    /// Any allocator node (`/node/<id>`): what a client of the allocator
+    /// expects when it does not know which node answers at an address; a
+    /// Region's or a gateway's certificate cannot pose as the allocator.
+    AnyNode,
+    /// Any Region's agent (`/region/<r>`): the prober's health probes.
+    AnyRegion,
+    /// Exactly this identity (e.g. `/node/2` for node 2's raft port).
+    Identity(Identity),
+}
 
 /// An identity error as a rustls certificate error (the handshake then
 /// fails with a `bad_certificate` alert carrying our reason locally).

@@ -3,8 +3,8 @@
 //! module feeds it committed entries and stores the log.
 //!
 //! - [`types`]: the raft type configuration (what an entry carries).
-//! - [`storage`]: a node's one sled Db, its serialized flushes, errors and
-//!   [`open_node_storage`].
+//! - [`storage`]: a node's one sled Db, its serialized flushes and errors;
+//!   [`disk`]: [`open_node_storage`] (the log and the state machine on it).
 //! - [`log_store`]: the raft log, durable ([`SledLogStore`]) or in memory
 //!   ([`MemLogStore`]).
 //! - [`state_machine`]: [`StateMachineStore`], applying committed entries to
@@ -14,11 +14,12 @@
 //! - [`senders`]: who may send this node raft messages (the certificate's
 //!   node, as itself, a member).
 //! - [`membership`]: what an AddNode or RemoveNode may do (pure rules).
-//! - [`node`]: a running node ([`node::start`], [`node::start_with`]),
-//!   membership requests carried out on the leader.
+//! - [`node`]: a node's handle (proposals, reads, membership requests
+//!   carried out on the leader); starting one is [`crate::running`].
 //! - [`recover`]: offline rollback of a stuck membership entry on a stopped
 //!   node's sled files (`leasehold allocator --drop-stuck-membership`).
 
+pub mod disk;
 pub mod handover;
 pub mod log_store;
 pub mod membership;
@@ -31,7 +32,8 @@ pub mod state_machine;
 pub mod storage;
 pub mod types;
 
+pub use disk::open_node_storage;
 pub use log_store::{MemLogStore, SledLogStore};
 pub use state_machine::{AppliedState, StateMachineStore};
-pub use storage::{open_node_storage, NodeDb, StoreError};
+pub use storage::{NodeDb, StoreError};
 pub use types::{NodeId, Proposal, ProposalResponse, Raft, TypeConfig, MAX_COMMANDS_PER_ENTRY};

@@ -139,7 +139,7 @@ impl SnapshotDisk {
 /// invariants at every applied entry, on every node ([`MemoryDisk`]
 /// installs it on each boot). Not reachable from config or the wire.
 ///
-/// [`MemoryDisk`]: crate::raft::node::MemoryDisk
+/// [`MemoryDisk`]: crate::running::MemoryDisk
 pub type ApplyObserver =
     Arc<dyn Fn(&Machine, &StampedCommand, &Result<Reply, Rejection>) + Send + Sync>;
 

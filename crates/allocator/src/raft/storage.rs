@@ -21,8 +21,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::raft::log_store::SledLogStore;
-use crate::raft::state_machine::StateMachineStore;
 use crate::snapshot::SnapshotError;
 
 /// Tree of log entries.
@@ -158,15 +156,4 @@ impl NodeDb {
     pub(crate) fn flusher(&self) -> &Arc<Flusher> {
         &self.flusher
     }
-}
-
-/// Opens one sled Db in `dir` and builds the node's durable log store and
-/// its state machine (restored from the last persisted snapshot, if any).
-/// openraft then re-applies the committed log after the snapshot when the
-/// `Raft` starts.
-pub fn open_node_storage(dir: &Path) -> Result<(SledLogStore, StateMachineStore), StoreError> {
-    let db = NodeDb::open(dir)?;
-    let log_store = SledLogStore::open(&db)?;
-    let state_machine = StateMachineStore::open_sled(&db)?;
-    Ok((log_store, state_machine))
 }
