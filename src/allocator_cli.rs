@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::render::{self, Format, View};
 use clap::{Args, Subcommand, ValueEnum};
 use leasehold_allocator::client::{AllocatorClient, ClientError, ClientSettings};
 use leasehold_allocator::config::{
@@ -17,7 +18,6 @@ use leasehold_allocator::config::{
 use leasehold_allocator::id::{PoolId, RegionId};
 use leasehold_allocator::node_config::{parse_pools, read_config_file, NodeConfig};
 use leasehold_allocator::raft::recover;
-use leasehold_allocator::render::{self, Format, View};
 use leasehold_allocator::running::{self as node, InitMode};
 use leasehold_allocator::transport::TlsNodeConnector;
 use leasehold_allocator::units;

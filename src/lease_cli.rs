@@ -2,8 +2,8 @@
 //! agent's Status, read as `sre` under mTLS with each agent pinned to the
 //! Region its `--agent region/<r>@host:port` names ([`crate::pinning`]).
 
+use crate::render::{self, View};
 use clap::Subcommand;
-use leasehold_allocator::render::{self, View};
 use leasehold_tls::{ExpectedPeer, Identity, TlsSettings};
 
 use crate::allocator_cli::{now_ms, TlsArgs};

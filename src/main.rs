@@ -16,6 +16,7 @@ mod dev_flags;
 mod identity_cli;
 mod lease_cli;
 mod pinning;
+mod render;
 mod signals;
 mod sim_cli;
 

@@ -121,7 +121,6 @@ pub mod reclaim;
 pub mod region;
 pub mod region_view;
 pub mod removal;
-pub mod render;
 pub mod revocation;
 pub mod running;
 pub mod service;
