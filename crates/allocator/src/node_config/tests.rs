@@ -1,5 +1,6 @@
 //! Tests of `node_config.rs`, kept beside it so the code reads on its own.
 
+use super::pools_file::*;
 use super::*;
 
 const GOOD: &str = r#"plaintext = true

@@ -1,6 +1,8 @@
-//! Tests of `sync.rs`, kept beside it so the code reads on its own.
+//! Tests of the sync loops' pure helpers.
 
+use super::rate::*;
 use super::*;
+use crate::global::share_sync::AgentReclaim;
 
 #[test]
 fn agent_reclaim_follows_the_pool_policy() {
