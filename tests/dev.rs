@@ -4,8 +4,10 @@
 //! system to do something (bounded), never for a duration, and assert no
 //! timings.
 
+mod common_ports;
+use common_ports::{free_offset, port_is_free};
+
 use std::collections::BTreeSet;
-use std::hash::{BuildHasher, Hasher};
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -60,51 +62,6 @@ fn all_ports(offset: u16) -> Vec<u16> {
         .chain(agents)
         .map(|port| port + offset)
         .collect()
-}
-
-fn port_is_free(port: u16) -> bool {
-    TcpListener::bind(("127.0.0.1", port)).is_ok()
-}
-
-/// The lowest offset [`free_offset`] picks.
-const LOWEST_OFFSET: u16 = 1_000;
-/// Above every default port (7101..=7303) with some room to spare.
-const PORT_ROOM: u16 = 7_400;
-
-/// The low end of Linux's ephemeral port range: the kernel hands ports from
-/// there on to outgoing connections (ours included), so a listener port
-/// inside it can be taken between the free check and the bind.
-fn ephemeral_low() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768) // Linux's default
-}
-
-/// A random offset whose ports are all free now and all below the
-/// ephemeral range; random so concurrent runs rarely pick the same ones.
-fn free_offset() -> u16 {
-    let low = ephemeral_low();
-    assert!(
-        low > PORT_ROOM + LOWEST_OFFSET + 1_000,
-        "ephemeral ports start at {low}: no room below them for the dev ports"
-    );
-    let span = low - PORT_ROOM - LOWEST_OFFSET;
-    for _ in 0..200 {
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        let offset = LOWEST_OFFSET + (random % u64::from(span)) as u16;
-        let ports = all_ports(offset);
-        debug_assert!(ports.iter().all(|port| *port < low));
-        if ports.into_iter().all(port_is_free) {
-            return offset;
-        }
-    }
-    panic!(
-        "no offset in {LOWEST_OFFSET}..{} with all its ports free",
-        LOWEST_OFFSET + span
-    );
 }
 
 /// The shifted allocators, each pinned to its node id (mTLS needs it).
@@ -419,7 +376,7 @@ async fn check(
 #[test]
 fn dev_cluster_shares_the_rate_pool_serves_checks_and_stops_cleanly_on_sigterm() {
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let offset = free_offset();
+    let offset = free_offset(all_ports);
     let mut dev = Dev::start(offset, &[]);
 
     let (limit, shares) = dev.wait_for("every Region holds a share of api-rate", |_| {
@@ -538,7 +495,7 @@ fn admitted_per_s(line: &str) -> Option<u64> {
 #[test]
 fn dev_demo_reports_each_region_and_the_sum_and_stops_on_ctrl_c() {
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let offset = free_offset();
+    let offset = free_offset(all_ports);
     let mut dev = Dev::start(offset, &["--demo", "--demo-scale", "0.2"]);
     assert!(dev.wait_for("the demo's header", |dev| {
         dev.stdout()
@@ -605,7 +562,7 @@ fn dev_refuses_bad_flags_with_usage_errors_and_starts_nothing() {
 #[test]
 fn dev_names_a_busy_port_and_exits_without_starting() {
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let offset = free_offset();
+    let offset = free_offset(all_ports);
     let busy_port = 7192 + offset;
     let _holder = TcpListener::bind(("127.0.0.1", busy_port)).unwrap();
     let mut child = leasehold()
@@ -646,7 +603,7 @@ fn dev_names_a_busy_port_and_exits_without_starting() {
 #[test]
 fn dev_cluster_flag_runs_each_region_on_a_redis_cluster_with_two_agents_and_one_syncer() {
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let offset = free_offset();
+    let offset = free_offset(all_ports);
     let mut dev = Dev::start(offset, &["--cluster"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     // The second agent of a Region listens 10 above the first's gRPC port
@@ -717,7 +674,7 @@ fn dev_refuses_a_certificates_directory_others_may_write_and_writes_nothing() {
         .args([
             "dev",
             "--port-offset",
-            &free_offset().to_string(),
+            &free_offset(all_ports).to_string(),
             "--certs-dir",
         ])
         .arg(&planted)

@@ -7,10 +7,12 @@
 //! `up == 1` on every target and for the allocators' per-Region share
 //! series, never for a duration, and asserts no timings.
 
+mod common_ports;
+use common_ports::free_offset;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{BuildHasher, Hasher};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -84,49 +86,6 @@ fn all_ports(offset: u16) -> Vec<u16> {
         .chain([PROMETHEUS_PORT])
         .map(|port| port + offset)
         .collect()
-}
-
-fn port_is_free(port: u16) -> bool {
-    TcpListener::bind(("127.0.0.1", port)).is_ok()
-}
-
-/// The lowest offset [`free_offset`] picks.
-const LOWEST_OFFSET: u16 = 1_000;
-/// Above every port of [`all_ports`] with some room to spare.
-const PORT_ROOM: u16 = 7_400;
-
-/// The low end of Linux's ephemeral port range: a listener port inside it
-/// can be taken by an outgoing connection between the free check and the
-/// bind.
-fn ephemeral_low() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768) // Linux's default
-}
-
-/// A random offset whose ports are all free now and all below the
-/// ephemeral range; random so concurrent runs rarely pick the same ones.
-fn free_offset() -> u16 {
-    let low = ephemeral_low();
-    assert!(
-        low > PORT_ROOM + LOWEST_OFFSET + 1_000,
-        "ephemeral ports start at {low}: no room below them for the dev ports"
-    );
-    let span = low - PORT_ROOM - LOWEST_OFFSET;
-    for _ in 0..200 {
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        let offset = LOWEST_OFFSET + (random % u64::from(span)) as u16;
-        if all_ports(offset).into_iter().all(port_is_free) {
-            return offset;
-        }
-    }
-    panic!(
-        "no offset in {LOWEST_OFFSET}..{} with all its ports free",
-        LOWEST_OFFSET + span
-    );
 }
 
 /// `program` runs (`--version`), or the test fails saying how to install it.
@@ -425,7 +384,7 @@ fn the_docs_print_the_scrape_config_this_test_uses() {
 fn prometheus_scrapes_every_allocator_node_and_agent_of_leasehold_dev_over_mtls() {
     require("prometheus");
     require("promtool");
-    let offset = free_offset();
+    let offset = free_offset(all_ports);
     let work = tempfile::tempdir().unwrap();
     let certs: PathBuf = work.path().join("certs");
 

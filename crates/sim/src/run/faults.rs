@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-
 use crate::scenario::{agent_host, gateway_host, FaultKind, Scenario};
 
 use super::*;
