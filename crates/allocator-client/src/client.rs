@@ -26,6 +26,22 @@
 //! [`MAX_IN_FLIGHT`] are out at once and the first answer wins (the slower
 //! node becomes a suspect). Membership calls are never hedged.
 //!
+//! **Channels**: one cached channel per address (at most
+//! [`MAX_ADDRESSES`]). An attempt that runs out its deadline, loses to a
+//! hedge, or fails on a broken connection (UNAVAILABLE / UNKNOWN /
+//! CANCELLED without the server's detail) drops that address's channel,
+//! so the next attempt there dials a fresh connection: a partition that
+//! drops packets leaves an HTTP/2 connection that never answers and never
+//! breaks, and a channel kept for ever would send every later call into
+//! it. The connectors' HTTP/2 keepalive ([`transport::KEEPALIVE_INTERVAL`],
+//! [`transport::KEEPALIVE_TIMEOUT`]) is the second line: it closes such a
+//! connection, idle or not, even when no call times out on it: every
+//! connection a partition caught is gone within their sum (3 s) of its
+//! start. So a Region whose partition from every node heals is answered
+//! on its next call, within one sync interval + 1 s of the heal (of the
+//! partition's start + 3 s when it healed sooner): the simulation's
+//! `resync` bound.
+//!
 //! Bounds: each attempt at most [`ClientSettings::call_timeout`]; no
 //! attempt starts after [`ClientSettings::max_attempts`] attempts or
 //! [`ClientSettings::leader_wait`], so a call lasts at most
@@ -148,8 +164,39 @@ impl ClientError {
     }
 }
 
+/// One address's channel and the generation it was opened in: a failed
+/// attempt drops the channel only if it is still the one it used (another
+/// attempt may already have replaced it).
+struct Cached {
+    channel: Channel,
+    generation: u64,
+}
+
+/// The channel cache: at most [`MAX_ADDRESSES`] entries.
+#[derive(Default)]
+struct Channels {
+    by_address: HashMap<String, Cached>,
+    /// Generations handed out so far.
+    opened: u64,
+}
+
+impl Channels {
+    fn insert(&mut self, address: &str, channel: Channel) -> u64 {
+        self.opened += 1;
+        let generation = self.opened;
+        self.by_address.insert(
+            address.to_string(),
+            Cached {
+                channel,
+                generation,
+            },
+        );
+        generation
+    }
+}
+
 struct Shared {
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<Channels>,
     follower: Mutex<Follower>,
     settings: ClientSettings,
     connector: Arc<dyn Connector>,
@@ -241,14 +288,14 @@ impl AllocatorClient {
             });
         }
         let addresses: Vec<String> = targets.iter().map(NodeTarget::to_string).collect();
-        let mut channels = HashMap::new();
+        let mut channels = Channels::default();
         for (address, target) in addresses.iter().zip(&targets) {
             let channel =
                 open_channel(&*connector, target).map_err(|message| ClientError::Address {
                     address: address.clone(),
                     message,
                 })?;
-            channels.insert(address.clone(), channel);
+            channels.insert(address, channel);
         }
         Ok(AllocatorClient {
             shared: Arc::new(Shared {
@@ -279,22 +326,48 @@ impl AllocatorClient {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, String> {
-        let mut channels = self
-            .shared
+    fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
+        self.shared
             .channels
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(channel) = channels.get(address) {
-            return Ok(channel.clone());
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached channel to `address` and its generation, or a new one
+    /// (lazily connected) when there is none.
+    fn channel(&self, address: &str) -> Result<(Channel, u64), String> {
+        let mut channels = self.channels();
+        if let Some(cached) = channels.by_address.get(address) {
+            return Ok((cached.channel.clone(), cached.generation));
         }
-        if channels.len() >= MAX_ADDRESSES {
+        if channels.by_address.len() >= MAX_ADDRESSES {
             return Err(format!("more than {MAX_ADDRESSES} node addresses"));
         }
         let target = NodeTarget::parse(address)?;
         let channel = open_channel(&*self.shared.connector, &target)?;
-        channels.insert(address.to_string(), channel.clone());
-        Ok(channel)
+        let generation = channels.insert(address, channel.clone());
+        Ok((channel, generation))
+    }
+
+    /// Drops the channel of `generation` to `address` (a hung or broken
+    /// connection): the next attempt there dials a new one. A channel
+    /// already replaced stays.
+    fn drop_channel(&self, address: &str, generation: u64, why: &str) {
+        let mut channels = self.channels();
+        if channels
+            .by_address
+            .get(address)
+            .is_some_and(|c| c.generation == generation)
+        {
+            channels.by_address.remove(address);
+            tracing::debug!(%address, why, "dropping the channel; the next attempt reconnects");
+        }
+    }
+
+    /// Channels opened so far (the first ones included): each one more
+    /// than the configured addresses is a reconnect after a dropped one.
+    pub fn channels_opened(&self) -> u64 {
+        self.channels().opened
     }
 
     /// One call with leader following (see the module docs); hedged when
@@ -359,24 +432,25 @@ impl AllocatorClient {
         let mut next_start = started;
         let mut redirect: Option<String> = None;
         let mut in_flight = FuturesUnordered::new();
-        let mut busy: Vec<(String, Instant)> = Vec::new();
+        // Attempts out: address, start, channel generation.
+        let mut busy: Vec<(String, Instant, u64)> = Vec::new();
         loop {
             let now = Instant::now();
             let may_start = attempts < settings.max_attempts
                 && now < stop_starting
                 && in_flight.len() < max_in_flight;
             if may_start && now >= next_start {
-                let busy_addresses: Vec<String> = busy.iter().map(|(a, _)| a.clone()).collect();
+                let busy_addresses: Vec<String> = busy.iter().map(|(a, _, _)| a.clone()).collect();
                 let address = match redirect.take() {
                     Some(leader) => leader,
                     None => self.follower().next(now, &busy_addresses),
                 };
-                let channel = self
-                    .channel(&address)
-                    .map_err(|message| ClientError::Address {
-                        address: address.clone(),
-                        message,
-                    })?;
+                let (channel, generation) =
+                    self.channel(&address)
+                        .map_err(|message| ClientError::Address {
+                            address: address.clone(),
+                            message,
+                        })?;
                 let client = RawClient::new(channel)
                     .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
@@ -384,9 +458,14 @@ impl AllocatorClient {
                 let attempt = send(client, request.clone());
                 let timeout = call_timeout;
                 let tagged = address.clone();
-                in_flight
-                    .push(async move { (tagged, tokio::time::timeout(timeout, attempt).await) });
-                busy.push((address, now));
+                in_flight.push(async move {
+                    (
+                        tagged,
+                        generation,
+                        tokio::time::timeout(timeout, attempt).await,
+                    )
+                });
+                busy.push((address, now, generation));
                 // The next attempt starts only once this one is slow (a
                 // hedge) or has failed.
                 next_start = match hedge_after {
@@ -409,29 +488,40 @@ impl AllocatorClient {
                 Some(done) = in_flight.next() => Some(done),
                 _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => None,
             };
-            let Some((address, outcome)) = finished else {
+            let Some((address, generation, outcome)) = finished else {
                 continue;
             };
-            busy.retain(|(a, _)| *a != address);
+            busy.retain(|(a, _, g)| !(*a == address && *g == generation));
             let now = Instant::now();
             let status = match outcome {
                 Ok(Ok(response)) => {
                     let mut follower = self.follower();
                     follower.on_leader(&address);
                     // Attempts still out after a hedge delay lost to this
-                    // answer: pass their nodes over for a while.
+                    // answer: pass their nodes over for a while, and drop
+                    // their channels (theirs may be a hung connection).
+                    let mut slow = Vec::new();
                     if let Some(after) = hedge_after {
-                        for (slow, began) in &busy {
+                        for (address, began, generation) in &busy {
                             if now.saturating_duration_since(*began) >= after {
-                                follower.on_slow(slow, now);
+                                follower.on_slow(address, now);
+                                slow.push((address, *generation));
                             }
                         }
+                    }
+                    drop(follower);
+                    for (address, generation) in slow {
+                        self.drop_channel(address, generation, "lost to a hedge");
                     }
                     return Ok(response.into_inner());
                 }
                 Ok(Err(status)) => status,
                 Err(_) => {
                     self.follower().on_slow(&address, now);
+                    // The connection may be hung for ever (a partition
+                    // that dropped its packets): the next attempt there
+                    // dials a new one.
+                    self.drop_channel(&address, generation, "attempt timed out");
                     last = format!(
                         "{address}: no answer within {} ms",
                         call_timeout.as_millis()
@@ -449,7 +539,7 @@ impl AllocatorClient {
                     // A leader already being tried (the slow attempt a
                     // hedge went around) gains nothing from a second
                     // attempt: pause as for any failure.
-                    if go && !busy.iter().any(|(a, _)| *a == leader) {
+                    if go && !busy.iter().any(|(a, _, _)| *a == leader) {
                         redirect = Some(leader);
                         next_start = now;
                     } else {
@@ -459,7 +549,11 @@ impl AllocatorClient {
                 Some(Next::Retry(reason)) => {
                     tracing::debug!(%address, %reason, attempts, "retrying on another node");
                     last = format!("{address}: {reason}");
-                    if status.code() == Code::Unavailable && is_broken_connection(&status) {
+                    let broken = is_broken_connection(&status);
+                    if broken {
+                        self.drop_channel(&address, generation, "connection broken");
+                    }
+                    if broken && status.code() == Code::Unavailable {
                         self.follower().on_broken(&address);
                     } else {
                         self.follower().on_unavailable(&address);
@@ -718,9 +812,14 @@ fn open_channel(connector: &dyn Connector, target: &NodeTarget) -> Result<Channe
 }
 
 /// A transport failure (tonic's "transport error"/"error trying to
-/// connect"), as opposed to a node answering UNAVAILABLE itself.
+/// connect", a keepalive that went unanswered, a reset stream or
+/// connection: UNAVAILABLE, UNKNOWN or CANCELLED), as opposed to a node
+/// answering itself (its refusals carry an [`pb::ErrorDetail`]).
 fn is_broken_connection(status: &Status) -> bool {
-    wire::error_detail(status).is_none()
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    ) && wire::error_detail(status).is_none()
 }
 
 #[cfg(test)]

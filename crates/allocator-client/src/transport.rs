@@ -8,7 +8,10 @@
 //!   (the [`crate::client::AllocatorClient`], auto-initialization's status
 //!   queries) and the prober's byte streams to agents' health endpoints.
 //!   [`TcpConnector`] is the real one: lazily connected tonic channels
-//!   (TCP_NODELAY, [`CONNECT_TIMEOUT`]) and tokio TCP streams.
+//!   (TCP_NODELAY, [`CONNECT_TIMEOUT`], HTTP/2 keepalive) and tokio TCP
+//!   streams. Every channel to a node, over TCP, mTLS or a simulated
+//!   network, is built on [`endpoint`] (or [`lazy_channel`]): the same
+//!   connect timeout and keepalive.
 //! - **Incoming**: [`Listen::Tcp`] binds a tokio listener (TCP_NODELAY on
 //!   accepted sockets); [`Listen::Incoming`] serves any stream of accepted
 //!   connections ([`Conn`]: a byte stream and its addresses).
@@ -29,6 +32,23 @@ use tonic::transport::{Channel, Endpoint};
 
 /// Connect timeout of a channel to a node.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// HTTP/2 keepalive of a channel to a node: a PING once the connection has
+/// read nothing for this long, while calls are out and while it is idle.
+/// A connection whose peer stopped answering (a partition that drops
+/// packets leaves one open for ever) is closed by the first PING left
+/// unanswered for [`KEEPALIVE_TIMEOUT`]: its calls fail UNAVAILABLE and
+/// the channel reconnects. So every connection a partition caught is
+/// closed within [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`] (3 s) of
+/// its start, whether or not a call used it. The second line behind the
+/// allocator client, which drops a channel as soon as an attempt on it
+/// times out ([`crate::client`]). A busy connection (raft's, a heartbeat
+/// every 100 ms) reads often enough never to ping.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a keepalive PING may go unanswered before the connection is
+/// closed: several round trips of a link between Regions, and a node
+/// answers a PING from its connection task, not from a request handler.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A connected byte stream (a TCP connection, real or simulated).
 pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -82,23 +102,36 @@ pub trait Connector: Send + Sync + 'static {
 }
 
 /// A lazily connected channel to `address` (`host:port`) over real TCP
-/// (TCP_NODELAY, [`CONNECT_TIMEOUT`]).
+/// (TCP_NODELAY, [`CONNECT_TIMEOUT`], the keepalive of [`with_keepalive`]).
 pub fn lazy_channel(address: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        .connect_lazy())
+    Ok(
+        with_keepalive(Endpoint::from_shared(format!("http://{address}"))?)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .connect_lazy(),
+    )
 }
 
-/// The endpoint every channel to a node uses: `http://{address}`, the
-/// connect timeout.
+/// The endpoint every channel to a node uses (the mTLS and simulated
+/// connectors build theirs on it): `http://{address}`, the connect
+/// timeout, the keepalive of [`with_keepalive`].
 pub fn endpoint(address: &str) -> Result<Endpoint, ConnectError> {
     Endpoint::from_shared(format!("http://{address}"))
-        .map(|endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT))
+        .map(|endpoint| with_keepalive(endpoint).connect_timeout(CONNECT_TIMEOUT))
         .map_err(|error| ConnectError {
             address: address.to_string(),
             message: error.to_string(),
         })
+}
+
+/// `endpoint` with HTTP/2 keepalive: a PING after [`KEEPALIVE_INTERVAL`]
+/// without a byte read, idle or not, the connection closed when one goes
+/// unanswered for [`KEEPALIVE_TIMEOUT`].
+pub fn with_keepalive(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
 }
 
 /// Real TCP (tokio sockets, TCP_NODELAY).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::scenario::{PoolSpec, Scenario};
+use crate::scenario::{FaultKind, PoolSpec, Scenario};
 use crate::trace::{RoomMode, Trace};
 
 /// Interval lengths the report shows margins for (the checker itself checks
@@ -19,6 +19,13 @@ pub const MARGIN_INTERVALS_MS: [u64; 2] = [1_000, 10_000];
 /// step of counting granularity (samples are ≤ 1 s in the library; the
 /// grace is `FENCE_GRACE_MS + sample_ms`).
 pub const FENCE_GRACE_MS: u64 = 250;
+
+/// What the `resync` bound allows beyond one interval: the call that was
+/// out when the partition ended (a connect during the partition fails at
+/// once, and is retried after a retry pause of 0.1 s), and the new
+/// connection's handshake and the call itself (a few message latencies),
+/// rounded up.
+pub const RESYNC_SLACK_MS: u64 = 1_000;
 
 pub use crate::scenario::BOUND_NAMES;
 
@@ -82,7 +89,170 @@ pub fn check(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
     out.extend(epochs_never_go_back(scenario, trace));
     out.extend(applied_entries(scenario, trace));
     out.extend(syncer_takeover(scenario, trace));
+    out.extend(resync_after_heal(scenario, trace));
     out
+}
+
+/// One `heal_region` and when the Region was answered again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resync {
+    pub region: String,
+    /// When the Region's partition (or isolation) began, if it was.
+    pub cut_ms: Option<u64>,
+    pub heal_ms: u64,
+    /// The first allocator answer the Region's agents applied after the
+    /// heal (a share reply or a chunk grant); `None`: none in the run.
+    pub synced_ms: Option<u64>,
+    /// The bound (see [`resync_after_heal`]).
+    pub deadline_ms: u64,
+    /// Why the bound does not judge this heal (`None`: it does).
+    pub unjudged: Option<&'static str>,
+}
+
+/// Every `heal_region` of the run with the time its Region was answered
+/// again (what the `resync` bound judges and the report prints).
+pub fn resyncs(scenario: &Scenario, trace: &Trace) -> Vec<Resync> {
+    let interval = scenario
+        .pools
+        .iter()
+        .filter_map(|p| match p {
+            PoolSpec::Rate(rate) => Some(rate.interval_ms),
+            PoolSpec::Window(_) => None,
+        })
+        .min();
+    let end = trace.samples.last().map_or(0, |s| s.t_ms);
+    let mut faults: Vec<_> = scenario.faults.iter().collect();
+    faults.sort_by_key(|f| f.at_ms);
+    // The run applies the faults in this order, one event each.
+    let applied = |i: usize| trace.events.get(i).map_or(faults[i].at_ms, |(t, _)| *t);
+    let mut out = Vec::new();
+    for (i, fault) in faults.iter().enumerate() {
+        let FaultKind::HealRegion { region } = &fault.kind else {
+            continue;
+        };
+        let Some(r) = scenario.region_index(region) else {
+            continue;
+        };
+        let heal_ms = applied(i);
+        // The latest cut of this Region before the heal, unless a heal
+        // came between.
+        let cut_ms = (0..i)
+            .rev()
+            .find_map(|j| match &faults[j].kind {
+                FaultKind::PartitionRegion { region: cut }
+                | FaultKind::IsolateRegion { region: cut }
+                    if cut == region =>
+                {
+                    Some(Some(applied(j)))
+                }
+                FaultKind::HealRegion { region: healed } if healed == region => Some(None),
+                _ => None,
+            })
+            .flatten();
+        let hung_gone = cut_ms.map_or(0, |t| t + crate::timing::hung_connections_gone_ms());
+        let deadline_ms = heal_ms.max(hung_gone) + interval.unwrap_or(0) + RESYNC_SLACK_MS;
+        let synced_ms = trace
+            .epochs
+            .iter()
+            .filter(|e| e.region == r && e.t_ms >= heal_ms)
+            .map(|e| e.t_ms)
+            .chain(
+                trace
+                    .grants
+                    .iter()
+                    .filter(|g| g.region == r && g.t_ms >= heal_ms)
+                    .map(|g| g.t_ms),
+            )
+            .min();
+        let other_fault = faults
+            .iter()
+            .enumerate()
+            .any(|(j, f)| j != i && f.at_ms > fault.at_ms && f.at_ms <= deadline_ms);
+        let slow_links = scenario.network.loss_per_mille > 0
+            || faults.iter().any(|f| {
+                f.at_ms <= deadline_ms
+                    && matches!(
+                        f.kind,
+                        FaultKind::Latency { .. }
+                            | FaultKind::RegionLatency { .. }
+                            | FaultKind::Loss { .. }
+                            | FaultKind::Hold { .. }
+                    )
+            });
+        let agents_down = trace
+            .samples
+            .iter()
+            .find(|s| s.t_ms >= heal_ms)
+            .and_then(|s| s.agents.get(r))
+            .is_some_and(|a| a.live == 0);
+        let unjudged = if interval.is_none() {
+            Some("no rate pool: window pools sync on demand")
+        } else if deadline_ms > end {
+            Some("the run ends before the deadline")
+        } else if other_fault {
+            Some("another fault before the deadline")
+        } else if slow_links {
+            Some("lossy or slowed links")
+        } else if agents_down {
+            Some("no agent of the Region runs")
+        } else {
+            None
+        };
+        out.push(Resync {
+            region: region.clone(),
+            cut_ms,
+            heal_ms,
+            synced_ms,
+            deadline_ms,
+            unjudged,
+        });
+    }
+    out
+}
+
+/// After `heal_region` of Region R (its partition or isolation from every
+/// allocator node ends), R's agents apply an allocator answer — a share
+/// reply (Rebalance, AckShare, Register) or a chunk grant — within the
+/// shortest rate-pool interval + [`RESYNC_SLACK_MS`] of the heal, or of
+/// the partition's start + [`crate::timing::hung_connections_gone_ms`]
+/// (3 s) when it healed sooner. A partition that drops packets leaves the
+/// connections it caught open and silent for ever; the allocator client
+/// drops a channel whose attempt timed out or broke, and the keepalive
+/// closes the others within those 3 s, so no call after that goes into a
+/// hung connection and the next one is answered. Not judged when another
+/// fault, a lossy or slowed link, or the run's end comes first, or no
+/// agent of R runs.
+pub fn resync_after_heal(scenario: &Scenario, trace: &Trace) -> Vec<Violation> {
+    let v = resyncs(scenario, trace)
+        .into_iter()
+        .filter(|r| r.unjudged.is_none())
+        .filter(|r| r.synced_ms.is_none_or(|t| t > r.deadline_ms))
+        .map(|r| Violation {
+            bound: "resync: a healed Region is answered within one interval + 1 s",
+            t_ms: r.deadline_ms,
+            pool: String::new(),
+            terms: vec![
+                ("cut at ms".into(), r.cut_ms.unwrap_or(0)),
+                ("healed at ms".into(), r.heal_ms),
+                (
+                    "allowed after the heal ms".into(),
+                    r.deadline_ms - r.heal_ms,
+                ),
+                (
+                    "answered after the heal ms".into(),
+                    r.synced_ms.map_or(u64::MAX, |t| t - r.heal_ms),
+                ),
+            ],
+            detail: match r.synced_ms {
+                Some(t) => format!("Region {}: first answer applied at {t} ms", r.region),
+                None => format!(
+                    "Region {}: no answer applied to the end of the run",
+                    r.region
+                ),
+            },
+        })
+        .collect();
+    capped(v)
 }
 
 /// A Region of several agents has a syncer again within the takeover bound
@@ -956,6 +1126,93 @@ lease_ttl_ms = 1000
             }
             prop_assert_eq!(rate_bound(&scenario(), &trace, 0), vec![]);
         }
+    }
+
+    #[test]
+    fn a_healed_region_not_answered_within_one_interval_and_a_second_is_reported() {
+        use crate::scenario::{Fault, FaultKind};
+        // Region b cut off from 1 s to 5 s (longer than the 3 s in which
+        // hung connections are gone): answered by 5 s + 1 s interval + 1 s.
+        let cut = |at_ms: u64, heal_ms: u64| {
+            let mut s = scenario();
+            s.faults = vec![
+                Fault {
+                    at_ms,
+                    kind: FaultKind::PartitionRegion { region: "b".into() },
+                },
+                Fault {
+                    at_ms: heal_ms,
+                    kind: FaultKind::HealRegion { region: "b".into() },
+                },
+            ];
+            s
+        };
+        let answered = |s: &Scenario, at: &[u64]| {
+            let mut trace = steady(100, 0, 0, RoomMode::Normal);
+            for sample in &mut trace.samples {
+                sample.agents[1].live = 1;
+            }
+            trace.events = s.faults.iter().map(|f| (f.at_ms, String::new())).collect();
+            trace.epochs = at
+                .iter()
+                .map(|&t_ms| crate::trace::EpochApplied {
+                    t_ms,
+                    region: 1,
+                    pool: 0,
+                    epoch: 1,
+                })
+                .collect();
+            trace
+        };
+        assert_eq!(crate::timing::hung_connections_gone_ms(), 3_000);
+        let long = cut(1_000, 5_000);
+        // An answer before the cut does not count; one at 6.9 s does.
+        assert_eq!(
+            resync_after_heal(&long, &answered(&long, &[900, 6_900])),
+            vec![]
+        );
+        let late = resync_after_heal(&long, &answered(&long, &[900, 7_100]));
+        assert_eq!(late.len(), 1, "{late:?}");
+        assert_eq!(late[0].name(), "resync");
+        assert_eq!(late[0].t_ms, 7_000);
+        assert_eq!(
+            late[0].terms[2..],
+            [
+                ("allowed after the heal ms".to_string(), 2_000),
+                ("answered after the heal ms".to_string(), 2_100)
+            ]
+        );
+        let never = resync_after_heal(&long, &answered(&long, &[900]));
+        assert!(never[0].detail.contains("no answer"), "{}", never[0]);
+        // Healed 1 s after the cut: the connections it caught may still be
+        // hung until 4 s, so the bound runs from there (to 6 s).
+        let short = cut(1_000, 2_000);
+        assert_eq!(
+            resync_after_heal(&short, &answered(&short, &[5_900])),
+            vec![]
+        );
+        assert_eq!(
+            resync_after_heal(&short, &answered(&short, &[6_100])).len(),
+            1
+        );
+        // Another fault before the deadline: not judged.
+        let mut crowded = cut(1_000, 5_000);
+        crowded.faults.push(Fault {
+            at_ms: 6_000,
+            kind: FaultKind::CrashLeader,
+        });
+        let trace = answered(&crowded, &[]);
+        assert_eq!(resync_after_heal(&crowded, &trace), vec![]);
+        assert_eq!(
+            resyncs(&crowded, &trace)[0].unjudged,
+            Some("another fault before the deadline")
+        );
+        // No agent of the Region runs: nothing to answer.
+        let mut down = answered(&long, &[]);
+        for sample in &mut down.samples {
+            sample.agents[1].live = 0;
+        }
+        assert_eq!(resync_after_heal(&long, &down), vec![]);
     }
 
     #[test]

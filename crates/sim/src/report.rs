@@ -77,6 +77,23 @@ pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
             reached.join(", ")
         );
     }
+    for resync in crate::checker::resyncs(scenario, &outcome.trace) {
+        let after = match resync.synced_ms {
+            Some(t) => format!("+{} ms", t - resync.heal_ms),
+            None => "none".to_string(),
+        };
+        let judged = match resync.unjudged {
+            None => String::new(),
+            Some(why) => format!(", not judged: {why}"),
+        };
+        let _ = writeln!(
+            out,
+            "  answered after heal {} at {} ms: {after} (bound +{} ms{judged})",
+            resync.region,
+            resync.heal_ms,
+            resync.deadline_ms - resync.heal_ms
+        );
+    }
     for line in syncer_changes(scenario, outcome) {
         let _ = writeln!(out, "  {line}");
     }

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 /// The short names of the bounds: the word before the colon of
 /// `crate::checker::Violation::bound`, and what a scenario's `expect_bound` names.
-pub const BOUND_NAMES: [&str; 8] = [
+pub const BOUND_NAMES: [&str; 9] = [
     "rate",
     "window",
     "enforced",
@@ -21,6 +21,7 @@ pub const BOUND_NAMES: [&str; 8] = [
     "grants",
     "epochs",
     "syncer",
+    "resync",
 ];
 
 /// Caps that keep one run bounded.
@@ -784,7 +785,7 @@ impl Scenario {
             if !known {
                 return bad(
                     "expect_bound",
-                    "a scenario expecting a violation names its bound: rate, window, enforced, committed, fenced, grants, epochs or syncer",
+                    "a scenario expecting a violation names its bound: rate, window, enforced, committed, fenced, grants, epochs, syncer or resync",
                 );
             }
         } else if self.expect_bound.is_some() || self.mutation.is_some() {

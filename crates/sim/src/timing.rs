@@ -1,7 +1,7 @@
 //! The simulation's fixed times, read by the hosts ([`crate::run`]) and the
 //! bounds ([`crate::checker`]): where simulated time starts, the agents'
-//! allocator timeout and syncer lease, and how often a host reports its
-//! role.
+//! allocator timeout and syncer lease, how often a host reports its
+//! role, and how soon connections a partition hung are gone.
 
 /// 2025-01-01T00:00:00Z: every run starts here.
 pub const EPOCH_MS: u64 = 1_735_689_600_000;
@@ -23,4 +23,14 @@ pub fn syncer_takeover_bound_ms() -> u64 {
         SYNCER_LEASE_TTL_MS,
         AGENT_REQUEST_TIMEOUT_MS,
     )
+}
+
+/// How long after a partition starts every connection it caught is gone:
+/// an attempt on one times out and drops its channel, and the HTTP/2
+/// keepalive closes any other within its interval + timeout (the
+/// connectors' settings, `leasehold_allocator::transport`).
+pub fn hung_connections_gone_ms() -> u64 {
+    let keepalive = leasehold_allocator::transport::KEEPALIVE_INTERVAL
+        + leasehold_allocator::transport::KEEPALIVE_TIMEOUT;
+    u64::try_from(keepalive.as_millis()).unwrap_or(u64::MAX)
 }
