@@ -56,7 +56,6 @@
 //! POOL_EXISTS, and Rebalance/AckShare are versioned (a Region applies only
 //! a higher `share_version`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -74,6 +73,10 @@ use crate::transport::{self, Connector};
 use crate::wire;
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_proto::allocator::v1::allocator_client::AllocatorClient as RawClient;
+
+mod channels;
+
+use channels::*;
 
 /// Largest Allocator message (an Inspect with grant records can be MBs),
 /// sent or received by a client and by a node's API
@@ -161,37 +164,6 @@ impl ClientError {
     /// The field a refusal names ("" when none).
     pub fn field(&self) -> &str {
         self.detail().map_or("", |d| d.field.as_str())
-    }
-}
-
-/// One address's channel and the generation it was opened in: a failed
-/// attempt drops the channel only if it is still the one it used (another
-/// attempt may already have replaced it).
-struct Cached {
-    channel: Channel,
-    generation: u64,
-}
-
-/// The channel cache: at most [`MAX_ADDRESSES`] entries.
-#[derive(Default)]
-struct Channels {
-    by_address: HashMap<String, Cached>,
-    /// Generations handed out so far.
-    opened: u64,
-}
-
-impl Channels {
-    fn insert(&mut self, address: &str, channel: Channel) -> u64 {
-        self.opened += 1;
-        let generation = self.opened;
-        self.by_address.insert(
-            address.to_string(),
-            Cached {
-                channel,
-                generation,
-            },
-        );
-        generation
     }
 }
 
@@ -802,63 +774,6 @@ impl AllocatorClient {
     }
 }
 
-/// A channel to `target`: pinned to its node id when it names one.
-fn open_channel(connector: &dyn Connector, target: &NodeTarget) -> Result<Channel, String> {
-    match target.node_id {
-        Some(id) => connector.node_channel(&target.address, id),
-        None => connector.channel(&target.address),
-    }
-    .map_err(|e| e.message)
-}
-
-/// A transport failure (tonic's "transport error"/"error trying to
-/// connect", a keepalive that went unanswered, a reset stream or
-/// connection: UNAVAILABLE, UNKNOWN or CANCELLED), as opposed to a node
-/// answering itself (its refusals carry an [`pb::ErrorDetail`]).
-fn is_broken_connection(status: &Status) -> bool {
-    matches!(
-        status.code(),
-        Code::Unavailable | Code::Unknown | Code::Cancelled
-    ) && wire::error_detail(status).is_none()
-}
-
 #[cfg(test)]
-mod tests {
-    use prost::Message;
-
-    use super::*;
-
-    fn not_leader(leader_id: u64, leader_address: &str) -> Status {
-        let detail = pb::ErrorDetail {
-            code: pb::ErrorCode::NotLeader as i32,
-            leader_id,
-            leader_address: leader_address.to_string(),
-            ..Default::default()
-        };
-        Status::with_details(
-            Code::FailedPrecondition,
-            "not the leader",
-            detail.encode_to_vec().into(),
-        )
-    }
-
-    #[test]
-    fn a_pinned_client_follows_a_hint_pinned_to_the_leader_id_only() {
-        let hint = not_leader(2, "127.0.0.1:7302");
-        assert!(matches!(
-            classify(&hint, true),
-            Some(Next::Redirect(target)) if target == "node/2@127.0.0.1:7302"
-        ));
-        assert!(matches!(
-            classify(&hint, false),
-            Some(Next::Redirect(target)) if target == "127.0.0.1:7302"
-        ));
-        // No leader id: a pinned client does not follow the address.
-        let anonymous = not_leader(0, "127.0.0.1:7302");
-        assert!(matches!(classify(&anonymous, true), Some(Next::Retry(_))));
-        assert!(matches!(
-            classify(&anonymous, false),
-            Some(Next::Redirect(_))
-        ));
-    }
-}
+#[path = "tests.rs"]
+mod tests;
