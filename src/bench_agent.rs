@@ -87,6 +87,7 @@ pub(crate) fn bench_spec(store: Arc<dyn BucketStore>, shadow: bool) -> anyhow::R
         policy_file: None,
         policy_poll: Duration::from_secs(60),
         fallback_max_keys: 1_000,
+        denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,

@@ -202,6 +202,7 @@ impl World {
             policy_file: None,
             policy_poll: Duration::from_secs(1),
             fallback_max_keys: 1_000,
+            denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
             clock: Arc::new(SystemClock),
             global: Some(GlobalSettings {
                 allocators,

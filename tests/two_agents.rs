@@ -107,6 +107,7 @@ async fn start_agent(
         policy_file: None,
         policy_poll: Duration::from_secs(1),
         fallback_max_keys: 1_000,
+        denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
         clock: Arc::new(SystemClock),
         global: Some(GlobalSettings {
             allocators,

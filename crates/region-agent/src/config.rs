@@ -56,6 +56,7 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("store.max_wait_us", 0, MAX_COALESCE_WAIT_US),
     Bound::new("store.max_queue", 1, MAX_IN_FLIGHT),
     Bound::new("fallback.max_keys", 1, MAX_FALLBACK_KEYS),
+    Bound::new("denials.max_keys", 0, crate::denial::MAX_KEYS as u64),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
     Bound::new("http_limits.max_header_bytes", 1_024, MAX_HTTP_HEADER_BYTES),
     Bound::new("http_limits.max_body_bytes", 0, MAX_HTTP_BODY_BYTES),
@@ -137,6 +138,9 @@ pub struct AgentConfig {
     pub redis: RedisAuthSettings,
     #[serde(default)]
     pub fallback: FallbackSettings,
+    /// `[denials]`: refusals repeated from memory until their retry time.
+    #[serde(default)]
+    pub denials: DenialSettings,
     /// envoyproxy/ratelimit YAML configs (`[ratelimit]`): absent, none.
     #[serde(default)]
     pub ratelimit: Option<RatelimitSettings>,
@@ -252,6 +256,25 @@ impl Default for FallbackSettings {
         FallbackSettings {
             max_keys: DEFAULT_MAX_KEYS,
             policy_poll_ms: 1_000,
+        }
+    }
+}
+
+/// `[denials]`: the denial cache ([`crate::denial`]): once the store
+/// refuses a request's buckets with a retry time, later requests on them
+/// with at least that cost are refused from memory until then.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DenialSettings {
+    /// Cap on refusals held (0: off; the soonest to end is dropped first
+    /// when full).
+    pub max_keys: usize,
+}
+
+impl Default for DenialSettings {
+    fn default() -> Self {
+        DenialSettings {
+            max_keys: crate::denial::DEFAULT_MAX_KEYS,
         }
     }
 }

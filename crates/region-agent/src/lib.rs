@@ -28,6 +28,7 @@
 //! - [`policy`]: versioned, checksummed policy bundles: parse, validate, resolve, hot reload.
 //! - [`request`]: validation of what gateways send (INVALID_ARGUMENT naming the field).
 //! - [`decide`]: the Check path: rules → keys → one multi_rule call → decision; fail modes.
+//! - [`denial`]: refusals repeated from memory until their retry time (bounded, pure).
 //! - [`fallback`]: bounded local buckets for rules that fail `local`.
 //! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
 //! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
@@ -47,6 +48,7 @@ pub mod algorithm;
 pub mod args;
 pub mod config;
 pub mod decide;
+pub mod denial;
 pub mod envoy;
 pub mod fallback;
 pub mod global;

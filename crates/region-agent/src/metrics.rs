@@ -46,6 +46,10 @@ pub struct AgentMetrics {
     /// outcome: granted | denied | fallback; rule: the rule's id.
     pub lease_blocks: IntCounterVec,
     pub local_fallback_keys: IntGauge,
+    /// Refusals the denial cache repeated without a store call, by rule,
+    /// and the refusals it holds ([`crate::denial`]).
+    pub denial_cache_answers: IntCounterVec,
+    pub denial_cache_entries: IntGauge,
     /// Calls per script call the coalescer sent (1: a call alone; more: one
     /// multi_decision call carrying them).
     pub store_batch_calls: prometheus::Histogram,
@@ -112,6 +116,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_shadow_denials_total",
     "leasehold_lease_blocks_total",
     "leasehold_local_fallback_keys",
+    "leasehold_denial_cache_answers_total",
+    "leasehold_denial_cache_entries",
     "leasehold_store_batch_calls",
     "leasehold_store_queue_refusals_total",
     "leasehold_store_cluster_redirects_total",
@@ -175,6 +181,15 @@ impl AgentMetrics {
         )?;
         let local_fallback_keys =
             IntGauge::new("local_fallback_keys", "Live local fallback buckets")?;
+        let denial_cache_answers = IntCounterVec::new(
+            Opts::new(
+                "denial_cache_answers_total",
+                "Refusals repeated from memory until their retry time, without a store call",
+            ),
+            &["rule"],
+        )?;
+        let denial_cache_entries =
+            IntGauge::new("denial_cache_entries", "Refusals the denial cache holds")?;
         let store_batch_calls = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "store_batch_calls",
@@ -303,6 +318,8 @@ impl AgentMetrics {
         registry.register(Box::new(shadow_denials.clone()))?;
         registry.register(Box::new(lease_blocks.clone()))?;
         registry.register(Box::new(local_fallback_keys.clone()))?;
+        registry.register(Box::new(denial_cache_answers.clone()))?;
+        registry.register(Box::new(denial_cache_entries.clone()))?;
         registry.register(Box::new(store_batch_calls.clone()))?;
         registry.register(Box::new(store_queue_refusals.clone()))?;
         registry.register(Box::new(store_cluster_redirects.clone()))?;
@@ -318,6 +335,8 @@ impl AgentMetrics {
             shadow_denials,
             lease_blocks,
             local_fallback_keys,
+            denial_cache_answers,
+            denial_cache_entries,
             store_batch_calls,
             store_queue_refusals,
             store_cluster_redirects,

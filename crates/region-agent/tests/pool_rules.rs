@@ -94,6 +94,8 @@ fn agent_on(clock: Arc<dyn Clock>) -> Agent {
         counters: Counters::default(),
         clock,
         global: Arc::new(GlobalRoom::new(["rate".to_string(), "window".to_string()])),
+        // Each test here reads the store on every call.
+        denials: leasehold_region_agent::denial::SharedDenials::off(),
     };
     Agent { decider, store }
 }

@@ -164,6 +164,8 @@ fn decider(store: Arc<dyn BucketStore>, clock: Arc<ManualClock>) -> Decider {
         counters: Counters::default(),
         clock,
         global: Arc::new(GlobalRoom::new(["minute".to_string(), "rate".to_string()])),
+        // Each test here reads the store on every call.
+        denials: leasehold_region_agent::denial::SharedDenials::off(),
     }
 }
 

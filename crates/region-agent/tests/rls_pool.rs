@@ -72,6 +72,8 @@ fn setup_with(policy_text: &str) -> (Decider, RlsEngine, Arc<ManualClock>) {
         counters: Counters::default(),
         clock: clock.clone(),
         global: Arc::new(GlobalRoom::new(["rate".to_string()])),
+        // Each test here reads the store on every call.
+        denials: leasehold_region_agent::denial::SharedDenials::off(),
     };
     let config = parse_files([("edge.yaml", YAML)]).unwrap();
     let engine = RlsEngine::new(Arc::new(RlsHolder::new(config)), Default::default());

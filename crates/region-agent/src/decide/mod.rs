@@ -26,6 +26,13 @@
 //! (and only after a fresh decision), else in the same batch.
 //! A request with shadow rules only keeps no record: a retry of it charges
 //! them again.
+//!
+//! **Denials from memory** ([`crate::denial`], [`denials`]): a rate refusal
+//! with a retry time is remembered under the call's bucket keys, and until
+//! then a request on the same buckets with at least the same cost is
+//! refused without a store call (and without evaluating its shadow rules).
+//! Calls that keep a decision record are never answered so: a replay of
+//! an admitted request id must be answered from its record.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -46,6 +53,7 @@ use crate::store::script::{ScriptCall, ScriptKind};
 use crate::store::{BucketStore, CallResult, NotSent, StoreError};
 
 mod answer;
+mod denials;
 mod plan;
 
 pub(crate) use answer::refused_field;
@@ -101,6 +109,9 @@ pub struct Decider {
     pub clock: Arc<dyn Clock>,
     /// The room this Region holds in each global pool (empty without `[global]`).
     pub global: Arc<GlobalRoom>,
+    /// Refusals repeated from memory until their retry time
+    /// ([`crate::denial`]; `[denials] max_keys`).
+    pub denials: crate::denial::SharedDenials,
 }
 
 /// Retry hint when a pool rule's Region holds no room right now.
@@ -258,6 +269,7 @@ impl Decider {
         };
         let mut plans = Vec::new();
         let mut calls = Vec::new();
+        let mut denial_keys = Vec::new();
         for rule in leased {
             match self.plan(
                 &[*rule],
@@ -268,6 +280,17 @@ impl Decider {
                 false,
             ) {
                 Ok((plan, call)) => {
+                    let key = self.denial_key(request.bundle, &plan, request.target, request.cost);
+                    if let Some(refused) = self.cached_refusal(
+                        key.as_ref(),
+                        &plan,
+                        request.bundle,
+                        request.decision_id,
+                    ) {
+                        // Nothing is charged: a refused request takes no room.
+                        return Ok(Some(refused));
+                    }
+                    denial_keys.push(key);
                     plans.push(plan);
                     calls.push(call);
                 }
@@ -285,10 +308,12 @@ impl Decider {
                 }
             }
         }
+        let sent_ms = self.clock.now_ms();
         let replies = self.run(&calls).await;
-        for (plan, reply) in plans.iter().zip(replies) {
+        for ((plan, reply), key) in plans.iter().zip(replies).zip(&denial_keys) {
             let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
             let mut refused = self.interpret(plan, read, &spend);
+            self.remember_refusal(key.as_ref(), plan, &refused, sent_ms);
             if !refused.allowed {
                 refused.decision_id = request.decision_id.to_string();
                 return Ok(Some(refused));
@@ -431,6 +456,13 @@ impl Decider {
                 return Ok(Enforced::NoRoom(decision));
             }
         };
+        let denial_key = self.denial_key(bundle, &plan, target, cost);
+        if let Some(decision) = self.cached_refusal(denial_key.as_ref(), &plan, bundle, decision_id)
+        {
+            // Repeated from memory: no store call, no shadow rule evaluated.
+            self.count_pool_outcome(enforcing, false, None);
+            return Ok(Enforced::Decided(decision, Vec::new()));
+        }
         let mut calls = vec![call];
         let mut detached_plans = Vec::new();
         let mut no_room = plan.shadow_no_room.clone();
@@ -447,6 +479,7 @@ impl Decider {
         }
         // Without a record there is no replay or reuse to wait for.
         let together = !plan.idempotent;
+        let sent_ms = self.clock.now_ms();
         let mut replies = self.run(if together { &calls } else { &calls[..1] }).await;
         let mut main = replies.remove(0);
         if matches!(main, Err(StoreError::Ambiguous(_))) && plan.idempotent {
@@ -482,6 +515,7 @@ impl Decider {
         }
         let mut decision = self.interpret(&plan, read, request);
         decision.replayed = replayed;
+        self.remember_refusal(denial_key.as_ref(), &plan, &decision, sent_ms);
         if !decision.fallback && !replayed {
             // A replay admits nothing new: the original run was counted.
             self.count_pool_outcome(enforcing, decision.allowed, plan.chunk_cost_millitokens);

@@ -72,6 +72,8 @@ pub struct AgentSpec {
     pub policy_file: Option<PathBuf>,
     pub policy_poll: Duration,
     pub fallback_max_keys: usize,
+    /// `[denials] max_keys` (0: every refusal goes to the store).
+    pub denials_max_keys: usize,
     pub clock: Arc<dyn Clock>,
     /// Global pools to sync with the allocator (none without `[global]`).
     pub global: Option<GlobalSettings>,
@@ -223,6 +225,7 @@ impl AgentSpec {
             policy_file: Some(config.policy_file.clone()),
             policy_poll: Duration::from_millis(config.fallback.policy_poll_ms.max(10)),
             fallback_max_keys: config.fallback.max_keys,
+            denials_max_keys: config.denials.max_keys,
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
             connector: allocator_connector(config)?,
@@ -429,6 +432,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         counters: Counters::default(),
         clock: spec.clock,
         global,
+        denials: crate::denial::SharedDenials::new(spec.denials_max_keys),
     });
     let (engine, ratelimit_watch) = match spec.ratelimit {
         Some(ratelimit) => {

@@ -134,6 +134,7 @@ async fn built_agent_syncs_through_its_connector_and_tells_its_observer() {
         policy_file: None,
         policy_poll: Duration::from_secs(1),
         fallback_max_keys: 100,
+        denials_max_keys: crate::denial::DEFAULT_MAX_KEYS,
         clock,
         global: Some(GlobalSettings {
             allocators: vec![node.address.to_string()],

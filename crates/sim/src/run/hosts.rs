@@ -208,6 +208,7 @@ pub(super) async fn run_agent(
         policy_file: None,
         policy_poll: Duration::from_secs(3_600),
         fallback_max_keys: 1_000,
+        denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
         clock,
         global: Some(global),
         connector: Some(sim_net::connector()),
