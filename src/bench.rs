@@ -1,7 +1,7 @@
 //! `leasehold bench …`: benchmarks that print ratios against a baseline
 //! measured in the same run (never timed tests). One module per target:
 //! [`crate::bench_store`], [`crate::bench_agent`], [`crate::bench_envoy`],
-//! [`crate::bench_allocator`]; shared measurement in
+//! [`crate::bench_allocator`], [`crate::bench_denials`]; shared measurement in
 //! [`crate::bench_measure`].
 
 use clap::{Args, Subcommand};
@@ -19,6 +19,10 @@ pub enum BenchTarget {
     /// Envoy RLS ShouldRateLimit (TOML and YAML domains) vs the native
     /// Check of the same agent, with p99 against Envoy's 20 ms timeout.
     Envoy(EnvoyBench),
+    /// An over-limit flood (Zipf users over 1-token/s buckets) through an
+    /// agent with the denial cache off and one with it on, on one
+    /// redis-server: Redis CPU and EVALSHA calls per request, ratios.
+    Denials(crate::bench_denials::DenialsBench),
     /// Committed Grant commands/s on a 3-node loopback allocator cluster vs
     /// raw sled insert+flush per command on the same disk.
     Allocator(crate::bench_allocator::AllocatorBench),
@@ -90,5 +94,6 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
         }
         BenchTarget::Envoy(args) => crate::bench_envoy::run(args.concurrency, args.seconds).await,
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
+        BenchTarget::Denials(args) => crate::bench_denials::run(args).await,
     }
 }

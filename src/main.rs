@@ -7,6 +7,7 @@ mod bench;
 mod bench_agent;
 mod bench_allocator;
 mod bench_cluster;
+mod bench_denials;
 mod bench_envoy;
 mod bench_measure;
 mod bench_store;
