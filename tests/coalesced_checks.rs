@@ -42,7 +42,12 @@ fail_mode = "closed"
 
 /// Writes the agent's files and starts it from its config, as the binary
 /// does (`AgentSpec::from_config`).
-async fn start(redis: &RedisServer, store_section: &str) -> (tempfile::TempDir, RunningAgent) {
+/// `store_section` goes under `[store]`; `denials`, when set, is `[denials] max_keys`.
+async fn start(
+    redis: &RedisServer,
+    store_section: &str,
+    denials: Option<u64>,
+) -> (tempfile::TempDir, RunningAgent) {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(
         dir.path().join("pepper.txt"),
@@ -65,8 +70,12 @@ policy_file = "policy.toml"
 call_deadline_ms = 10000
 connect_timeout_ms = 10000
 {store_section}
+{denials}
 "#,
-        redis.url()
+        redis.url(),
+        denials = denials
+            .map(|n| format!("[denials]\nmax_keys = {n}"))
+            .unwrap_or_default(),
     );
     let path = dir.path().join("agent.toml");
     std::fs::write(&path, config).expect("config");
@@ -141,7 +150,8 @@ fn metric(text: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_through_the_coalescer_admit_exactly_the_room_in_fewer_script_calls() {
     let redis = RedisServer::start().expect("redis-server");
-    let (_dir, agent) = start(&redis, "").await;
+    // The denial cache off: every decision reaches the store, to count them.
+    let (_dir, agent) = start(&redis, "", Some(0)).await;
     let allowed = hammer(&agent).await;
     assert_eq!(allowed, ROOM, "exactly the bucket's room");
     let sent = evalsha_calls(&redis);
@@ -165,8 +175,37 @@ async fn concurrent_checks_through_the_coalescer_admit_exactly_the_room_in_fewer
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_coalescing_off_each_check_is_its_own_script_call_and_as_exact() {
     let redis = RedisServer::start().expect("redis-server");
-    let (_dir, agent) = start(&redis, "coalesce = false").await;
+    let (_dir, agent) = start(&redis, "coalesce = false", Some(0)).await;
     let allowed = hammer(&agent).await;
     assert_eq!(allowed, ROOM);
     assert_eq!(evalsha_calls(&redis), CHECKS);
+}
+
+/// With the denial cache on (the default), the same flood admits exactly
+/// the room, and once the store has refused, later refusals are answered
+/// from memory: the store sees the admissions and at most one refusal per
+/// caller (those already sent when the first refusal came back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_denial_cache_the_store_sees_admissions_and_at_most_one_refusal_per_caller() {
+    let redis = RedisServer::start().expect("redis-server");
+    let (_dir, agent) = start(&redis, "coalesce = false", None).await;
+    let allowed = hammer(&agent).await;
+    assert_eq!(allowed, ROOM, "exactly the bucket's room");
+    let sent = evalsha_calls(&redis);
+    eprintln!("{CHECKS} decisions in {sent} EVALSHA with the denial cache");
+    assert!(
+        sent <= ROOM + CALLERS,
+        "{sent} EVALSHA: refusals reached the store past the first"
+    );
+    let text = common::http_get(agent.http_addr, "/metrics").await;
+    let repeated: f64 = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("leasehold_denial_cache_answers_total{rule=\"hot\"} "))
+        .filter_map(|v| v.trim().parse().ok())
+        .sum();
+    assert_eq!(
+        repeated as u64 + sent,
+        CHECKS,
+        "every decision was the store's or the cache's"
+    );
 }
