@@ -4,7 +4,8 @@
 //! read-only `redis`; its twin puts the keys back), in one batch: nothing
 //! is charged — buckets, windows, chunks, shadow and leased rules, the
 //! local fallback — nothing is recorded, and no decision, demand or shadow
-//! denial is counted.
+//! denial is counted (a store failure answered by a fail mode is counted
+//! as a fallback decision, as it is one).
 //!
 //! The answer is the charge's (would one hit be admitted, the retry hint,
 //! the store's clock), except `remaining`: what is left now, the hit the
