@@ -192,11 +192,6 @@ pub enum ExtensionFailMode {
     Local,
 }
 
-/// [`load_dir_with`] without merging: one domain per file.
-pub fn load_dir(dir: &Path) -> Result<RlsConfig, RlsConfigError> {
-    load_dir_with(dir, false)
-}
-
 /// Reads every regular file of `dir` (sorted by name, so the order of
 /// wildcards across files is the same on every load), one domain each,
 /// or with `merge_domains` one domain from several files (see the module

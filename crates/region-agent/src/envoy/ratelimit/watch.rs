@@ -3,7 +3,7 @@
 //!
 //! Every `poll` the directory's listing (names, sizes, modification times)
 //! is looked at; when it changed, every file is read and parsed
-//! ([`super::config::load_dir`]). A good directory replaces the config in
+//! ([`super::config::load_dir_with`]). A good directory replaces the config in
 //! force atomically (readers hold an `Arc` of the one they started with);
 //! a bad one is logged once per content (`file:line: reason`) and the
 //! config in force stays, as upstream keeps its last good config.
