@@ -31,7 +31,8 @@ if count >= limit then
 end
 redis.call('ZADD', KEYS[1], lh_str(now), member)
 -- TTL until the newest entry leaves the window: `window` unless the clock
--- went back (then an entry scored after now is newest).
+-- went back (then an entry scored after now is newest). A look (look.lua)
+-- drops the ZADD, so the set may have no entry: then `now` is newest.
 local newest = redis.call('ZRANGE', KEYS[1], '-1', '-1', 'WITHSCORES')
-redis.call('PEXPIRE', KEYS[1], lh_str(tonumber(newest[2]) + window - now))
+redis.call('PEXPIRE', KEYS[1], lh_str((tonumber(newest[2]) or now) + window - now))
 return {1, limit - count - 1, 0, now}

@@ -320,6 +320,11 @@ pub struct RatelimitSettings {
     /// is off.
     #[serde(default)]
     pub local_cache_max_keys: u64,
+    /// Upstream's `MERGE_DOMAIN_CONFIG`: several files may hold one domain
+    /// (their top-level descriptors join; one held twice is refused); false
+    /// (default) refuses a domain in two files.
+    #[serde(default)]
+    pub merge_domains: bool,
 }
 
 fn default_expiration_jitter_max_seconds() -> u64 {
@@ -364,6 +369,7 @@ impl RatelimitSettings {
             stop_increment_when_over_limit: self.stop_increment_when_over_limit,
             expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
             local_cache_max_keys: self.local_cache_max_keys,
+            merge_domains: self.merge_domains,
         }
     }
 

@@ -40,8 +40,12 @@ fn ratelimit_cache_options_default_as_upstream_and_are_read() {
     assert!(!options.stop_increment_when_over_limit);
     assert_eq!(options.expiration_jitter_max_seconds, 300);
     assert_eq!(options.local_cache_max_keys, 0);
+    assert!(
+        !options.merge_domains,
+        "upstream's MERGE_DOMAIN_CONFIG is off"
+    );
     let text = format!(
-            "{GOOD}[ratelimit]\nconfig_dir = \"rl\"\nstop_increment_when_over_limit = true\nexpiration_jitter_max_seconds = 0\nlocal_cache_max_keys = 500\n"
+            "{GOOD}[ratelimit]\nconfig_dir = \"rl\"\nstop_increment_when_over_limit = true\nexpiration_jitter_max_seconds = 0\nlocal_cache_max_keys = 500\nmerge_domains = true\n"
         );
     let options = AgentConfig::parse("eu.toml", &text)
         .unwrap()
@@ -51,6 +55,7 @@ fn ratelimit_cache_options_default_as_upstream_and_are_read() {
     assert!(options.stop_increment_when_over_limit);
     assert_eq!(options.expiration_jitter_max_seconds, 0);
     assert_eq!(options.local_cache_max_keys, 500);
+    assert!(options.merge_domains);
 }
 
 #[test]

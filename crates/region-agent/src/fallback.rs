@@ -75,6 +75,18 @@ impl LocalFallback {
                 retry_after_ms: 0,
             };
         }
+        self.decide_all(charges, now_ms, true)
+    }
+
+    /// What [`LocalFallback::charge_all`] would answer at `now_ms`, with
+    /// nothing charged (a look: Envoy's check-only hits).
+    pub fn look_all(&self, charges: &[LocalCharge], now_ms: i64) -> LocalOutcome {
+        self.decide_all(charges, now_ms, false)
+    }
+
+    /// Decides every charge; writes them all when `charging` and every one
+    /// admits.
+    fn decide_all(&self, charges: &[LocalCharge], now_ms: i64, charging: bool) -> LocalOutcome {
         let mut buckets = self.lock();
         let mut after = Vec::with_capacity(charges.len());
         let mut outcome = LocalOutcome {
@@ -83,7 +95,12 @@ impl LocalFallback {
             retry_after_ms: 0,
         };
         for (i, charge) in charges.iter().enumerate() {
-            let stored = buckets.get(&charge.key).copied();
+            // A look reads without moving the key up the LRU order.
+            let stored = if charging {
+                buckets.get(&charge.key).copied()
+            } else {
+                buckets.peek(&charge.key).copied()
+            };
             let (decision, write) =
                 token_bucket::decide(stored, &charge.params, charge.cost_millitokens, now_ms);
             if decision.allowed {
@@ -98,7 +115,7 @@ impl LocalFallback {
                 outcome.retry_after_ms.max(decision.retry_after_ms)
             };
         }
-        if outcome.allowed {
+        if outcome.allowed && charging {
             for (charge, write) in charges.iter().zip(after) {
                 if let Some(state) = write {
                     buckets.put(charge.key.clone(), state);
@@ -146,6 +163,19 @@ mod tests {
             .filter(|_| fallback.charge_all(&[charge("big", 5_000)], 0).allowed)
             .count();
         assert_eq!(admitted, 5);
+    }
+
+    #[test]
+    fn a_look_answers_as_a_charge_and_charges_nothing() {
+        let fallback = LocalFallback::new(10);
+        for _ in 0..10 {
+            assert!(fallback.look_all(&[charge("k", 1_000)], 0).allowed);
+        }
+        assert!(fallback.is_empty(), "a look stores no bucket");
+        assert!(fallback.charge_all(&[charge("k", 1_000)], 0).allowed);
+        let looked = fallback.look_all(&[charge("k", 1_000)], 0);
+        assert_eq!(looked, fallback.charge_all(&[charge("k", 1_000)], 0));
+        assert!(!looked.allowed);
     }
 
     #[test]

@@ -27,7 +27,8 @@
 //! - [`key`]: the key model: hash tags, HMAC'd principals, id checks.
 //! - [`policy`]: versioned, checksummed policy bundles: parse, validate, resolve, hot reload.
 //! - [`request`]: validation of what gateways send (INVALID_ARGUMENT naming the field).
-//! - [`decide`]: the Check path: rules → keys → one multi_rule call → decision; fail modes.
+//! - [`decide`]: the Check path: rules → keys → one multi_rule call → decision; fail modes;
+//!   a look (what one hit would get, nothing charged) for Envoy's check-only hits.
 //! - [`denial`]: refusals repeated from memory until their retry time (bounded, pure).
 //! - [`fallback`]: bounded local buckets for rules that fail `local`.
 //! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.

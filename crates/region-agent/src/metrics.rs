@@ -13,8 +13,10 @@
 //! `value_to_metric`, a request's `limit` override) each such value is
 //! there only as [`crate::key::KeyBuilder::label`] (`h-` and 16 hex of the
 //! peppered HMAC), never in clear; values written in the YAML stay
-//! readable. At most [`MAX_RLS_METRIC_KEYS`] distinct (domain, key) pairs
-//! are kept; later ones count under `key="_other"`.
+//! readable. A TOML-policy domain's `key` is the descriptor's path with
+//! no request value at all ([`crate::envoy::policy_stats`]). At most
+//! [`MAX_RLS_METRIC_KEYS`] distinct (domain, key) pairs are kept; later
+//! ones count under `key="_other"`.
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,

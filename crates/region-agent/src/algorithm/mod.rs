@@ -11,6 +11,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod give_back;
 pub mod lease_block;
+pub mod look;
 pub mod multi_decision;
 pub mod multi_rule;
 pub mod pool_demand;
@@ -50,6 +51,7 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         // Its reply is one reply per sub-call, not one integer array: see
         // `multi_decision::eval`. Refused whole, like a malformed envelope.
         ScriptKind::MultiDecision => Err(ScriptError::InvalidArgument("calls".into())),
+        ScriptKind::Look => look::eval(space, keys, argv, now_ms),
     }
 }
 

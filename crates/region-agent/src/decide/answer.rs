@@ -9,7 +9,7 @@ use leasehold_proto::agent::v1 as pb;
 
 use crate::fallback::LocalCharge;
 use crate::policy::{Algorithm, Bundle, FailMode, Rule};
-use crate::request::{InvalidField, RequestTarget};
+use crate::request::InvalidField;
 use crate::store::script::{reply, ScriptError, ScriptKind, ScriptReply};
 use crate::store::{CallResult, StoreError};
 
@@ -65,12 +65,7 @@ impl Decider {
         read: Result<ReadReply, StoreError>,
         request: &Request<'_>,
     ) -> pb::Decision {
-        let Request {
-            bundle,
-            target,
-            decision_id,
-            cost,
-        } = *request;
+        let (bundle, decision_id) = (request.bundle, request.decision_id);
         match read {
             Ok(read) => self.decision_from_reply(bundle, plan, &read, decision_id),
             Err(StoreError::Script(e @ ScriptError::MalformedReply { .. })) => {
@@ -81,14 +76,7 @@ impl Decider {
                     error = %e,
                     "malformed script reply: degrading per fail mode"
                 );
-                self.degrade(
-                    bundle,
-                    plan,
-                    target,
-                    decision_id,
-                    cost,
-                    pb::Reason::LimiterUnavailable,
-                )
+                self.degrade(plan, request, pb::Reason::LimiterUnavailable)
             }
             Err(StoreError::Script(e)) => {
                 error_limited!(
@@ -98,14 +86,7 @@ impl Decider {
                     error = %e,
                     "policy fault from the store"
                 );
-                self.degrade(
-                    bundle,
-                    plan,
-                    target,
-                    decision_id,
-                    cost,
-                    pb::Reason::PolicyError,
-                )
+                self.degrade(plan, request, pb::Reason::PolicyError)
             }
             Err(e) => {
                 warn_limited!(
@@ -115,14 +96,7 @@ impl Decider {
                     error = %e,
                     "store unavailable: degrading per fail mode"
                 );
-                self.degrade(
-                    bundle,
-                    plan,
-                    target,
-                    decision_id,
-                    cost,
-                    pb::Reason::LimiterUnavailable,
-                )
+                self.degrade(plan, request, pb::Reason::LimiterUnavailable)
             }
         }
     }
@@ -210,16 +184,21 @@ impl Decider {
     }
 
     /// The store could not decide: closed rules refuse, local rules decide
-    /// on local buckets (all or none), open rules admit.
+    /// on local buckets (all or none; a look charges none), open rules
+    /// admit.
     pub(super) fn degrade(
         &self,
-        bundle: &Bundle,
         plan: &Planned<'_>,
-        target: &RequestTarget,
-        decision_id: &str,
-        cost: u64,
+        request: &Request<'_>,
         reason: pb::Reason,
     ) -> pb::Decision {
+        let Request {
+            bundle,
+            target,
+            decision_id,
+            cost,
+            look,
+        } = *request;
         self.counters
             .fallback_decisions
             .fetch_add(1, Ordering::Relaxed);
@@ -280,7 +259,11 @@ impl Decider {
             .with_label_values(&["local"])
             .inc();
         let charges: Vec<LocalCharge> = locals.iter().map(|(_, c)| c.clone()).collect();
-        let outcome = self.fallback.charge_all(&charges, self.clock.now_ms());
+        let outcome = if look {
+            self.fallback.look_all(&charges, self.clock.now_ms())
+        } else {
+            self.fallback.charge_all(&charges, self.clock.now_ms())
+        };
         self.metrics
             .local_fallback_keys
             .set(self.fallback.len() as i64);

@@ -49,15 +49,17 @@ use crate::metrics::AgentMetrics;
 use crate::policy::{Algorithm, Bundle, PolicyHolder, Rule, Scope};
 use crate::request::{self, InvalidField, RequestTarget};
 use crate::store::memory::Clock;
-use crate::store::script::{ScriptCall, ScriptKind};
+use crate::store::script::{look_call, ScriptCall, ScriptKind};
 use crate::store::{BucketStore, CallResult, NotSent, StoreError};
 
 mod answer;
 mod denials;
+mod look;
 mod plan;
 
 pub(crate) use answer::refused_field;
 use answer::{read_reply, shadow_outcomes};
+use look::looked;
 pub(crate) use plan::chunk_spend_call;
 pub use plan::{bucket_id, resolve};
 use plan::{rule_cost_millitokens, window_ms};
@@ -137,6 +139,21 @@ struct Request<'a> {
     target: &'a RequestTarget,
     decision_id: &'a str,
     cost: u64,
+    /// A look ([`Decider::look`]): decided as `cost` would be, charging
+    /// nothing, the local fallback included.
+    look: bool,
+}
+
+/// A decision as Envoy's RLS reports it ([`Decider::check_spending_leased`],
+/// [`Decider::look`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RlsDecision {
+    pub decision: pb::Decision,
+    /// When no enforcing rule applied and shadow rules did: the decision of
+    /// the shadow rule the status reports (the first that would refuse,
+    /// else the first), so the status keeps its limit as upstream's shadow
+    /// limits do. It never refuses the request.
+    pub shadow: Option<pb::Decision>,
 }
 
 /// What the enforcing rules came to.
@@ -193,9 +210,10 @@ impl Decider {
 
     pub async fn check(&self, req: pb::CheckRequest) -> Result<pb::Decision, InvalidField> {
         let checked = match Self::checked_request(req, &self.keys) {
-            Ok((decision_id, target, cost)) => {
-                self.check_inner(decision_id, target, cost, false).await
-            }
+            Ok((decision_id, target, cost)) => self
+                .check_inner(decision_id, target, cost, false)
+                .await
+                .map(|decided| decided.decision),
             Err(e) => Err(e),
         };
         self.counted(checked)
@@ -229,7 +247,7 @@ impl Decider {
         decision_id: String,
         target: RequestTarget,
         cost: u64,
-    ) -> Result<pb::Decision, InvalidField> {
+    ) -> Result<RlsDecision, InvalidField> {
         let cost = request::cost(cost);
         let checked = match cost {
             Ok(cost) => self.check_inner(decision_id, target, cost, true).await,
@@ -239,10 +257,7 @@ impl Decider {
     }
 
     /// Counts a refused request by its field.
-    fn counted(
-        &self,
-        result: Result<pb::Decision, InvalidField>,
-    ) -> Result<pb::Decision, InvalidField> {
+    fn counted<T>(&self, result: Result<T, InvalidField>) -> Result<T, InvalidField> {
         if let Err(e) = &result {
             self.metrics
                 .invalid_requests
@@ -332,7 +347,7 @@ impl Decider {
         target: RequestTarget,
         cost: u64,
         spend_leased: bool,
-    ) -> Result<pb::Decision, InvalidField> {
+    ) -> Result<RlsDecision, InvalidField> {
         use tracing::Instrument;
         let span = tracing::info_span!(
             "decision",
@@ -347,7 +362,7 @@ impl Decider {
             .check_decided(decision_id, target, cost, spend_leased)
             .instrument(span.clone())
             .await;
-        if let Ok(decision) = &decided {
+        if let Ok(RlsDecision { decision, .. }) = &decided {
             let bundle = self.policy.current();
             let pool = bundle
                 .rule(&domain, &decision.policy_id)
@@ -368,7 +383,7 @@ impl Decider {
         target: RequestTarget,
         cost: u64,
         spend_leased: bool,
-    ) -> Result<pb::Decision, InvalidField> {
+    ) -> Result<RlsDecision, InvalidField> {
         // One request is evaluated against one bundle, taken once.
         let bundle = self.policy.current();
         let resolved = resolve(&bundle, &target)?;
@@ -381,9 +396,12 @@ impl Decider {
             target: &target,
             decision_id: &decision_id,
             cost,
+            look: false,
         };
+        let mut reported_shadow = None;
         let (mut decision, shadow_outcomes) = if enforcing.is_empty() {
-            let outcomes = self.run_shadow_alone(&shadow, &request).await?;
+            let (outcomes, reported) = self.run_shadow_alone(&shadow, &request).await?;
+            reported_shadow = reported;
             (self.unruled(&bundle, &decision_id), outcomes)
         } else {
             match self.check_enforcing(&enforcing, &shadow, &request).await? {
@@ -391,7 +409,10 @@ impl Decider {
                 Enforced::NoRoom(mut decision) => {
                     decision.leased = self.leased_rules(&resolved.leased, &target)?;
                     self.count(&decision, &bundle);
-                    return Ok(decision);
+                    return Ok(RlsDecision {
+                        decision,
+                        shadow: None,
+                    });
                 }
             }
         };
@@ -400,7 +421,10 @@ impl Decider {
             if decision.allowed && !decision.replayed && !resolved.leased.is_empty() {
                 if let Some(refused) = self.spend_leased(&resolved.leased, &request).await? {
                     self.count(&refused, &bundle);
-                    return Ok(refused);
+                    return Ok(RlsDecision {
+                        decision: refused,
+                        shadow: None,
+                    });
                 }
             }
             // Nothing is left for the caller to spend from blocks.
@@ -418,7 +442,10 @@ impl Decider {
             replayed = decision.replayed,
             "decision"
         );
-        Ok(decision)
+        Ok(RlsDecision {
+            decision,
+            shadow: reported_shadow,
+        })
     }
 
     /// The enforcing rules' decision and the outcomes of the shadow rules
@@ -444,6 +471,7 @@ impl Decider {
             target,
             decision_id,
             cost,
+            ..
         } = *request;
         let (riders, detached) = self.riders(enforcing, shadow, target)?;
         let (plan, call) = match self.plan(enforcing, &riders, target, decision_id, cost, true) {
@@ -558,15 +586,17 @@ impl Decider {
 
     /// Shadow rules of a request without enforcing rules: one call each, in
     /// one batch, no record (a retry of such a request charges them again:
-    /// nothing enforcing keeps a record to recognise it by).
+    /// nothing enforcing keeps a record to recognise it by). Returns their
+    /// outcomes and the decision of the one a status reports
+    /// ([`RlsDecision::shadow`]).
     async fn run_shadow_alone(
         &self,
         shadow: &[&Rule],
         request: &Request<'_>,
-    ) -> Result<Vec<(String, bool)>, InvalidField> {
+    ) -> Result<(Vec<(String, bool)>, Option<pb::Decision>), InvalidField> {
         let mut plans = Vec::new();
         let mut calls = Vec::new();
-        let mut outcomes = Vec::new();
+        let mut no_room = Vec::new();
         for rule in shadow {
             match self.plan(
                 &[*rule],
@@ -581,15 +611,47 @@ impl Decider {
                     calls.push(call);
                 }
                 Err(PlanError::Invalid(e)) => return Err(e),
-                Err(PlanError::NoRoom(rule)) => {
-                    outcomes.push((rule.id.as_str().to_string(), false));
-                }
+                Err(PlanError::NoRoom(rule)) => no_room.push(rule),
             }
         }
+        if request.look {
+            calls = calls.iter().map(look_call).collect();
+        }
         let replies = self.run(&calls).await;
+        let reported = self.shadow_reported(&plans, &replies, &no_room, request);
         let mut evaluated = shadow_outcomes(&plans, replies);
-        evaluated.extend(outcomes);
-        Ok(evaluated)
+        evaluated.extend(no_room.iter().map(|r| (r.id.as_str().to_string(), false)));
+        Ok((evaluated, reported))
+    }
+
+    /// The decision a status of shadow rules alone reports: the first
+    /// that would refuse, else the first evaluated (a reply that does not
+    /// parse is no decision, as in [`shadow_outcomes`]); a pool rule
+    /// without room would refuse.
+    fn shadow_reported(
+        &self,
+        plans: &[Planned<'_>],
+        replies: &[CallResult],
+        no_room: &[&Rule],
+        request: &Request<'_>,
+    ) -> Option<pb::Decision> {
+        let evaluated = plans.iter().zip(replies).filter_map(|(plan, reply)| {
+            let read = read_reply(plan, reply.as_ref().ok()?).ok()?;
+            let decision =
+                self.decision_from_reply(request.bundle, plan, &read, request.decision_id);
+            Some(if request.look {
+                looked(plan, decision)
+            } else {
+                decision
+            })
+        });
+        let without_room = no_room.iter().map(|rule| {
+            let (bundle, id) = (request.bundle, request.decision_id);
+            self.decision(bundle, rule, id, false, 0, NO_ROOM_RETRY_MS, false)
+        });
+        let decided: Vec<pb::Decision> = evaluated.chain(without_room).collect();
+        let refusing = decided.iter().position(|d| !d.allowed).unwrap_or(0);
+        decided.into_iter().nth(refusing)
     }
 
     /// Counts and reports the shadow rules that would have refused.

@@ -4,8 +4,9 @@
 //! - [`service`]: Envoy's rate-limit service (`envoy.service.ratelimit.v3`)
 //!   — which semantics answer a request is chosen by its domain;
 //! - [`json`]: the same messages as protojson, for upstream's HTTP `/json`;
-//! - [`target`] and [`status`]: a TOML-policy domain's descriptor as a
-//!   native Check's target, and what its status reports (pure);
+//! - [`target`], [`status`] and [`policy_stats`]: a TOML-policy domain's
+//!   descriptor as a native Check's target, what its status reports and
+//!   what its statistics count (pure);
 //! - [`ratelimit`]: envoyproxy/ratelimit's YAML configs and semantics, as
 //!   pure functions (descriptor trees, units, answers, its over-limit
 //!   cache) and the config's hot reload;
@@ -15,6 +16,7 @@
 
 pub mod extension_counters;
 pub mod json;
+pub mod policy_stats;
 pub mod ratelimit;
 pub mod service;
 pub mod status;

@@ -11,8 +11,11 @@
 //!   (the domain's `[domain.envoy]` names which entry is the tenant, the
 //!   principal, the route group and the method; any key and any UTF-8
 //!   value is accepted). A descriptor without a tenant (and no
-//!   `default_tenant`) matches no rule (OK). Statistics go to
-//!   `leasehold_rls_hits_total` under the deciding rule's id.
+//!   `default_tenant`) matches no rule (OK). Its `hits_addend` of 0 is a
+//!   look ([`Decider::look`]: what one hit would get, nothing charged);
+//!   a `limit` override counts on upstream's window counter, as on a YAML
+//!   domain. Statistics go to `leasehold_rls_hits_total` per descriptor,
+//!   in upstream's shape ([`crate::envoy::policy_stats`]).
 //!   Concurrency rules are not applied (nor by a native Check: they are
 //!   held by AcquireConcurrency/ReleaseConcurrency, and Envoy's protocol
 //!   has no release). Rules leased to gateways are charged per request here
@@ -37,10 +40,10 @@ use envoy_types::pb::google::protobuf::Duration;
 use leasehold_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::decide::Decider;
+use crate::decide::{Decider, RlsDecision};
 use crate::envoy::ratelimit::answer::{self, CurrentLimit};
 use crate::envoy::yaml_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
-use crate::envoy::{status as envoy_status, target as envoy_target};
+use crate::envoy::{policy_stats, status as envoy_status, target as envoy_target};
 use crate::request::InvalidField;
 
 /// Most descriptors in one request.
@@ -191,12 +194,14 @@ pub fn response_of(answer: &crate::envoy::yaml_engine::RlsAnswer) -> rls::RateLi
 }
 
 impl EnvoyRateLimitService {
-    /// A TOML-policy domain: one native Check per descriptor.
+    /// A TOML-policy domain: each descriptor one native Check of its hits
+    /// (a look at 0 hits, [`Decider::look`]), or, with a `limit` override,
+    /// upstream's window counter as on a YAML domain
+    /// ([`RlsEngine::answer_overrides`], the request's in one batch).
     async fn answer_policy(
         &self,
         req: &rls::RateLimitRequest,
     ) -> Result<rls::RateLimitResponse, Status> {
-        let hits = u64::from(req.hits_addend.max(1));
         let no_limit = || answer::status(&answer::Outcome::NoLimit);
         let bundle = self.decider.policy.current();
         let Some(domain) = bundle.domains.get(&req.domain) else {
@@ -205,42 +210,74 @@ impl EnvoyRateLimitService {
             let statuses = vec![no_limit(); req.descriptors.len()];
             return Ok(response_of(&self.engine.finish(statuses)));
         };
-        let mut statuses = Vec::with_capacity(req.descriptors.len());
-        for descriptor in &req.descriptors {
+        let request = rls_request(req);
+        let mut statuses = self
+            .engine
+            .answer_overrides(&self.decider, &request)
+            .await
+            .map_err(|e| unavailable_or_invalid(&req.domain, e))?;
+        for (descriptor, status) in request.descriptors.iter().zip(statuses.iter_mut()) {
+            if status.is_some() {
+                continue;
+            }
             let entries: Vec<(&str, &str)> = descriptor
                 .entries
                 .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
             let Some(target) = envoy_target::target_of(domain, &entries, &self.decider.keys) else {
-                statuses.push(no_limit());
                 continue;
             };
-            let cost = descriptor
-                .hits_addend
-                .as_ref()
-                .map(|h| h.value.max(1))
-                .unwrap_or(hits);
-            let decision = self
-                .decider
-                .check_spending_leased(new_decision_id(), target, cost)
-                .await?;
-            self.record_stats(&req.domain, &decision, cost);
-            if decision.reason() == pb::Reason::LimiterUnavailable {
+            let hits = answer::hits(descriptor.hits_addend, request.hits_addend);
+            let decided = if hits == 0 {
+                self.decider.look(new_decision_id(), target).await?
+            } else {
+                self.decider
+                    .check_spending_leased(new_decision_id(), target, hits)
+                    .await?
+            };
+            self.record_stats(domain, &entries, &decided, hits);
+            if decided.decision.reason() == pb::Reason::LimiterUnavailable {
                 return Err(Status::unavailable(
                     "limiter unavailable and the rule fails closed",
                 ));
             }
-            statuses.push(self.policy_status(domain, &decision));
+            *status = Some(self.policy_status(domain, &decided));
         }
         // The engine's options hold for TOML domains too: upstream's
         // SHADOW_MODE and response headers.
+        let statuses = statuses
+            .into_iter()
+            .map(|s| s.unwrap_or_else(no_limit))
+            .collect();
         Ok(response_of(&self.engine.finish(statuses)))
     }
 
-    /// A TOML domain's decision as the engine's status (see
-    /// [`envoy_status`]).
+    /// A TOML domain's decision as the engine's status: the deciding
+    /// rule's, else the shadow rule reported alone (OK whatever it says,
+    /// its limit kept, as upstream's shadow limits), else no limit.
     fn policy_status(
+        &self,
+        domain: &crate::policy::Domain,
+        decided: &RlsDecision,
+    ) -> answer::Status {
+        let decision = &decided.decision;
+        if !decision.policy_id.is_empty() {
+            return self.rule_status(domain, decision);
+        }
+        match &decided.shadow {
+            Some(shadow) => answer::Status {
+                code: answer::Code::Ok,
+                shadowed: !shadow.allowed,
+                ..self.rule_status(domain, shadow)
+            },
+            // No rule decided (none matched): OK, no limit.
+            None => answer::status(&answer::Outcome::NoLimit),
+        }
+    }
+
+    /// What `decision` of one rule reports (see [`envoy_status`]).
+    fn rule_status(
         &self,
         domain: &crate::policy::Domain,
         decision: &pb::Decision,
@@ -252,14 +289,6 @@ impl EnvoyRateLimitService {
         };
         let remaining = u64::try_from(decision.remaining.max(0)).unwrap_or(0);
         let limit_remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-        if decision.policy_id.is_empty() {
-            // No rule decided (none matched): OK, no limit.
-            return answer::Status {
-                code,
-                limit_remaining,
-                ..answer::status(&answer::Outcome::NoLimit)
-            };
-        }
         // The store's clock when it decided (windows are aligned to it),
         // else the agent's.
         let now_ms = if decision.store_now_ms > 0 {
@@ -296,33 +325,24 @@ impl EnvoyRateLimitService {
         }
     }
 
-    /// A TOML domain's statistics, as upstream's per key: under the rule
-    /// that decided (a request no rule limited counts nothing), shadow
-    /// refusals under each shadow rule that would have refused.
-    fn record_stats(&self, domain: &str, decision: &pb::Decision, cost: u64) {
-        if !decision.policy_id.is_empty() {
-            let near = decision.allowed
-                && decision.limit > 0
-                && (decision.remaining as f64)
-                    < decision.limit as f64 * f64::from(1.0 - self.engine.options.near_limit_ratio);
-            let stats = answer::HitStats {
-                total_hits: cost,
-                within_limit: if decision.allowed { cost } else { 0 },
-                near_limit: if near { cost } else { 0 },
-                over_limit: if decision.allowed { 0 } else { cost },
-                ..Default::default()
-            };
-            self.decider
-                .metrics
-                .record_rls(domain, &decision.policy_id, &stats);
-        }
-        for rule in &decision.shadow_denied {
-            let stats = answer::HitStats {
-                shadow_mode: cost,
-                ..Default::default()
-            };
-            self.decider.metrics.record_rls(domain, rule, &stats);
-        }
+    /// A TOML domain's statistics per descriptor, in upstream's shape
+    /// ([`policy_stats`]).
+    fn record_stats(
+        &self,
+        domain: &crate::policy::Domain,
+        entries: &[(&str, &str)],
+        decided: &RlsDecision,
+        hits: u64,
+    ) {
+        let near_limit_ratio = self.engine.options.near_limit_ratio;
+        let Some(stats) = policy_stats::hit_stats(decided, hits, near_limit_ratio) else {
+            return;
+        };
+        let Some(rule) = policy_stats::counted_rule(domain, decided) else {
+            return;
+        };
+        let key = policy_stats::stats_key(domain, rule, entries, &self.decider.keys);
+        self.decider.metrics.record_rls(&domain.name, &key, &stats);
     }
 
     /// Answers a validated request by its domain (see the module doc).
@@ -341,11 +361,7 @@ impl EnvoyRateLimitService {
         {
             return match self.engine.answer(&self.decider, &rls_request(req)).await {
                 Ok(answer) => Ok(response_of(&answer)),
-                Err(RlsError::Invalid(invalid)) => Err(invalid.into()),
-                Err(RlsError::Store(reason)) => {
-                    tracing::warn!(domain = %leasehold_logging::quote(&req.domain), %reason, "RLS counters unavailable");
-                    Err(Status::unavailable("rate-limit store unavailable"))
-                }
+                Err(error) => Err(unavailable_or_invalid(&req.domain, error)),
             };
         }
         self.answer_policy(req).await
@@ -367,6 +383,19 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyRateLimitService 
         )?;
         let req = request.into_inner();
         self.answer(&req).await.map(Response::new)
+    }
+}
+
+/// An engine error as the answer: the caller's INVALID_ARGUMENT, or
+/// UNAVAILABLE when the store could not count (Envoy's
+/// `failure_mode_deny` decides, as upstream's Redis errors).
+fn unavailable_or_invalid(domain: &str, error: RlsError) -> Status {
+    match error {
+        RlsError::Invalid(invalid) => invalid.into(),
+        RlsError::Store(reason) => {
+            tracing::warn!(domain = %leasehold_logging::quote(domain), %reason, "RLS counters unavailable");
+            Status::unavailable("rate-limit store unavailable")
+        }
     }
 }
 

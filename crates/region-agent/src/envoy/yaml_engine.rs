@@ -43,7 +43,8 @@ pub use crate::envoy::extension_counters::{RlsError, COUNTER_SLACK_MS};
 /// Cap on `[ratelimit] expiration_jitter_max_seconds` (one day).
 pub const MAX_EXPIRATION_JITTER_S: u64 = 86_400;
 
-/// How answers are shaped (`[ratelimit]` in the agent config).
+/// How answers are shaped and the directory loads (`[ratelimit]` in the
+/// agent config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RlsOptions {
     pub headers: Headers,
@@ -59,6 +60,9 @@ pub struct RlsOptions {
     pub expiration_jitter_max_seconds: u64,
     /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, counted in counters (0: off).
     pub local_cache_max_keys: u64,
+    /// Upstream's `MERGE_DOMAIN_CONFIG` (false): one domain from several
+    /// files ([`crate::envoy::ratelimit::config`]).
+    pub merge_domains: bool,
 }
 
 impl Default for RlsOptions {
@@ -70,6 +74,7 @@ impl Default for RlsOptions {
             stop_increment_when_over_limit: false,
             expiration_jitter_max_seconds: 300,
             local_cache_max_keys: 0,
+            merge_domains: false,
         }
     }
 }
@@ -199,38 +204,18 @@ impl RlsEngine {
             let statuses = vec![answer::status(&Outcome::NoLimit); request.descriptors.len()];
             return Ok(self.finish(statuses));
         };
-        let entries_of: Vec<Vec<(&str, &str)>> = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                d.entries
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect()
-            })
-            .collect();
+        let entries_of = entries_of(request);
         // A request's descriptor value becomes a metric label only peppered
         // (§3.2: it may be an IP, a user id, an API key).
         let hide = |value: &str| decider.keys.label(value);
         // Match every descriptor first: `replaces` looks at all of them.
         // Configured limits are borrowed from the config in force.
-        let mut matched: Vec<Option<(Cow<'_, Limit>, Cow<'_, str>)>> = Vec::new();
+        let mut matched: Vec<Option<Matched<'_>>> = Vec::new();
         let mut shared_entries: Vec<Option<Vec<(&str, &str)>>> =
             vec![None; request.descriptors.len()];
         for (i, (descriptor, entries)) in request.descriptors.iter().zip(&entries_of).enumerate() {
             matched.push(match descriptor.limit_override {
-                Some((requests_per_unit, unit)) => {
-                    let unit = Unit::from_proto(unit).ok_or_else(|| {
-                        InvalidField::new(
-                            format!("descriptors[{i}].limit.unit"),
-                            "must be SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
-                        )
-                    })?;
-                    let limit =
-                        override_limit(&domain.name, entries, requests_per_unit, unit, &hide);
-                    let stats_key = Cow::Owned(limit.stats_key.clone());
-                    Some((Cow::Owned(limit), stats_key))
-                }
+                Some(limit) => Some(overridden(&domain.name, i, entries, limit, &hide)?),
                 None => tree::find(domain, entries, &hide).map(|m| {
                     // `share_threshold`: the wildcard keys the counter.
                     if !m.shared.is_empty() {
@@ -240,6 +225,78 @@ impl RlsEngine {
                 }),
             });
         }
+        let statuses = self
+            .count(
+                decider,
+                &domain.name,
+                request,
+                matched,
+                &shared_entries,
+                &entries_of,
+            )
+            .await?;
+        Ok(self.finish(statuses))
+    }
+
+    /// The statuses of a TOML-policy domain's `limit` overrides (None for a
+    /// descriptor without one): each counted as a YAML domain counts an
+    /// override — upstream's fixed window of the override's
+    /// `requests_per_unit` per `unit`, keyed by the domain and the
+    /// descriptor's entries, statistics under upstream's `descriptorKey`
+    /// (values peppered) — the request's overrides in one batch, under the
+    /// same options (local cache, TTL jitter, stop-increment).
+    pub async fn answer_overrides(
+        &self,
+        decider: &Decider,
+        request: &RlsRequest,
+    ) -> Result<Vec<Option<Status>>, RlsError> {
+        let overridden_at: Vec<bool> = request
+            .descriptors
+            .iter()
+            .map(|d| d.limit_override.is_some())
+            .collect();
+        if !overridden_at.contains(&true) {
+            return Ok(vec![None; request.descriptors.len()]);
+        }
+        let entries_of = entries_of(request);
+        let hide = |value: &str| decider.keys.label(value);
+        let mut matched: Vec<Option<Matched<'_>>> = Vec::new();
+        for (i, (descriptor, entries)) in request.descriptors.iter().zip(&entries_of).enumerate() {
+            matched.push(match descriptor.limit_override {
+                Some(limit) => Some(overridden(&request.domain, i, entries, limit, &hide)?),
+                None => None,
+            });
+        }
+        let shared_entries = vec![None; request.descriptors.len()];
+        let statuses = self
+            .count(
+                decider,
+                &request.domain,
+                request,
+                matched,
+                &shared_entries,
+                &entries_of,
+            )
+            .await?;
+        Ok(statuses
+            .into_iter()
+            .zip(overridden_at)
+            .map(|(status, overridden)| overridden.then_some(status))
+            .collect())
+    }
+
+    /// Counts the matched limits of `request` on `domain` (None: nothing
+    /// matched), `replaces` applied: every upstream counter one
+    /// `rls_window` call, an extension rule its own, all in one batch.
+    async fn count(
+        &self,
+        decider: &Decider,
+        domain: &str,
+        request: &RlsRequest,
+        matched: Vec<Option<Matched<'_>>>,
+        shared_entries: &[Option<Vec<(&str, &str)>>],
+        entries_of: &[Vec<(&str, &str)>],
+    ) -> Result<Vec<Status>, RlsError> {
         let named: Vec<Option<(&str, &[String])>> = matched
             .iter()
             .map(|m| {
@@ -279,13 +336,11 @@ impl RlsEngine {
             let mut counter = None;
             let (planned, extension) = match limit.extension.as_ref().filter(|e| e.asks()) {
                 None => {
-                    let key = decider.keys.rls_counter(&domain.name, entries, unit.name());
+                    let key = decider.keys.rls_counter(domain, entries, unit.name());
                     if self.cached_over(&key, decider.clock.now_ms()) {
                         // Upstream: over_limit and over_limit_with_local_cache.
                         let stats = answer::local_cache_stats(hits, limit.shadow_mode);
-                        decider
-                            .metrics
-                            .record_rls(&request.domain, &stats_key, &stats);
+                        decider.metrics.record_rls(domain, &stats_key, &stats);
                         local_over = true;
                         // The reset is read on the agent's clock (no store
                         // call tells the store's).
@@ -308,7 +363,7 @@ impl RlsEngine {
                 }
                 Some(extension) => {
                     let rule = ExtRule {
-                        domain: &domain.name,
+                        domain,
                         entries,
                         extension,
                         unit,
@@ -318,13 +373,7 @@ impl RlsEngine {
                     };
                     match rls_ext::plan(decider, &rule)? {
                         ExtPlan::Now(outcome) => {
-                            self.record_outcome(
-                                decider,
-                                &request.domain,
-                                &stats_key,
-                                &outcome,
-                                hits,
-                            );
+                            self.record_outcome(decider, domain, &stats_key, &outcome, hits);
                             (Planned::Now(outcome), None)
                         }
                         ExtPlan::Call(call, pending) => (Planned::Call(call), Some(pending)),
@@ -355,13 +404,7 @@ impl RlsEngine {
         for (count, result) in counting.into_iter().zip(replies) {
             if let Some(pending) = count.extension {
                 let outcome = rls_ext::read(decider, pending, result)?;
-                self.record_outcome(
-                    decider,
-                    &request.domain,
-                    &count.stats_key,
-                    &outcome,
-                    count.hits,
-                );
+                self.record_outcome(decider, domain, &count.stats_key, &outcome, count.hits);
                 statuses[count.index] = answer::status(&outcome);
                 continue;
             }
@@ -384,9 +427,7 @@ impl RlsEngine {
                         self.options.near_limit_ratio,
                         count.shadow_mode,
                     );
-                    decider
-                        .metrics
-                        .record_rls(&request.domain, &count.stats_key, &stats);
+                    decider.metrics.record_rls(domain, &count.stats_key, &stats);
                     Outcome::Counted {
                         limit: count.current.clone(),
                         hits: count.hits,
@@ -408,7 +449,7 @@ impl RlsEngine {
         for (status, quota) in statuses.iter_mut().zip(quota) {
             status.quota_mode = quota && status.current_limit.is_some();
         }
-        Ok(self.finish(statuses))
+        Ok(statuses)
     }
 
     /// Upstream's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
@@ -489,6 +530,44 @@ impl RlsEngine {
             statuses,
         }
     }
+}
+
+/// A matched limit and its stats key (borrowed from the config in force,
+/// or built for a `limit` override).
+type Matched<'c> = (Cow<'c, Limit>, Cow<'c, str>);
+
+/// Each descriptor's entries as (key, value).
+fn entries_of(request: &RlsRequest) -> Vec<Vec<(&str, &str)>> {
+    request
+        .descriptors
+        .iter()
+        .map(|d| {
+            d.entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Descriptor `i`'s `limit` override (requests per unit, the proto's unit
+/// number) as a limit; a unit Envoy cannot mean is refused, naming it.
+fn overridden<'c>(
+    domain: &str,
+    i: usize,
+    entries: &[(&str, &str)],
+    (requests_per_unit, unit): (u32, i32),
+    hide: &dyn Fn(&str) -> String,
+) -> Result<Matched<'c>, InvalidField> {
+    let unit = Unit::from_proto(unit).ok_or_else(|| {
+        InvalidField::new(
+            format!("descriptors[{i}].limit.unit"),
+            "must be SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+        )
+    })?;
+    let limit = override_limit(domain, entries, requests_per_unit, unit, hide);
+    let stats_key = Cow::Owned(limit.stats_key.clone());
+    Ok((Cow::Owned(limit), stats_key))
 }
 
 /// A request's `limit` override: no tree, no name, no shadow; the stats key

@@ -358,8 +358,9 @@ pub struct Built {
     pub limits: ListenerLimits,
     /// The YAML domains the Envoy RLS serves (empty without `[ratelimit]`).
     pub engine: Arc<RlsEngine>,
-    /// Watched for YAML changes when set: the directory and the poll.
-    pub ratelimit_watch: Option<(PathBuf, Duration)>,
+    /// Watched for YAML changes when set: the directory, the poll and
+    /// `merge_domains`.
+    pub ratelimit_watch: Option<(PathBuf, Duration, bool)>,
 }
 
 impl Built {
@@ -378,11 +379,12 @@ impl Built {
                 self.policy_poll,
             ));
         }
-        if let Some((dir, poll)) = &self.ratelimit_watch {
+        if let Some((dir, poll, merge_domains)) = &self.ratelimit_watch {
             tasks.push(crate::envoy::ratelimit::watch::spawn_dir_watch(
                 dir.clone(),
                 self.engine.holder.clone(),
                 *poll,
+                *merge_domains,
             ));
         }
         tasks
@@ -436,7 +438,11 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
     });
     let (engine, ratelimit_watch) = match spec.ratelimit {
         Some(ratelimit) => {
-            let config = crate::envoy::ratelimit::config::load_dir(&ratelimit.config_dir)?;
+            let merge_domains = ratelimit.options.merge_domains;
+            let config = crate::envoy::ratelimit::config::load_dir_with(
+                &ratelimit.config_dir,
+                merge_domains,
+            )?;
             tracing::info!(
                 dir = %ratelimit.config_dir.display(),
                 domains = config.domains.len(),
@@ -445,7 +451,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
             let holder = Arc::new(crate::envoy::ratelimit::watch::RlsHolder::new(config));
             (
                 RlsEngine::new(holder, ratelimit.options),
-                Some((ratelimit.config_dir, ratelimit.poll)),
+                Some((ratelimit.config_dir, ratelimit.poll, merge_domains)),
             )
         }
         None => (RlsEngine::default(), None),

@@ -38,10 +38,13 @@ pub enum ScriptKind {
     /// Up to [`MULTI_DECISION_MAX_CALLS`] calls of the other kinds in one
     /// EVALSHA ([`multi_decision_call`]); its reply is one reply per call.
     MultiDecision,
+    /// A decision call of a [`ScriptKind::lookable`] kind answered without
+    /// writing ([`look_call`]): Envoy's check-only hits on a TOML rule.
+    Look,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 19] = [
+    pub const ALL: [ScriptKind; 20] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -61,6 +64,7 @@ impl ScriptKind {
         ScriptKind::ChunkIndex,
         ScriptKind::SyncerLease,
         ScriptKind::MultiDecision,
+        ScriptKind::Look,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -85,6 +89,7 @@ impl ScriptKind {
             ScriptKind::ChunkIndex => "chunk_index",
             ScriptKind::SyncerLease => "syncer_lease",
             ScriptKind::MultiDecision => "multi_decision",
+            ScriptKind::Look => "look",
         }
     }
 
@@ -109,6 +114,7 @@ impl ScriptKind {
             ScriptKind::ChunkIndex => include_str!("../../../../lua/chunk_index.lua"),
             ScriptKind::SyncerLease => include_str!("../../../../lua/syncer_lease.lua"),
             ScriptKind::MultiDecision => include_str!("../../../../lua/multi_decision.lua"),
+            ScriptKind::Look => include_str!("../../../../lua/look.lua"),
         }
     }
 
@@ -121,6 +127,22 @@ impl ScriptKind {
         )
     }
 
+    /// A call of this kind may be looked at ([`look_call`]): the decision
+    /// scripts Envoy's RLS runs for a TOML rule (a charge's, a gate's).
+    pub fn lookable(self) -> bool {
+        matches!(
+            self,
+            ScriptKind::TokenBucket
+                | ScriptKind::MultiRule
+                | ScriptKind::Gcra
+                | ScriptKind::FixedWindow
+                | ScriptKind::SlidingCounter
+                | ScriptKind::SlidingLog
+                | ScriptKind::ChunkSpend
+                | ScriptKind::ShareGate
+        )
+    }
+
     /// Full source as loaded into Redis: prelude + script body.
     pub fn source(self) -> &'static str {
         static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
@@ -129,6 +151,7 @@ impl ScriptKind {
                 .map(|kind| match kind {
                     ScriptKind::MultiDecision => multi_decision_source(),
                     ScriptKind::ShareGate => share_gate_source(),
+                    ScriptKind::Look => look_source(),
                     _ => format!("{PRELUDE}\n{}", kind.body()),
                 })
                 .collect()
@@ -170,6 +193,56 @@ fn wrapped(kind: ScriptKind) -> String {
     )
 }
 
+/// The `redis` a look's bodies run on: reads reach Redis, writes are
+/// dropped (answered 0: no body reads a write's reply), and any other
+/// command raises `look invalid` (a body that learnt a new command must be
+/// listed here before it can be looked at). sliding_log's trim only drops
+/// entries already out of its window, so it runs: its count needs it.
+const LOOK_READ_ONLY: &str = "local LH_LOOK_READS = {TIME = true, GET = true, HGET = true,
+  HMGET = true, PEXPIRETIME = true, ZCARD = true, ZSCORE = true, ZRANGE = true,
+  ZREMRANGEBYSCORE = true}
+local LH_LOOK_WRITES = {HSET = true, PEXPIRE = true, SET = true, ZADD = true, DECRBY = true}
+local LH_READ_ONLY = {
+  call = function(command, ...)
+    local name = string.upper(command)
+    if LH_LOOK_READS[name] then return redis.call(command, ...) end
+    if LH_LOOK_WRITES[name] then return 0 end
+    error({err = 'ERR leasehold: look invalid'})
+  end,
+  error_reply = redis.error_reply,
+}
+local LH_LOOK = {}";
+
+/// The prelude, one clock read per call (a gate and its inner call decide
+/// at one store time), every lookable body wrapped into `LH_LOOK` on the
+/// read-only `redis` (a gate's inner call too: its `LH_SCRIPTS` is
+/// `LH_LOOK`), then the look's own body.
+fn look_source() -> String {
+    let mut source = format!("{PRELUDE}\n{MULTI_DECISION_CLOCK}\n{LOOK_READ_ONLY}\n");
+    for kind in ScriptKind::ALL {
+        if kind.lookable() {
+            source.push_str(&format!(
+                "LH_LOOK['{}'] = function(KEYS, ARGV)\nlocal redis, LH_SCRIPTS = LH_READ_ONLY, LH_LOOK\n{}\nend\n",
+                kind.name(),
+                kind.body()
+            ));
+        }
+    }
+    source.push_str(ScriptKind::Look.body());
+    source
+}
+
+/// `call` looked at: the same keys, its script's name before its
+/// arguments. The caller keeps `call` of a [`ScriptKind::lookable`] kind
+/// (the script refuses any other: `look invalid`).
+pub fn look_call(call: &ScriptCall) -> ScriptCall {
+    debug_assert!(call.kind.lookable(), "{} is not lookable", call.kind.name());
+    let mut look = ScriptCall::new(ScriptKind::Look).arg(call.kind.name());
+    look.keys.extend(call.keys.iter().cloned());
+    look.args.extend(call.args.iter().cloned());
+    look
+}
+
 /// Most sub-calls one multi_decision call carries (`LH_MULTI_MAX` in
 /// `lua/multi_decision.lua`): 64 keeps one script run short (each sub-call is
 /// a few `redis.call`s, so tens of microseconds in all) while most of the
@@ -195,7 +268,9 @@ end";
 fn multi_decision_source() -> String {
     let mut source = format!("{PRELUDE}\n{MULTI_DECISION_CLOCK}\nlocal LH_SCRIPTS = {{}}\n");
     for kind in ScriptKind::ALL {
-        if kind == ScriptKind::MultiDecision {
+        // A look goes alone (the coalescer never packs one): its bodies
+        // need their read-only wrapping, which this source does not carry.
+        if matches!(kind, ScriptKind::MultiDecision | ScriptKind::Look) {
             continue;
         }
         source.push_str(&wrapped(kind));
@@ -206,9 +281,9 @@ fn multi_decision_source() -> String {
 
 /// The kind named `name` among those a multi_decision call may carry.
 pub fn sub_call_kind(name: &str) -> Option<ScriptKind> {
-    ScriptKind::ALL
-        .into_iter()
-        .find(|kind| *kind != ScriptKind::MultiDecision && kind.name() == name)
+    ScriptKind::ALL.into_iter().find(|kind| {
+        !matches!(kind, ScriptKind::MultiDecision | ScriptKind::Look) && kind.name() == name
+    })
 }
 
 /// One multi_decision call carrying `calls` in order: KEYS are their keys
@@ -340,7 +415,7 @@ mod tests {
     fn multi_decision_wraps_every_other_body_once() {
         let source = ScriptKind::MultiDecision.source();
         for kind in ScriptKind::ALL {
-            if kind == ScriptKind::MultiDecision {
+            if matches!(kind, ScriptKind::MultiDecision | ScriptKind::Look) {
                 assert_eq!(sub_call_kind(kind.name()), None);
                 continue;
             }
@@ -348,6 +423,37 @@ mod tests {
             assert_eq!(sub_call_kind(kind.name()), Some(kind));
         }
         assert!(source.ends_with(ScriptKind::MultiDecision.body()));
+        assert!(!source.contains(ScriptKind::Look.body()));
+    }
+
+    #[test]
+    fn a_look_wraps_each_lookable_body_once_on_the_read_only_redis() {
+        let source = ScriptKind::Look.source();
+        for kind in ScriptKind::ALL {
+            let expected = usize::from(kind.lookable());
+            assert_eq!(
+                source.matches(kind.body()).count(),
+                expected + usize::from(kind == ScriptKind::Look),
+                "{}",
+                kind.name()
+            );
+        }
+        let wrappers = source
+            .matches("local redis, LH_SCRIPTS = LH_READ_ONLY, LH_LOOK")
+            .count();
+        assert_eq!(
+            wrappers,
+            ScriptKind::ALL.iter().filter(|k| k.lookable()).count()
+        );
+        assert!(source.ends_with(ScriptKind::Look.body()));
+        let call = ScriptCall::new(ScriptKind::FixedWindow)
+            .key("k")
+            .arg(5)
+            .arg(60_000);
+        let look = look_call(&call);
+        assert_eq!(look.kind, ScriptKind::Look);
+        assert_eq!(look.keys, ["k"]);
+        assert_eq!(look.args, ["fixed_window", "5", "60000"]);
     }
 
     #[test]

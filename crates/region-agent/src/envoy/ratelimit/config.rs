@@ -1,6 +1,12 @@
 //! envoyproxy/ratelimit YAML configs, read unchanged: one domain per file,
 //! nested `descriptors` of `key` / `value` / `rate_limit`, as upstream's
 //! `config_impl.go` loads them (notes on each rule at the code reading it).
+//! With `merge_domains` (upstream's `MERGE_DOMAIN_CONFIG`) several files
+//! may hold one domain: each later file's descriptors join its top level,
+//! in file-name order (wildcards keep that order), and a top-level key and
+//! value another file already holds is refused as upstream refuses it
+//! (`duplicate descriptor composite key 'domain.key_value'`, naming the
+//! later file); without it a domain in two files is refused.
 //!
 //! Every refusal names the file and line and says what is wrong; a
 //! directory with any bad file is refused as a whole (the caller keeps the
@@ -81,7 +87,8 @@ pub struct RlsConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Domain {
     pub name: String,
-    /// The file it came from (errors and `/rlconfig`-style dumps).
+    /// The file it came from (errors and `/rlconfig`-style dumps); merged
+    /// from several (`merge_domains`), the first in name order.
     pub file: String,
     pub root: Level,
 }
@@ -186,10 +193,11 @@ pub enum ExtensionFailMode {
 }
 
 /// Reads every regular file of `dir` (sorted by name, so the order of
-/// wildcards across files is the same on every load), one domain each.
-/// Dotfiles are skipped; files are read whatever their extension, like
-/// upstream's runtime loader; subdirectories are not walked.
-pub fn load_dir(dir: &Path) -> Result<RlsConfig, RlsConfigError> {
+/// wildcards across files is the same on every load), one domain each,
+/// or with `merge_domains` one domain from several files (see the module
+/// doc). Dotfiles are skipped; files are read whatever their extension,
+/// like upstream's runtime loader; subdirectories are not walked.
+pub fn load_dir_with(dir: &Path, merge_domains: bool) -> Result<RlsConfig, RlsConfigError> {
     let label = dir.display().to_string();
     let error = |message: String| RlsConfigError {
         file: label.clone(),
@@ -232,7 +240,8 @@ pub fn load_dir(dir: &Path) -> Result<RlsConfig, RlsConfigError> {
         let text = String::from_utf8(bytes).map_err(|e| read_error(format!("not UTF-8: {e}")))?;
         texts.push((file, text));
     }
-    parse_files(texts.iter().map(|(f, t)| (f.as_str(), t.as_str())))
+    let files = texts.iter().map(|(f, t)| (f.as_str(), t.as_str()));
+    parse_files_with(files, merge_domains)
 }
 
 /// Parses `(file name, text)` pairs into one config; a domain in two files
@@ -240,17 +249,33 @@ pub fn load_dir(dir: &Path) -> Result<RlsConfig, RlsConfigError> {
 pub fn parse_files<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<RlsConfig, RlsConfigError> {
+    parse_files_with(files, false)
+}
+
+/// Parses `(file name, text)` pairs into one config, in order; with
+/// `merge_domains` a later file of a domain adds to its top level (see the
+/// module doc), else a domain in two files is refused.
+pub fn parse_files_with<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+    merge_domains: bool,
+) -> Result<RlsConfig, RlsConfigError> {
     let mut config = RlsConfig::default();
     let mut budget = MAX_DESCRIPTORS;
     for (file, text) in files {
-        let domain = parse_file(file, text, &mut budget)?;
-        if config.domains.contains_key(&domain.name) {
-            return Err(RlsConfigError {
-                file: file.to_string(),
-                line: 1,
-                message: format!("duplicate domain '{}' in config file", domain.name),
-            });
+        let reader = Reader { file };
+        let (name, descriptors) = reader.header(text)?;
+        if let Some(domain) = config.domains.get_mut(&name) {
+            if !merge_domains {
+                return Err(reader.error(1, format!("duplicate domain '{name}' in config file")));
+            }
+            // Upstream's "patching domain": this file's descriptors join
+            // the top level; a composite key already there is refused.
+            if let Some(list) = descriptors {
+                reader.level(&list, &format!("{name}."), 1, &mut budget, &mut domain.root)?;
+            }
+            continue;
         }
+        let domain = reader.domain(name, descriptors.as_ref(), &mut budget)?;
         if config.domains.len() >= MAX_DOMAINS {
             return Err(RlsConfigError {
                 file: file.to_string(),
@@ -266,32 +291,8 @@ pub fn parse_files<'a>(
 /// Parses one file; `budget` is the descriptors still allowed.
 pub fn parse_file(file: &str, text: &str, budget: &mut usize) -> Result<Domain, RlsConfigError> {
     let reader = Reader { file };
-    let root = yaml::parse(text).map_err(|e| reader.error(e.line, e.message))?;
-    let Some(root) = root else {
-        return Err(reader.error(1, "config file cannot have empty domain"));
-    };
-    let entries = reader.map(&root)?;
-    let mut name = String::new();
-    let mut descriptors = None;
-    for (key, value) in entries {
-        match reader.key(key)? {
-            "domain" => name = reader.text(value, "domain")?.to_string(),
-            "descriptors" => descriptors = Some(value),
-            _ => {}
-        }
-    }
-    if name.is_empty() {
-        return Err(reader.error(root.line, "config file cannot have empty domain"));
-    }
-    let mut domain = Domain {
-        name: name.clone(),
-        file: file.to_string(),
-        root: Level::default(),
-    };
-    if let Some(list) = descriptors {
-        reader.level(list, &format!("{name}."), 1, budget, &mut domain.root)?;
-    }
-    Ok(domain)
+    let (name, descriptors) = reader.header(text)?;
+    reader.domain(name, descriptors.as_ref(), budget)
 }
 
 struct Reader<'a> {
@@ -299,6 +300,46 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// Reads the file's top map: its domain's name and its `descriptors`
+    /// list, if any.
+    fn header(&self, text: &str) -> Result<(String, Option<Node>), RlsConfigError> {
+        let root = yaml::parse(text).map_err(|e| self.error(e.line, e.message))?;
+        let Some(root) = root else {
+            return Err(self.error(1, "config file cannot have empty domain"));
+        };
+        let mut name = String::new();
+        let mut descriptors = None;
+        for (key, value) in self.map(&root)? {
+            match self.key(key)? {
+                "domain" => name = self.text(value, "domain")?.to_string(),
+                "descriptors" => descriptors = Some(value.clone()),
+                _ => {}
+            }
+        }
+        if name.is_empty() {
+            return Err(self.error(root.line, "config file cannot have empty domain"));
+        }
+        Ok((name, descriptors))
+    }
+
+    /// A domain of this file: `name` and its descriptor tree.
+    fn domain(
+        &self,
+        name: String,
+        descriptors: Option<&Node>,
+        budget: &mut usize,
+    ) -> Result<Domain, RlsConfigError> {
+        let mut domain = Domain {
+            name: name.clone(),
+            file: self.file.to_string(),
+            root: Level::default(),
+        };
+        if let Some(list) = descriptors {
+            self.level(list, &format!("{name}."), 1, budget, &mut domain.root)?;
+        }
+        Ok(domain)
+    }
+
     fn error(&self, line: usize, message: impl Into<String>) -> RlsConfigError {
         RlsConfigError {
             file: self.file.to_string(),

@@ -295,6 +295,68 @@ fn a_domain_in_two_files_is_refused_and_files_merge_otherwise() {
     );
 }
 
+/// upstream's TestDomainMerge and TestDuplicateKeyDomainMerge
+/// (test/config/merge_domain_key1.yaml, merge_domain_key2.yaml).
+#[test]
+fn merge_domains_joins_top_levels_and_refuses_a_key_held_twice() {
+    let key1 = "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n";
+    let key2 = "domain: test-domain\ndescriptors:\n  - key: key2\n    value: value2\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n";
+    let refused = parse_files([("key1.yaml", key1), ("key2.yaml", key2)]).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "key2.yaml:1: duplicate domain 'test-domain' in config file"
+    );
+    let config = parse_files_with([("key1.yaml", key1), ("key2.yaml", key2)], true).unwrap();
+    assert_eq!(config.domains.len(), 1);
+    let domain = &config.domains["test-domain"];
+    assert_eq!(domain.file, "key1.yaml");
+    let rpu = |composite: &str| {
+        let limit = domain.root.nodes[composite].limit.as_ref().unwrap();
+        (
+            limit.requests_per_unit,
+            limit.stats_key.clone(),
+            limit.file.clone(),
+        )
+    };
+    assert_eq!(
+        rpu("key1_value1"),
+        (10, "test-domain.key1_value1".into(), "key1.yaml".into())
+    );
+    assert_eq!(
+        rpu("key2_value2"),
+        (20, "test-domain.key2_value2".into(), "key2.yaml".into())
+    );
+    // The same file twice: its top-level key is held already.
+    let twice = parse_files_with([("key1.yaml", key1), ("again.yaml", key1)], true).unwrap_err();
+    assert_eq!(
+        twice.to_string(),
+        "again.yaml:3: duplicate descriptor composite key 'test-domain.key1_value1'"
+    );
+    // Nested keys merge nothing: a top-level key of its own is new.
+    let nested = "domain: test-domain\ndescriptors:\n  - key: outer\n    descriptors:\n      - key: key1\n        value: value1\n        rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let config = parse_files_with([("key1.yaml", key1), ("nested.yaml", nested)], true).unwrap();
+    assert!(config.domains["test-domain"].root.nodes["outer"]
+        .children
+        .nodes
+        .contains_key("key1_value1"));
+    // Wildcards keep file order; other domains load as ever.
+    let wild_a = "domain: w\ndescriptors:\n  - key: p\n    value: a*\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let wild_b = "domain: w\ndescriptors:\n  - key: p\n    value: ab*\n    rate_limit: {unit: second, requests_per_unit: 2}\n";
+    let config = parse_files_with(
+        [("a.yaml", wild_a), ("b.yaml", wild_b), ("c.yaml", key1)],
+        true,
+    )
+    .unwrap();
+    let patterns: Vec<&str> = config.domains["w"]
+        .root
+        .wildcards
+        .iter()
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert_eq!(patterns, ["p_a*", "p_ab*"]);
+    assert_eq!(config.domains.len(), 2);
+}
+
 #[test]
 fn deep_trees_and_long_texts_are_refused() {
     let mut text = String::from("domain: d\ndescriptors:\n");

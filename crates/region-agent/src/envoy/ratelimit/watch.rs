@@ -3,7 +3,7 @@
 //!
 //! Every `poll` the directory's listing (names, sizes, modification times)
 //! is looked at; when it changed, every file is read and parsed
-//! ([`super::config::load_dir`]). A good directory replaces the config in
+//! ([`super::config::load_dir_with`]). A good directory replaces the config in
 //! force atomically (readers hold an `Arc` of the one they started with);
 //! a bad one is logged once per content (`file:line: reason`) and the
 //! config in force stays, as upstream keeps its last good config.
@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
-use super::config::{load_dir, RlsConfig, RlsConfigError};
+use super::config::{load_dir_with, RlsConfig, RlsConfigError};
 
 /// Shortest poll interval used (a smaller one is raised to it).
 pub const MIN_POLL: Duration = Duration::from_millis(10);
@@ -79,15 +79,18 @@ pub enum PollOutcome {
 #[derive(Debug, Default)]
 pub struct Watch {
     dir: PathBuf,
+    /// `[ratelimit] merge_domains`: one domain from several files.
+    merge_domains: bool,
     listing: Option<Vec<u8>>,
     content: Option<[u8; 32]>,
 }
 
 impl Watch {
     /// `dir` as loaded at start (`listing` and `content` of that load).
-    pub fn new(dir: &Path) -> Self {
+    pub fn new(dir: &Path, merge_domains: bool) -> Self {
         let mut watch = Watch {
             dir: dir.to_path_buf(),
+            merge_domains,
             ..Watch::default()
         };
         watch.listing = listing(dir);
@@ -107,7 +110,7 @@ impl Watch {
             return PollOutcome::Unchanged;
         }
         self.content = fingerprint;
-        match load_dir(&self.dir) {
+        match load_dir_with(&self.dir, self.merge_domains) {
             Ok(config) => {
                 let domains = config.domains.len();
                 holder.install(config);
@@ -171,9 +174,10 @@ pub fn spawn_dir_watch(
     dir: PathBuf,
     holder: Arc<RlsHolder>,
     poll: Duration,
+    merge_domains: bool,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut watch = Watch::new(&dir);
+        let mut watch = Watch::new(&dir, merge_domains);
         let mut every = tokio::time::interval(poll.max(MIN_POLL));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -188,7 +192,7 @@ pub fn spawn_dir_watch(
             .await
             {
                 Ok(polled) => watch = polled,
-                Err(_) => watch = Watch::new(&dir),
+                Err(_) => watch = Watch::new(&dir, merge_domains),
             }
         }
     })
@@ -205,8 +209,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("d.yaml");
         std::fs::write(&file, GOOD).unwrap();
-        let holder = RlsHolder::new(load_dir(dir.path()).unwrap());
-        let mut watch = Watch::new(dir.path());
+        let holder = RlsHolder::new(load_dir_with(dir.path(), false).unwrap());
+        let mut watch = Watch::new(dir.path(), false);
         assert_eq!(watch.poll(&holder), PollOutcome::Unchanged);
         std::fs::write(&file, "domain: d\ndescriptors:\n  - key: [\n").unwrap();
         match watch.poll(&holder) {
