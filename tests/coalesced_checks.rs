@@ -201,7 +201,7 @@ async fn with_the_denial_cache_the_store_sees_admissions_and_at_most_one_refusal
     let repeated: f64 = text
         .lines()
         .filter_map(|l| l.strip_prefix("leasehold_denial_cache_answers_total{rule=\"hot\"} "))
-        .filter_map(|v| v.trim().parse().ok())
+        .filter_map(|v| v.trim().parse::<f64>().ok())
         .sum();
     assert_eq!(
         repeated as u64 + sent,

@@ -27,7 +27,7 @@ use leasehold_region_agent::envoy::ratelimit::answer::Headers;
 use leasehold_region_agent::envoy::yaml_engine::RlsOptions;
 use leasehold_region_agent::key::KeyBuilder;
 use leasehold_region_agent::server::{self, AgentSpec, RatelimitSpec, RunningAgent};
-use leasehold_region_agent::store::memory::{Clock, MemoryStore};
+use leasehold_region_agent::store::memory::{Clock, MemoryStore, SystemClock};
 use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
 use leasehold_region_agent::store::BucketStore;
 use leasehold_region_agent::testing::RedisServer;
@@ -143,6 +143,17 @@ fn write_configs(dir: &Path, files: &[(&str, &str)]) {
 }
 
 async fn start_on(store: Arc<dyn BucketStore>, files: &[(&str, &str)], options: RlsOptions) -> Rls {
+    start_with_clock(store, files, options, Arc::new(SystemClock)).await
+}
+
+/// An agent whose clock is `clock` (the memory store's, so the agent's
+/// local over-limit cache and the store's windows keep one time).
+async fn start_with_clock(
+    store: Arc<dyn BucketStore>,
+    files: &[(&str, &str)],
+    options: RlsOptions,
+    clock: Arc<dyn Clock>,
+) -> Rls {
     let dir = tempfile::tempdir().unwrap();
     let config_dir = dir.path().join("config");
     std::fs::create_dir(&config_dir).unwrap();
@@ -153,6 +164,7 @@ async fn start_on(store: Arc<dyn BucketStore>, files: &[(&str, &str)], options: 
             poll: Duration::from_millis(20),
             options,
         }),
+        clock,
         ..common::spec_on(store, POLICY)
     })
     .await
@@ -251,7 +263,10 @@ const T0_MS: i64 = 2_222_000;
 async fn on_memory(files: &[(&str, &str)], options: RlsOptions) -> (Rls, Arc<TestClock>) {
     let clock = Arc::new(TestClock(AtomicI64::new(T0_MS)));
     let store = Arc::new(MemoryStore::with_max_keys(clock.clone(), 100_000));
-    (start_on(store, files, options).await, clock)
+    (
+        start_with_clock(store, files, options, clock.clone()).await,
+        clock,
+    )
 }
 
 #[tokio::test]

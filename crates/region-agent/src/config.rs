@@ -72,7 +72,7 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new(
         "ratelimit.local_cache_max_keys",
         0,
-        crate::envoy::ratelimit::over_limit_cache::MAX_LOCAL_CACHE_KEYS,
+        crate::envoy::yaml_engine::MAX_LOCAL_CACHE_KEYS,
     ),
 ];
 
@@ -316,15 +316,19 @@ pub struct RatelimitSettings {
     #[serde(default = "default_expiration_jitter_max_seconds")]
     pub expiration_jitter_max_seconds: u64,
     /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, in counters: counters found
-    /// over are answered from memory until their window ends; 0 (default)
-    /// is off.
-    #[serde(default)]
+    /// over are answered from memory until their window ends (the agent's
+    /// denial cache, [`crate::denial`]); 0 is off; on by default.
+    #[serde(default = "default_local_cache_max_keys")]
     pub local_cache_max_keys: u64,
     /// Upstream's `MERGE_DOMAIN_CONFIG`: several files may hold one domain
     /// (their top-level descriptors join; one held twice is refused); false
     /// (default) refuses a domain in two files.
     #[serde(default)]
     pub merge_domains: bool,
+}
+
+fn default_local_cache_max_keys() -> u64 {
+    crate::envoy::yaml_engine::DEFAULT_LOCAL_CACHE_KEYS
 }
 
 fn default_expiration_jitter_max_seconds() -> u64 {

@@ -18,19 +18,19 @@
 //! drawn here (the script takes it as an argument);
 //! `stop_increment_when_over_limit` looks at every counter first (one more
 //! round trip) and counts as upstream's `fixed_cache_impl.go` then does;
-//! the local over-limit cache ([`crate::envoy::ratelimit::over_limit_cache`]) answers a
+//! the local over-limit cache (the agent's denial cache, [`crate::denial`]) answers a
 //! counter known over without a store call.
 
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::Rng;
 
 use crate::decide::Decider;
+use crate::denial::{Denial, SharedDenials};
 use crate::envoy::extension_counters::{self as rls_ext, ExtPlan, ExtRule, Pending};
 use crate::envoy::ratelimit::answer::{self, CurrentLimit, Headers, Outcome, Status};
 use crate::envoy::ratelimit::config::Limit;
-use crate::envoy::ratelimit::over_limit_cache::OverLimitCache;
 use crate::envoy::ratelimit::tree;
 use crate::envoy::ratelimit::unit::Unit;
 use crate::envoy::ratelimit::watch::RlsHolder;
@@ -58,7 +58,8 @@ pub struct RlsOptions {
     /// counter's TTL is its window plus a whole number of seconds drawn in
     /// [0, max).
     pub expiration_jitter_max_seconds: u64,
-    /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, counted in counters (0: off).
+    /// Upstream's `LOCAL_CACHE_SIZE_IN_BYTES`, counted in counters (0: off;
+    /// on by default: the agent's denial cache, [`crate::denial`]).
     pub local_cache_max_keys: u64,
     /// Upstream's `MERGE_DOMAIN_CONFIG` (false): one domain from several
     /// files ([`crate::envoy::ratelimit::config`]).
@@ -73,10 +74,24 @@ impl Default for RlsOptions {
             near_limit_ratio: 0.8,
             stop_increment_when_over_limit: false,
             expiration_jitter_max_seconds: 300,
-            local_cache_max_keys: 0,
+            local_cache_max_keys: DEFAULT_LOCAL_CACHE_KEYS,
             merge_domains: false,
         }
     }
+}
+
+/// Cap on `[ratelimit] local_cache_max_keys`.
+pub const MAX_LOCAL_CACHE_KEYS: u64 = 1_000_000;
+/// Its default: on, as the agent's denial cache is for TOML rules.
+pub const DEFAULT_LOCAL_CACHE_KEYS: u64 = crate::denial::DEFAULT_MAX_KEYS as u64;
+
+/// What a counter's over-limit entry depends on: its limit. A reload that
+/// changes the limit (a raise) misses the entry.
+fn limit_fingerprint(limit: &CurrentLimit) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (limit.requests_per_unit, limit.unit.millis()).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The YAML config in force and the options.
@@ -86,7 +101,7 @@ pub struct RlsEngine {
     pub options: RlsOptions,
     /// Counters known over their limit, until their window ends (agent
     /// clock; see [`RlsEngine::remember_over`]).
-    over_limit: Mutex<OverLimitCache>,
+    over_limit: SharedDenials,
 }
 
 /// One request as the engine reads it (validated by the caller).
@@ -141,7 +156,7 @@ impl RlsEngine {
         RlsEngine {
             holder,
             options,
-            over_limit: Mutex::new(OverLimitCache::new(max_keys)),
+            over_limit: SharedDenials::new(max_keys),
         }
     }
 
@@ -163,28 +178,38 @@ impl RlsEngine {
             .arg(limit)
     }
 
-    /// Whether the local over-limit cache holds `key` at the agent's
-    /// `now_ms`.
-    fn cached_over(&self, key: &str, now_ms: i64) -> bool {
-        // Off (the default): no lock taken.
-        self.options.local_cache_max_keys > 0
-            && self
-                .over_limit
-                .lock()
-                .is_ok_and(|mut cache| cache.enabled() && cache.over_until(key, now_ms).is_some())
+    /// Whether the local over-limit cache holds `key` over for `limit` at
+    /// the agent's `now_ms`.
+    fn cached_over(&self, key: &str, limit: &CurrentLimit, now_ms: i64) -> bool {
+        self.over_limit
+            .refused(key, limit_fingerprint(limit), &[], now_ms)
+            .is_some()
     }
 
     /// Remembers `key` over until the end of its window: `window_end_ms`
-    /// and `store_now_ms` on the store's clock, translated to the agent's
-    /// (`agent_now_ms`) so the cache never needs the store to expire.
-    fn remember_over(&self, key: &str, window_end_ms: i64, store_now_ms: i64, agent_now_ms: i64) {
-        if self.options.local_cache_max_keys == 0 {
-            return;
-        }
-        if let Ok(mut cache) = self.over_limit.lock() {
-            let left = window_end_ms.saturating_sub(store_now_ms);
-            cache.insert(key, agent_now_ms.saturating_add(left), agent_now_ms);
-        }
+    /// and `store_now_ms` on the store's clock, counted on the agent's from
+    /// `sent_ms` (its clock before the call, so the entry never outlasts
+    /// the store's window), so the cache never needs the store to expire.
+    fn remember_over(
+        &self,
+        key: &str,
+        limit: &CurrentLimit,
+        window_end_ms: i64,
+        store_now_ms: i64,
+        sent_ms: i64,
+        agent_now_ms: i64,
+    ) {
+        let left = window_end_ms.saturating_sub(store_now_ms);
+        let denial = Denial {
+            since_ms: sent_ms,
+            until_ms: sent_ms.saturating_add(left),
+            // A counter over its limit refuses any hit until its window ends.
+            costs: Vec::new(),
+            fingerprint: limit_fingerprint(limit),
+            rule_index: 0,
+            remaining: 0,
+        };
+        self.over_limit.insert(key, denial, agent_now_ms);
     }
 
     /// Whether `domain` is one of the YAML config's.
@@ -337,7 +362,7 @@ impl RlsEngine {
             let (planned, extension) = match limit.extension.as_ref().filter(|e| e.asks()) {
                 None => {
                     let key = decider.keys.rls_counter(domain, entries, unit.name());
-                    if self.cached_over(&key, decider.clock.now_ms()) {
+                    if self.cached_over(&key, &current, decider.clock.now_ms()) {
                         // Upstream: over_limit and over_limit_with_local_cache.
                         let stats = answer::local_cache_stats(hits, limit.shadow_mode);
                         decider.metrics.record_rls(domain, &stats_key, &stats);
@@ -400,6 +425,7 @@ impl RlsEngine {
             self.stop_when_over(decider, &counting, &mut calls, local_over)
                 .await;
         }
+        let sent_ms = decider.clock.now_ms();
         let replies = decider.run(&calls).await;
         for (count, result) in counting.into_iter().zip(replies) {
             if let Some(pending) = count.extension {
@@ -414,8 +440,10 @@ impl RlsEngine {
                         if read.count > u64::from(count.current.requests_per_unit) {
                             self.remember_over(
                                 key,
+                                &count.current,
                                 read.window_end_ms,
                                 read.now_ms,
+                                sent_ms,
                                 decider.clock.now_ms(),
                             );
                         }

@@ -7,14 +7,12 @@
 //! - [`extension`]: what a `leasehold: {algorithm: …}` rule counts with (§2 ranges).
 //! - [`tree`]: which limit a request descriptor hits (upstream's walk).
 //! - [`unit`]: units and epoch-aligned fixed windows.
-//! - [`over_limit_cache`]: upstream's local over-limit cache, bounded, time as an argument.
 //! - [`answer`]: statuses, the overall code, replaces, hit statistics, headers.
 //! - [`watch`]: the config in force and its hot reload (the only I/O here).
 
 pub mod answer;
 pub mod config;
 pub mod extension;
-pub mod over_limit_cache;
 pub mod tree;
 pub mod unit;
 pub mod watch;
