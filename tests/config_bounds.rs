@@ -397,6 +397,7 @@ const CASES: &[Case] = &[
     case(Agent, "[store]", "max_wait_us", 0, 10_000),
     case(Agent, "[store]", "max_queue", 1, 1_000_000),
     case(Agent, "[fallback]", "max_keys", 1, 10_000_000),
+    case(Agent, "[denials]", "max_keys", 0, 10_000_000),
     case(Agent, "[fallback]", "policy_poll_ms", 100, 3_600_000),
     case(Agent, "[limits]", "concurrency_per_connection", 1, 65_536),
     case(Agent, "[limits]", "max_concurrent_streams", 1, 65_536),
