@@ -30,7 +30,7 @@ fn minimal_config_gets_defaults() {
 }
 
 #[test]
-fn ratelimit_cache_options_default_as_upstream_and_are_read() {
+fn ratelimit_cache_options_have_their_defaults_and_are_read() {
     let text = format!("{GOOD}[ratelimit]\nconfig_dir = \"rl\"\n");
     let options = AgentConfig::parse("eu.toml", &text)
         .unwrap()
@@ -39,7 +39,11 @@ fn ratelimit_cache_options_default_as_upstream_and_are_read() {
         .options();
     assert!(!options.stop_increment_when_over_limit);
     assert_eq!(options.expiration_jitter_max_seconds, 300);
-    assert_eq!(options.local_cache_max_keys, 0);
+    // Unlike upstream, the local over-limit cache is on (it never admits).
+    assert_eq!(
+        options.local_cache_max_keys,
+        crate::envoy::yaml_engine::DEFAULT_LOCAL_CACHE_KEYS
+    );
     assert!(
         !options.merge_domains,
         "upstream's MERGE_DOMAIN_CONFIG is off"

@@ -512,6 +512,7 @@ mod names_tests {
             .with_label_values(&["moved"])
             .inc();
         m.store_cluster_refreshes.with_label_values(&["ok"]).inc();
+        m.denial_cache_answers.with_label_values(&["r"]).inc();
         m.concurrency
             .with_label_values(&["acquire", "acquired"])
             .inc();
