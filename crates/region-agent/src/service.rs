@@ -12,6 +12,7 @@ use tracing::{Instrument, Span};
 use crate::global::room::PoolView;
 
 use crate::decide::Decider;
+use crate::lease::holder::Holder;
 use crate::policy;
 use leasehold_tls::authz::{Call, Method};
 use leasehold_tls::gate::{audit_admin, Gate};
@@ -119,7 +120,8 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::LeaseBlockRequest>,
     ) -> Result<Response<pb::LeaseBlockResponse>, Status> {
-        self.allow(&request, Method::LeaseBlock)?;
+        // The holder is who the listener verified, never a request field.
+        let holder = Holder::of_caller(self.allow(&request, Method::LeaseBlock)?.as_ref());
         let req = request.into_inner();
         let span = lease_span(
             "lease_block",
@@ -129,7 +131,10 @@ impl Agent for AgentService {
             &req.rule_id,
         );
         Ok(Response::new(
-            self.decider.lease_block(req).instrument(span).await?,
+            self.decider
+                .lease_block(req, &holder)
+                .instrument(span)
+                .await?,
         ))
     }
 
@@ -137,7 +142,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::ReturnBlockRequest>,
     ) -> Result<Response<pb::ReturnBlockResponse>, Status> {
-        self.allow(&request, Method::ReturnBlock)?;
+        let holder = Holder::of_caller(self.allow(&request, Method::ReturnBlock)?.as_ref());
         let req = request.into_inner();
         let span = lease_span(
             "return_block",
@@ -147,7 +152,11 @@ impl Agent for AgentService {
             &req.rule_id,
         );
         let metrics = &self.decider.metrics;
-        let returned = self.decider.return_block(req).instrument(span).await;
+        let returned = self
+            .decider
+            .return_block(req, &holder)
+            .instrument(span)
+            .await;
         let outcome = match &returned {
             Ok(response) if response.replayed => "replayed",
             Ok(response) if response.added_tokens > 0 => "added",
