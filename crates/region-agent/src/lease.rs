@@ -7,10 +7,12 @@
 //! refuses it).
 //!
 //! Each record names the lease's [`holder::Holder`] (the caller's verified
-//! identity, never a field it sends) and rule; only the holder may retry
-//! or give back its lease.
+//! identity, never a field it sends) and rule, so [`list`] can show the
+//! Region's outstanding leases; only the holder may retry or give back its
+//! lease.
 
 pub mod holder;
+pub mod list;
 
 use std::sync::LazyLock;
 

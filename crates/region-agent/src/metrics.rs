@@ -98,6 +98,7 @@ pub const AGENT_RPC_METHODS: &[&str] = &[
     "Health",
     "Status",
     "ReloadPolicy",
+    "ListLeases",
     "ShouldRateLimit",
 ];
 

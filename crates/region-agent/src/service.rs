@@ -21,6 +21,8 @@ use leasehold_tls::Identity;
 pub struct AgentService {
     decider: Arc<Decider>,
     gate: Gate,
+    /// The listener's largest message: ListLeases fits its reply in it.
+    reply_bytes_max: usize,
 }
 
 impl AgentService {
@@ -31,9 +33,20 @@ impl AgentService {
 
     /// Each call checked by `gate` ([`leasehold_tls::authz`]): gateways of
     /// this agent's Region, `/admin` for ReloadPolicy, `/sre` and `/admin`
-    /// for Status.
+    /// for Status and ListLeases.
     pub fn with_gate(decider: Arc<Decider>, gate: Gate) -> Self {
-        AgentService { decider, gate }
+        AgentService {
+            decider,
+            gate,
+            reply_bytes_max: crate::config::AGENT_MAX_MESSAGE_BYTES as usize,
+        }
+    }
+
+    /// The listener encodes at most `bytes` per message (its
+    /// `limits.max_message_bytes`): ListLeases keeps its reply within it.
+    pub fn with_reply_limit(mut self, bytes: usize) -> Self {
+        self.reply_bytes_max = bytes;
+        self
     }
 
     fn allow<T>(&self, request: &Request<T>, method: Method) -> Result<Option<Identity>, Status> {
@@ -240,6 +253,20 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         self.allow(&request, Method::Status)?;
         Ok(Response::new(self.decider.status()))
+    }
+
+    async fn list_leases(
+        &self,
+        request: Request<pb::ListLeasesRequest>,
+    ) -> Result<Response<pb::ListLeasesResponse>, Status> {
+        self.allow(&request, Method::ListLeases)?;
+        let span = tracing::info_span!("list_leases", region = %self.decider.region);
+        let listed = self
+            .decider
+            .list_leases(request.into_inner(), self.reply_bytes_max)
+            .instrument(span)
+            .await?;
+        Ok(Response::new(listed))
     }
 
     async fn reload_policy(
