@@ -94,15 +94,39 @@ local function lh_counter(key, now)
   return n, at
 end
 
--- A block lease record, "granted,expires_at_ms" as lease_block writes it or
--- "granted,expires_at_ms,returned" once give_back took it: granted in
--- [1, 2^40], expires_at_ms in [0, 2^53 - 1] (larger text may round in
--- tonumber), returned in [0, 2^40]. Returns the
--- three numbers (returned nil while not returned), or nil when malformed.
+-- A block lease record. Two shapes are read:
+--   "granted,expires_at_ms[,returned]"  as agents before the lease list wrote it;
+--   "granted,expires_at_ms,granted_at_ms,holder,domain,rule[,returned]"  as
+--   lease_block writes it now: who holds the block (the caller's verified
+--   identity, e.g. gateway/eu; `anonymous` on a plaintext listener) and of
+--   which rule, so `leasehold lease list` can show it. No field is a
+--   principal: keys and records hold only HMAC'd principals.
+-- granted in [1, 2^40], expires_at_ms and granted_at_ms in [0, 2^53 - 1]
+-- (larger text may round in tonumber), returned in [0, 2^40]; holder
+-- 1-96 bytes of [a-z0-9._/-], domain 1-30 of [a-z0-9-], rule 1-64 of
+-- [a-z0-9_-]. Returns granted, expires_at, returned (nil while not
+-- returned), then granted_at, holder, domain, rule (all nil in an old
+-- record); nil when malformed.
+local LH_LEASE_HOLDER = '^[a-z0-9%._/%-]+$'
+local LH_LEASE_DOMAIN = '^[a-z0-9%-]+$'
+local LH_LEASE_RULE = '^[a-z0-9_%-]+$'
+
+-- Whether `s` is 1 to max_len bytes matching `pattern` (a lease label).
+local function lh_lease_label(s, pattern, max_len)
+  return type(s) == 'string' and #s >= 1 and #s <= max_len and string.match(s, pattern) ~= nil
+end
+
 local function lh_lease_record(text)
   local g, e, r = string.match(text, '^(%d+),(%d+)$')
+  local a, h, d, u
   if not g then
     g, e, r = string.match(text, '^(%d+),(%d+),(%d+)$')
+  end
+  if not g then
+    g, e, a, h, d, u = string.match(text, '^(%d+),(%d+),(%d+),([^,]+),([^,]+),([^,]+)$')
+  end
+  if not g then
+    g, e, a, h, d, u, r = string.match(text, '^(%d+),(%d+),(%d+),([^,]+),([^,]+),([^,]+),(%d+)$')
     if not g then return nil end
   end
   local granted = lh_int(g, 1, LH_MAX)
@@ -113,5 +137,22 @@ local function lh_lease_record(text)
     if not returned then return nil end
   end
   if not granted or not expires_at then return nil end
-  return granted, expires_at, returned
+  if not a then return granted, expires_at, returned end
+  local granted_at = lh_int(a, 0, 9007199254740991)
+  if not granted_at or not lh_lease_label(h, LH_LEASE_HOLDER, 96)
+    or not lh_lease_label(d, LH_LEASE_DOMAIN, 30) or not lh_lease_label(u, LH_LEASE_RULE, 64) then
+    return nil
+  end
+  return granted, expires_at, returned, granted_at, h, d, u
+end
+
+-- A lease record's text in the shape it was read in (an old record stays
+-- old: give_back marks it returned without inventing its holder).
+local function lh_lease_text(granted, expires_at, returned, granted_at, holder, domain, rule)
+  local text = lh_str(granted) .. ',' .. lh_str(expires_at)
+  if granted_at then
+    text = text .. ',' .. lh_str(granted_at) .. ',' .. holder .. ',' .. domain .. ',' .. rule
+  end
+  if returned then text = text .. ',' .. lh_str(returned) end
+  return text
 end

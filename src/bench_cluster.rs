@@ -251,6 +251,9 @@ fn lease_call(b: Bucket, lease_id: &str) -> ScriptCall {
         .arg(1)
         .arg(0)
         .arg(LEASE_TTL_MS)
+        .arg("gateway/bench")
+        .arg("bench")
+        .arg("leased")
 }
 
 /// `--concurrency` callers of one call each for `--seconds`, priced on the
@@ -456,7 +459,10 @@ async fn memory_per_key(store: &Arc<RedisStore>, url: &str) -> anyhow::Result<Ve
             .arg(BLOCK_TOKENS * 1_000)
             .arg(1)
             .arg(0)
-            .arg(LEASE_TTL_MS),
+            .arg(LEASE_TTL_MS)
+            .arg("gateway/bench")
+            .arg("bench")
+            .arg("leased"),
     );
     keys.push(("lease_block", "bucket hash {tokens, ts}", lb_bucket));
     keys.push(("lease_block", "lease record", lease));

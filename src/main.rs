@@ -2,6 +2,7 @@
 //! `dev` (embedded cluster), `allocator`, `agent`, `pool`, `region`,
 //! `grant`, `lease`, `node`, `identity`, `certs`, `sim`, `bench`.
 
+mod agent_cli;
 mod allocator_cli;
 mod bench;
 mod bench_agent;
@@ -46,12 +47,8 @@ enum Command {
     Dev(dev::DevArgs),
     /// Run an allocator node (openraft + sled; serves leasehold.allocator.v1).
     Allocator(allocator_cli::AllocatorArgs),
-    /// Run a Region agent.
-    Agent {
-        /// The agent's config file (see deploy/regions/agent-eu.toml).
-        #[arg(long)]
-        config: std::path::PathBuf,
-    },
+    /// Run a Region agent (`--config`), or read agents: `agent status`.
+    Agent(agent_cli::AgentArgs),
     /// Inspect and administer pools (any allocator node; the leader is followed).
     Pool {
         #[command(subcommand)]
@@ -67,7 +64,7 @@ enum Command {
         #[command(subcommand)]
         command: allocator_cli::GrantCommand,
     },
-    /// Blocks leased per rule and Region (the agents' Status).
+    /// Outstanding block leases per rule and holder (the agents' lease records).
     Lease {
         #[command(subcommand)]
         command: lease_cli::LeaseCommand,
@@ -168,7 +165,14 @@ async fn main() -> anyhow::Result<()> {
             dev::run(args).await
         }
         Command::Allocator(args) => allocator_cli::run_node(args).await,
-        Command::Agent { config } => run_agent(&config).await,
+        Command::Agent(args) => match (args.command, args.config) {
+            (Some(agent_cli::AgentCommand::Status { agents, json, raw }), _) => {
+                agent_cli::status(agents, json, raw).await
+            }
+            (None, Some(config)) => run_agent(&config).await,
+            // clap requires --config without a subcommand.
+            (None, None) => anyhow::bail!("leasehold agent: --config FILE or a subcommand"),
+        },
         Command::Pool { command } => allocator_cli::pool(*command).await,
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,

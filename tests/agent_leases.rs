@@ -269,7 +269,7 @@ async fn a_retried_lease_gets_its_block_once_and_another_block_is_refused() {
 // Multi-threaded: the agent runs in this process and must answer while the
 // test thread waits for the CLI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_and_lease_list_show_the_blocks_leased_per_rule() {
+async fn status_and_agent_status_show_the_blocks_leased_per_rule_since_start() {
     let mut t = start(POLICY).await;
     leased(&mut t, "l-status-1").await;
     leased(&mut t, "l-status-2").await;
@@ -287,10 +287,10 @@ async fn status_and_lease_list_show_the_blocks_leased_per_rule() {
     assert_eq!(rules, [("p-global", BLOCK, 2), ("p-hot", BLOCK, 0)]);
     assert!(status.now_ms > 0);
 
-    // The CLI reads the same Status (this agent is plaintext).
+    // `agent status` reads the same Status (this agent is plaintext).
     let address = t.agent.grpc_addr.to_string();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(["lease", "list", "--agent", &address, "--json"])
+        .args(["agent", "status", "--agent", &address, "--json"])
         .env_remove("LEASEHOLD_TLS_DIR")
         .output()
         .unwrap();
@@ -305,14 +305,26 @@ async fn status_and_lease_list_show_the_blocks_leased_per_rule() {
     assert_eq!(rule["rule_id"], "p-global");
     assert_eq!(rule["granted_blocks"], 2);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(["lease", "list", "--agent", &address])
+        .args(["agent", "status", "--agent", &address])
         .env_remove("LEASEHOLD_TLS_DIR")
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
-    let row = table
+    assert!(
+        table.starts_with(&format!("region {} ({address})", status.region)),
+        "{table}"
+    );
+    let row: Vec<&str> = table
         .lines()
         .find(|l| l.contains("p-global"))
-        .unwrap_or_default();
-    assert!(row.starts_with(&status.region), "{table}");
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    // Domain, rule, pool, block, granted, denied, fallback.
+    assert_eq!(
+        row,
+        ["api", "p-global", "-", "10", "2", "0", "0"],
+        "{table}"
+    );
+    assert!(table.contains("(blocks since the agent started"), "{table}");
 }

@@ -430,7 +430,7 @@ fn plaintext_rls_must_be_on_loopback_and_mtls_needs_a_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
+async fn lease_list_reads_as_sre_over_mtls_and_a_gateway_is_refused() {
     let s = secured_agent().await;
     let certs = s.dir.path().join("certs");
     let pinned = format!("region/eu@{}", s.agent.grpc_addr);
@@ -447,7 +447,7 @@ async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
         command.output().unwrap()
     };
     let lease_list = |identity: Option<&str>| lease_list_at(&pinned, identity);
-    // Default identity: sre, which may read Status.
+    // Default identity: sre, which may list leases.
     let out = lease_list(None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -465,7 +465,7 @@ async fn lease_list_reads_status_as_sre_over_mtls_and_a_gateway_is_refused() {
         "{stdout}"
     );
     // Issue 27 finding 8: naming us where the agent presents /region/eu is
-    // refused (the handshake fails, no Status is read)...
+    // refused (the handshake fails, nothing is read)...
     let out = lease_list_at(&format!("region/us@{}", s.agent.grpc_addr), None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{stdout}");

@@ -27,27 +27,45 @@ fn help_lists_every_component_command() {
 }
 
 #[test]
-fn lease_list_names_each_silent_agent_and_fails_when_none_answers() {
-    // Nothing listens on port 1 or 2.
-    let out = leasehold()
-        .args(["lease", "list", "--agent", "127.0.0.1:1,127.0.0.1:2"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    for agent in ["127.0.0.1:1", "127.0.0.1:2"] {
-        assert!(
-            stdout.contains(&format!("agent {agent}: no answer")),
-            "{stdout}"
-        );
+fn lease_list_and_agent_status_name_each_silent_agent_and_fail_when_none_answers() {
+    for command in [["lease", "list"], ["agent", "status"]] {
+        // Nothing listens on port 1 or 2.
+        let out = leasehold()
+            .args(command)
+            .args(["--agent", "127.0.0.1:1,127.0.0.1:2"])
+            .env_remove("LEASEHOLD_TLS_DIR")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for agent in ["127.0.0.1:1", "127.0.0.1:2"] {
+            assert!(
+                stdout.contains(&format!("agent {agent}: no answer")),
+                "{command:?}: {stdout}"
+            );
+        }
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no agent answered"));
+        let out = leasehold()
+            .args(command)
+            .args(["--agent", "nowhere"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--agent"));
     }
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no agent answered"));
-    let out = leasehold()
-        .args(["lease", "list", "--agent", "nowhere"])
-        .output()
-        .unwrap();
+    // The limit is bounded before anything is asked.
+    for limit in ["0", "10001"] {
+        let out = leasehold()
+            .args(["lease", "list", "--limit", limit])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--limit"));
+    }
+    // `agent` still runs an agent from --config, and asks for one alone.
+    let out = leasehold().arg("agent").output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--agent"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
 }
 
 #[test]

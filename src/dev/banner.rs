@@ -110,7 +110,7 @@ pub(super) fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
             "http",
         ),
     };
-    // `lease list` asks the agents (their Status, as sre).
+    // `lease list` and `agent status` ask the agents (as sre).
     let mut agents = if args.port_offset == 0 {
         String::new()
     } else {
@@ -131,6 +131,7 @@ pub(super) fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
          leasehold region list{target}\n  \
          leasehold grant list {WINDOW_POOL}{target}\n  \
          leasehold lease list{agents}\n  \
+         leasehold agent status{agents}\n  \
          {curl} {scheme}://{http}/health\n  \
          {curl} {scheme}://{http}/metrics | grep leasehold_global\n  \
          {grpcurl} -import-path crates/proto/proto -proto leasehold/agent/v1/agent.proto \\\n    \

@@ -1,8 +1,8 @@
 //! Human (aligned tables) and JSON views of an `Inspect` reply, for the CLI
 //! (`leasehold pool list|show`, `region list`, `grant list`), of the admin
 //! calls' answers (`pool create|update|freeze|unfreeze|reclaim`, `node
-//! add|remove`, `region remove`), of the agents' leased blocks (`lease
-//! list`) and the `--watch` frame. Pure: a reply and the time in, text out. One
+//! add|remove`, `region remove`), of the agents' outstanding leases
+//! (`lease list`) and Status (`agent status`), and the `--watch` frame. Pure: a reply and the time in, text out. One
 //! module per command family, beside the shared table and formats here.
 //!
 //! Three formats ([`Format`]): human units by default (tokens with
@@ -10,12 +10,14 @@
 //! to the given now, `4.2 s ago`; window bounds as UTC times), the raw
 //! integers of the wire with `--raw`, and JSON (always raw) with `--json`.
 
+mod agents;
 mod grants;
 mod leases;
 mod nodes;
 mod pools;
 mod regions;
 
+pub use agents::*;
 pub use grants::*;
 pub use leases::*;
 pub use nodes::*;

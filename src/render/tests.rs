@@ -1,6 +1,7 @@
 //! Tests of the CLI's views.
 
 use super::*;
+use crate::agent_cli::AgentAnswer;
 use leasehold_proto::agent::v1 as agent_pb;
 
 const RAW: View = View {
@@ -445,14 +446,20 @@ fn a_removal_in_human_units_gives_times() {
 }
 
 #[test]
-fn lease_list_per_rule_and_region_with_the_silent_agents_named() {
+fn agent_status_shows_the_counters_since_start_and_names_silent_agents() {
     let answers = vec![
         AgentAnswer {
             address: "127.0.0.1:7101".into(),
-            status: Ok(agent_pb::StatusResponse {
+            answer: Ok(agent_pb::StatusResponse {
                 region: "eu".into(),
                 policy_version: 3,
+                policy_checksum: "ab".repeat(32),
                 now_ms: NOW as i64,
+                fallback_decisions: 4_321,
+                breakers: vec![agent_pb::BreakerStatus {
+                    store: "redis".into(),
+                    state: "closed".into(),
+                }],
                 leased_rules: vec![agent_pb::LeasedRuleStatus {
                     domain: "api".into(),
                     rule_id: "hot-read".into(),
@@ -467,23 +474,195 @@ fn lease_list_per_rule_and_region_with_the_silent_agents_named() {
         },
         AgentAnswer {
             address: "127.0.0.1:7102".into(),
-            status: Err("connection refused".into()),
+            answer: Err("connection refused".into()),
         },
     ];
-    let text = lease_list(&answers, &human());
-    let row = text.lines().find(|l| l.starts_with("eu")).unwrap();
+    let text = agent_status(&answers, &human());
+    assert!(
+        text.starts_with("region eu (127.0.0.1:7101) · policy version 3 (sha256 abababababab…)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("since the agent started: 4,321 fallback decisions"),
+        "{text}"
+    );
+    assert!(text.contains("store breakers: redis closed"), "{text}");
+    let row = text.lines().find(|l| l.starts_with("api")).unwrap();
     assert!(row.contains("hot-read") && row.contains("12,345"), "{row}");
+    assert!(text.contains("(blocks since the agent started"), "{text}");
     assert!(
         text.contains("agent 127.0.0.1:7102: no answer: connection refused"),
         "{text}"
     );
     let json: Value =
-        serde_json::from_str(&lease_list(&answers, &View::new(Format::Json, NOW))).unwrap();
+        serde_json::from_str(&agent_status(&answers, &View::new(Format::Json, NOW))).unwrap();
     assert_eq!(
         json["agents"][0]["leased_rules"][0]["granted_blocks"],
         12_345
     );
+    assert_eq!(
+        json["agents"][0]["since_start"]["fallback_decisions"],
+        4_321
+    );
     assert_eq!(json["agents"][1]["error"], "connection refused");
+}
+
+fn listed(
+    id: &str,
+    rule: &str,
+    holder: &str,
+    tokens: u64,
+    returned: bool,
+) -> agent_pb::ListedLease {
+    let store_now = NOW as i64;
+    agent_pb::ListedLease {
+        lease_id: id.into(),
+        tag: "g-api".into(),
+        bucket: "0123456789abcdef".into(),
+        domain: if rule.is_empty() {
+            String::new()
+        } else {
+            "api".into()
+        },
+        rule_id: rule.into(),
+        holder: holder.into(),
+        granted_tokens: tokens,
+        returned,
+        returned_tokens: if returned { 4 } else { 0 },
+        granted_at_ms: if rule.is_empty() {
+            0
+        } else {
+            store_now - 1_800
+        },
+        spend_until_ms: if rule.is_empty() {
+            0
+        } else {
+            store_now + 8_200
+        },
+        expires_at_ms: store_now + 28_200,
+    }
+}
+
+fn lease_answers() -> Vec<LeaseAnswer> {
+    vec![
+        AgentAnswer {
+            address: "127.0.0.1:7101".into(),
+            answer: Ok(agent_pb::ListLeasesResponse {
+                region: "eu".into(),
+                store: "redis".into(),
+                now_ms: NOW as i64,
+                shards: 1,
+                matched_records: 5,
+                // In the agent's order: domain, rule, holder, expiry, id.
+                leases: vec![
+                    listed("l-5", "", "", 7, false),
+                    listed("l-3", "p-hot", "anonymous", 10, false),
+                    listed("l-1", "p-hot", "gateway/eu", 10, false),
+                    listed("l-2", "p-hot", "gateway/eu", 1_000, false),
+                    listed("l-4", "p-hot", "gateway/eu", 10, true),
+                ],
+                ..Default::default()
+            }),
+        },
+        AgentAnswer {
+            address: "127.0.0.1:7102".into(),
+            answer: Ok(agent_pb::ListLeasesResponse {
+                region: "us".into(),
+                store: "memory".into(),
+                now_ms: NOW as i64,
+                truncated: true,
+                truncated_reasons: vec!["deadline".into()],
+                leases: vec![listed("u-1", "p-hot", "gateway/us", 20, false)],
+                ..Default::default()
+            }),
+        },
+        AgentAnswer {
+            address: "127.0.0.1:7103".into(),
+            answer: Err("PermissionDenied: /gateway/ap may not call ListLeases".into()),
+        },
+    ]
+}
+
+#[test]
+fn lease_list_shows_each_lease_with_holder_expiry_and_totals_per_rule_and_holder() {
+    let text = lease_list(&lease_answers(), &human());
+    assert!(
+        text.starts_with("region eu (127.0.0.1:7101) · store redis · 4 leases outstanding"),
+        "{text}"
+    );
+    let row = text.lines().find(|l| l.starts_with("l-2")).unwrap();
+    assert!(row.contains("p-hot") && row.contains("gateway/eu"), "{row}");
+    assert!(row.contains("1,000"), "{row}");
+    // Expiry in RFC 3339 UTC and relative to the store's now.
+    let spend_until = units::rfc3339(NOW + 8_200);
+    assert!(row.contains(&format!("{spend_until} (in 8.2 s)")), "{row}");
+    // The given-back block is listed with what came back, not counted.
+    let returned = text.lines().find(|l| l.starts_with("l-4")).unwrap();
+    assert!(returned.contains(" 4 "), "{returned}");
+    assert!(
+        text.contains("(given-back blocks are listed, not counted)"),
+        "{text}"
+    );
+    // An older agent's record: no holder or rule, explained.
+    assert!(
+        text.contains("(- : a record written by an agent older"),
+        "{text}"
+    );
+    // Totals per rule and holder, then the agent's and everyone's.
+    let per = |holder: &str| {
+        text.lines()
+            .find(|l| l.starts_with("api") && l.contains(holder))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        per("gateway/eu"),
+        ["api", "p-hot", "gateway/eu", "2", "1,010"]
+    );
+    assert_eq!(per("anonymous"), ["api", "p-hot", "anonymous", "1", "10"]);
+    let total = text.lines().find(|l| l.starts_with("TOTAL")).unwrap();
+    assert_eq!(
+        total.split_whitespace().collect::<Vec<_>>(),
+        ["TOTAL", "4", "1,027"]
+    );
+    assert!(text.contains("TRUNCATED (deadline)"), "{text}");
+    assert!(
+        text.contains("agent 127.0.0.1:7103: no answer: PermissionDenied"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ALL AGENTS: 5 leases outstanding, 1,047 tokens"),
+        "{text}"
+    );
+}
+
+#[test]
+fn lease_list_json_carries_leases_totals_and_bounds() {
+    let json: Value =
+        serde_json::from_str(&lease_list(&lease_answers(), &View::new(Format::Json, NOW))).unwrap();
+    let eu = &json["agents"][0];
+    assert_eq!(eu["region"], "eu");
+    assert_eq!(eu["leases"][0]["lease_id"], "l-5");
+    let lease = &eu["leases"][2];
+    assert_eq!(lease["holder"], "gateway/eu");
+    assert_eq!(lease["spend_remaining_ms"], 8_200);
+    assert_eq!(lease["spend_until"], units::rfc3339(NOW + 8_200));
+    assert_eq!(
+        eu["total"],
+        serde_json::json!({"leases": 4, "tokens": 1_027})
+    );
+    assert_eq!(eu["totals"].as_array().unwrap().len(), 3);
+    assert_eq!(json["agents"][1]["truncated_reasons"][0], "deadline");
+    assert!(json["agents"][2]["error"]
+        .as_str()
+        .unwrap()
+        .contains("PermissionDenied"));
+    assert_eq!(
+        json["total"],
+        serde_json::json!({"leases": 5, "tokens": 1_047})
+    );
 }
 
 #[test]

@@ -15,6 +15,7 @@ use leasehold_region_agent::policy;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
 use leasehold_region_agent::store::memory::SystemClock;
 use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::scan::{Keep, ScanError, ScanOutcome, ScanRequest};
 use leasehold_region_agent::store::script::{ScriptCall, ScriptKind};
 use leasehold_region_agent::store::{BoxFuture, BucketStore, CallResult};
 use leasehold_region_agent::testing::RedisServer;
@@ -76,7 +77,7 @@ impl CountingStore {
                     self.lease_denials.fetch_add(1, Ordering::Relaxed);
                 }
             },
-            // ARGV: capacity, refill, period_ms, tokens, slack_ms, record_ttl_ms
+            // ARGV: capacity, refill, period_ms, tokens, slack_ms, holder
             ScriptKind::GiveBack => {
                 self.give_backs.fetch_add(1, Ordering::Relaxed);
                 let offered = call.args.get(3).and_then(|a| a.parse::<u64>().ok());
@@ -95,6 +96,14 @@ impl BucketStore for CountingStore {
 
     fn breaker_state(&self) -> &'static str {
         self.inner.breaker_state()
+    }
+
+    fn scan_strings<'a>(
+        &'a self,
+        request: &'a ScanRequest<'a>,
+        keep: Keep<'a>,
+    ) -> BoxFuture<'a, Result<ScanOutcome, ScanError>> {
+        self.inner.scan_strings(request, keep)
     }
 
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {

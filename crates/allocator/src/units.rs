@@ -135,6 +135,21 @@ pub fn utc(epoch_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}{fraction} UTC")
 }
 
+/// An epoch-ms instant as RFC 3339 in UTC, to the millisecond:
+/// `2026-05-01T10:00:00.125Z` (what `--json` readers and log tools parse).
+pub fn rfc3339(epoch_ms: u64) -> String {
+    let days = (epoch_ms / 86_400_000) as i64;
+    let in_day = epoch_ms % 86_400_000;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        in_day / 3_600_000,
+        in_day / 60_000 % 60,
+        in_day / 1_000 % 60,
+        in_day % 1_000
+    )
+}
+
 /// A decimal amount of tokens (`10000`, `2.5`, `1,000.125`) as millitokens;
 /// at most 3 decimals. `Err` says why, for the caller to prefix the flag.
 pub fn parse_tokens(text: &str) -> Result<u64, String> {
@@ -224,6 +239,9 @@ mod tests {
         assert_eq!(utc(1_796_121_679_238), "2026-12-01 10:41:19.238 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
         assert!(utc(u64::MAX).ends_with(" UTC"));
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_121_679_238), "2026-12-01T10:41:19.238Z");
+        assert_eq!(rfc3339(951_782_400_005), "2000-02-29T00:00:00.005Z");
     }
 
     #[test]

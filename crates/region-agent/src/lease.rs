@@ -5,6 +5,14 @@
 //! at most its block, once (a retry with the same amount is a replay),
 //! capped at capacity (§8). Security rules are never leased (the policy
 //! refuses it).
+//!
+//! Each record names the lease's [`holder::Holder`] (the caller's verified
+//! identity, never a field it sends) and rule, so [`list`] can show the
+//! Region's outstanding leases; only the holder may retry or give back its
+//! lease.
+
+pub mod holder;
+pub mod list;
 
 use std::sync::LazyLock;
 
@@ -17,6 +25,7 @@ use crate::policy::{FailMode, Rule};
 use crate::request::{self, InvalidField, RequestTarget};
 use crate::store::script::{reply, ScriptCall, ScriptKind};
 use crate::store::StoreError;
+use holder::Holder;
 
 /// How long a gateway may spend a block after it was granted.
 pub const BLOCK_EXPIRES_IN_MS: i64 = 10_000;
@@ -62,9 +71,11 @@ impl Decider {
         Ok((bundle, rule))
     }
 
+    /// A block for `holder` (the caller as the listener verified it).
     pub async fn lease_block(
         &self,
         req: pb::LeaseBlockRequest,
+        holder: &Holder,
     ) -> Result<pb::LeaseBlockResponse, InvalidField> {
         let lease_id = request::id("lease_id", &req.lease_id)?;
         let target = RequestTarget::from_proto(req.target, &self.keys)?;
@@ -112,7 +123,10 @@ impl Decider {
             .arg(block_millitokens)
             .arg(gateways)
             .arg(rule.slack_ms)
-            .arg(LEASE_RECORD_TTL_MS);
+            .arg(LEASE_RECORD_TTL_MS)
+            .arg(holder.as_str())
+            .arg(&target.domain)
+            .arg(rule.id.as_str());
         let call = match rule.pool.as_deref() {
             Some(pool) => self.gated(call, &[(key.clone(), pool, 0)]),
             None => call,
@@ -170,7 +184,7 @@ impl Decider {
     }
 
     /// The leased rules of the policy in force and the blocks leased of
-    /// each since start, for Status (`leasehold lease list`). The counts
+    /// each since start, for Status (`leasehold agent status`). The counts
     /// are the `leasehold_lease_blocks_total` series of the rule.
     pub fn leased_rule_status(&self) -> Vec<pb::LeasedRuleStatus> {
         let bundle = self.policy.current();
@@ -247,9 +261,11 @@ impl Decider {
         }
     }
 
+    /// Gives back unused tokens of a block `holder` leased.
     pub async fn return_block(
         &self,
         req: pb::ReturnBlockRequest,
+        holder: &Holder,
     ) -> Result<pb::ReturnBlockResponse, InvalidField> {
         let lease_id = request::id("lease_id", &req.lease_id)?;
         let target = RequestTarget::from_proto(req.target, &self.keys)?;
@@ -276,7 +292,8 @@ impl Decider {
             .arg(params.refill_millitokens)
             .arg(params.period_ms)
             .arg(unused)
-            .arg(rule.slack_ms);
+            .arg(rule.slack_ms)
+            .arg(holder.as_str());
         let outcome = self.run(std::slice::from_ref(&call)).await.remove(0);
         if let Err(StoreError::Script(refusal)) = &outcome {
             // Not a live lease of this bucket, returned before, or more than

@@ -21,6 +21,7 @@ const AGENT_METHODS: &[Method] = &[
     Method::Health,
     Method::Status,
     Method::ReloadPolicy,
+    Method::ListLeases,
 ];
 
 const GUARDED: [GuardedService; 2] = [
@@ -71,5 +72,15 @@ mod tests {
         assert!(layer
             .refusal(rls, Some(&gateway), SystemTime::now())
             .is_none());
+        // Listing leases is an operator's read: a gateway is refused
+        // before its request is decoded, sre passes on to the gate.
+        let list = "/leasehold.agent.v1.Agent/ListLeases";
+        let refusal = layer.refusal(list, Some(&gateway), SystemTime::now());
+        assert_eq!(
+            refusal.map(|status| status.code()),
+            Some(tonic::Code::PermissionDenied)
+        );
+        let sre = peer(Identity::Sre);
+        assert!(layer.refusal(list, Some(&sre), SystemTime::now()).is_none());
     }
 }

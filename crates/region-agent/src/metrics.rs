@@ -104,6 +104,7 @@ pub const AGENT_RPC_METHODS: &[&str] = &[
     "Health",
     "Status",
     "ReloadPolicy",
+    "ListLeases",
     "ShouldRateLimit",
 ];
 

@@ -12,6 +12,7 @@ use tracing::{Instrument, Span};
 use crate::global::room::PoolView;
 
 use crate::decide::Decider;
+use crate::lease::holder::Holder;
 use crate::policy;
 use leasehold_tls::authz::{Call, Method};
 use leasehold_tls::gate::{audit_admin, Gate};
@@ -20,6 +21,8 @@ use leasehold_tls::Identity;
 pub struct AgentService {
     decider: Arc<Decider>,
     gate: Gate,
+    /// The listener's largest message: ListLeases fits its reply in it.
+    reply_bytes_max: usize,
 }
 
 impl AgentService {
@@ -30,9 +33,20 @@ impl AgentService {
 
     /// Each call checked by `gate` ([`leasehold_tls::authz`]): gateways of
     /// this agent's Region, `/admin` for ReloadPolicy, `/sre` and `/admin`
-    /// for Status.
+    /// for Status and ListLeases.
     pub fn with_gate(decider: Arc<Decider>, gate: Gate) -> Self {
-        AgentService { decider, gate }
+        AgentService {
+            decider,
+            gate,
+            reply_bytes_max: crate::config::AGENT_MAX_MESSAGE_BYTES as usize,
+        }
+    }
+
+    /// The listener encodes at most `bytes` per message (its
+    /// `limits.max_message_bytes`): ListLeases keeps its reply within it.
+    pub fn with_reply_limit(mut self, bytes: usize) -> Self {
+        self.reply_bytes_max = bytes;
+        self
     }
 
     fn allow<T>(&self, request: &Request<T>, method: Method) -> Result<Option<Identity>, Status> {
@@ -119,7 +133,8 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::LeaseBlockRequest>,
     ) -> Result<Response<pb::LeaseBlockResponse>, Status> {
-        self.allow(&request, Method::LeaseBlock)?;
+        // The holder is who the listener verified, never a request field.
+        let holder = Holder::of_caller(self.allow(&request, Method::LeaseBlock)?.as_ref());
         let req = request.into_inner();
         let span = lease_span(
             "lease_block",
@@ -129,7 +144,10 @@ impl Agent for AgentService {
             &req.rule_id,
         );
         Ok(Response::new(
-            self.decider.lease_block(req).instrument(span).await?,
+            self.decider
+                .lease_block(req, &holder)
+                .instrument(span)
+                .await?,
         ))
     }
 
@@ -137,7 +155,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::ReturnBlockRequest>,
     ) -> Result<Response<pb::ReturnBlockResponse>, Status> {
-        self.allow(&request, Method::ReturnBlock)?;
+        let holder = Holder::of_caller(self.allow(&request, Method::ReturnBlock)?.as_ref());
         let req = request.into_inner();
         let span = lease_span(
             "return_block",
@@ -147,7 +165,11 @@ impl Agent for AgentService {
             &req.rule_id,
         );
         let metrics = &self.decider.metrics;
-        let returned = self.decider.return_block(req).instrument(span).await;
+        let returned = self
+            .decider
+            .return_block(req, &holder)
+            .instrument(span)
+            .await;
         let outcome = match &returned {
             Ok(response) if response.replayed => "replayed",
             Ok(response) if response.added_tokens > 0 => "added",
@@ -231,6 +253,20 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         self.allow(&request, Method::Status)?;
         Ok(Response::new(self.decider.status()))
+    }
+
+    async fn list_leases(
+        &self,
+        request: Request<pb::ListLeasesRequest>,
+    ) -> Result<Response<pb::ListLeasesResponse>, Status> {
+        self.allow(&request, Method::ListLeases)?;
+        let span = tracing::info_span!("list_leases", region = %self.decider.region);
+        let listed = self
+            .decider
+            .list_leases(request.into_inner(), self.reply_bytes_max)
+            .instrument(span)
+            .await?;
+        Ok(Response::new(listed))
     }
 
     async fn reload_policy(

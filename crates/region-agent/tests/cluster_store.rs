@@ -221,6 +221,72 @@ fn a_node_asked_for_a_slot_it_does_not_serve_answers_a_store_error_not_a_policy_
 /// as its twin (what the coalescer's `Grouping::BySlot` packs rely on),
 /// while one over two slots of the same primary is refused CROSSSLOT, each
 /// call a store error (so packs per node are not possible).
+/// `lease list` on a cluster: the lease records of tags on every primary
+/// are found (one SCAN cursor per primary, in parallel), each read with
+/// its holder and rule; the kept-record budget is shared by the shards.
+#[test]
+fn lease_records_on_every_primary_are_listed_within_one_budget() {
+    use leasehold_region_agent::algorithm::lease_record::LeaseRecord;
+    use leasehold_region_agent::lease::list::LEASE_RECORD_MATCH;
+    use leasehold_region_agent::store::scan::{ScanRequest, ScanStop, ScannedRecord};
+
+    let shared = shared().lock().unwrap_or_else(|p| p.into_inner());
+    let Shared { cluster, rt, store } = &*shared;
+    for port in cluster.live_ports() {
+        let _ = leasehold_region_agent::testing::cluster::cli_at(port, &["FLUSHALL"]);
+    }
+    let calls: Vec<ScriptCall> = TAGS
+        .iter()
+        .flat_map(|tag| {
+            (0..2u8).map(move |lease| {
+                common::calls::lease_block(&common::calls::bucket_key(tag, 0), lease, 1_000, lease)
+            })
+        })
+        .collect();
+    for reply in rt.block_on(store.run_batch(&calls)) {
+        assert_eq!(values(&reply).unwrap()[0], 1_000, "granted");
+    }
+    let request = |max_kept| ScanRequest {
+        pattern: LEASE_RECORD_MATCH,
+        max_kept,
+        max_calls_per_shard: 100,
+        keys_per_call: 3,
+        deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+    };
+    // A bucket named like a record is a hash: SCAN's TYPE string skips it.
+    let keep_all = |_: &ScannedRecord| true;
+    let all = rt
+        .block_on(store.scan_strings(&request(100), &keep_all))
+        .expect("listed");
+    assert_eq!(all.shards, 3);
+    assert!(
+        all.stopped.is_empty() && all.shard_errors.is_empty(),
+        "{all:?}"
+    );
+    assert_eq!(all.kept.len(), TAGS.len() * 2);
+    let tags: BTreeSet<&str> = all
+        .kept
+        .iter()
+        .map(|r| leasehold_region_agent::store::slots::hash_tag(&r.key))
+        .collect();
+    assert_eq!(tags.len(), TAGS.len(), "every tag, so every primary");
+    for record in &all.kept {
+        let parsed = LeaseRecord::parse(&record.value).expect("a current record");
+        assert!(parsed.live_at(record.now_ms));
+        let owner = parsed.owner.expect("names its holder");
+        assert!(common::calls::HOLDERS.contains(&owner.holder.as_str()));
+        assert_eq!(
+            (owner.domain.as_str(), owner.rule_id.as_str()),
+            ("api", "p-hot")
+        );
+    }
+    let capped = rt
+        .block_on(store.scan_strings(&request(5), &keep_all))
+        .expect("listed");
+    assert_eq!(capped.kept.len(), 5);
+    assert_eq!(capped.stopped, vec![ScanStop::MaxKept]);
+}
+
 #[test]
 fn a_pack_of_two_tags_of_one_slot_runs_and_one_of_two_slots_is_crossslot() {
     let shared = shared().lock().unwrap_or_else(|p| p.into_inner());

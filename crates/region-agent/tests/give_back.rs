@@ -16,6 +16,9 @@ const RECORD: &str = "lh:v1:{t}:_lease:b:lease-1";
 const FROZEN: (u64, u64, u64) = (20_000, 1, 1_000_000);
 /// How long a test's lease records live: far beyond any test.
 const LEASE_TTL_MS: u64 = 600_000;
+/// Who takes and gives back the blocks (a gateway and, issue 29, an agent).
+const HOLDERS: [&str; 2] = ["gateway/eu", "agent/eu-1"];
+const HOLDER: &str = HOLDERS[0];
 
 fn give_back(record: &str, (capacity, refill, period): (u64, u64, u64), tokens: u64) -> ScriptCall {
     ScriptCall::new(ScriptKind::GiveBack)
@@ -26,6 +29,7 @@ fn give_back(record: &str, (capacity, refill, period): (u64, u64, u64), tokens: 
         .arg(period)
         .arg(tokens)
         .arg(5_000)
+        .arg(HOLDER)
 }
 
 fn lease(record: &str, block: u64) -> ScriptCall {
@@ -39,6 +43,9 @@ fn lease(record: &str, block: u64) -> ScriptCall {
         .arg(4)
         .arg(5_000)
         .arg(LEASE_TTL_MS)
+        .arg(HOLDER)
+        .arg("api")
+        .arg("p-hot")
 }
 
 fn get(h: &mut Harness, key: &str) -> Option<String> {
@@ -72,7 +79,14 @@ fn give_back_is_capped_at_capacity_and_marks_the_lease() {
         .unwrap();
     let r = h.redis(&give_back(RECORD, FROZEN, 5_000)).unwrap();
     assert_eq!(r[..3], [2_000, 20_000, 0]);
-    assert_eq!(get(&mut h, RECORD), Some(format!("5000,{expires_at},5000")));
+    // Marked with the amount; the holder and rule stay.
+    assert_eq!(
+        get(&mut h, RECORD),
+        Some(format!(
+            "5000,{expires_at},{},{HOLDER},api,p-hot,5000",
+            granted[3]
+        ))
+    );
     // The mark keeps the record's expiry.
     let (ttl, _) = h.ttl_set_at(RECORD, granted[3]);
     assert_eq!(ttl, LEASE_TTL_MS as i64);
@@ -107,6 +121,51 @@ fn a_second_give_back_of_one_lease_adds_nothing() {
         );
         assert_eq!((h.hgetall(KEY), get(&mut h, RECORD)), before);
     }
+}
+
+#[test]
+fn another_holders_lease_gives_back_nothing() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    differential(&mut h, &twin, &lease(RECORD, 10_000), &mut last).unwrap();
+    let before = (h.hgetall(KEY), get(&mut h, RECORD));
+    for stranger in ["agent/eu-1", "anonymous"] {
+        let mut c = give_back(RECORD, FROZEN, 1_000);
+        c.args[5] = stranger.into();
+        assert_eq!(
+            differential(&mut h, &twin, &c, &mut last),
+            refused("lease_id", "unknown")
+        );
+        assert_eq!((h.hgetall(KEY), get(&mut h, RECORD)), before, "{stranger}");
+    }
+    // Its holder still may.
+    let r = differential(&mut h, &twin, &give_back(RECORD, FROZEN, 1_000), &mut last).unwrap();
+    assert_eq!(r[..3], [1_000, 11_000, 0]);
+}
+
+#[test]
+fn a_record_an_older_agent_wrote_gives_back_once_and_keeps_its_shape() {
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    differential(&mut h, &twin, &lease(RECORD, 10_000), &mut last).unwrap();
+    // As the agent before the lease list wrote it: no holder, no rule.
+    let older = format!("10000,{}", redis_time_ms(&mut h) + 600_000);
+    redis::cmd("SET")
+        .arg(RECORD)
+        .arg(&older)
+        .arg("KEEPTTL")
+        .exec(&mut h.conn)
+        .unwrap();
+    twin.with_keyspace(|s| s.set_keep_ttl(RECORD, older.clone(), last));
+    let mut c = give_back(RECORD, FROZEN, 4_000);
+    c.args[5] = "anonymous".into();
+    let r = differential(&mut h, &twin, &c, &mut last).unwrap();
+    assert_eq!(r[..3], [4_000, 14_000, 0]);
+    assert_eq!(get(&mut h, RECORD), Some(format!("{older},4000")));
+    let again = differential(&mut h, &twin, &c, &mut last).unwrap();
+    assert_eq!(again[..3], [0, 14_000, 1]);
 }
 
 #[test]
@@ -182,7 +241,7 @@ fn an_expired_lease_record_is_gone_after_its_ttl() {
     let c = ScriptCall {
         args: {
             let mut args = lease(RECORD, 5_000).args;
-            *args.last_mut().unwrap() = "1".into();
+            args[6] = "1".into(); // lease_ttl_ms
             args
         },
         ..lease(RECORD, 5_000)
@@ -232,6 +291,10 @@ fn a_malformed_lease_record_is_refused_by_both() {
         "5000,x",
         "5000,1,2,3",
         "5000,1,-2",
+        "5000,1,2,gateway/eu,api",
+        "5000,1,2,gateway/eu,api,p-hot,x",
+        "5000,1,2,GATEWAY,api,p-hot",
+        "5000,1,2,gateway/eu,api,p-hot,1,2",
     ] {
         redis::cmd("SET")
             .arg(RECORD)
@@ -252,7 +315,7 @@ fn a_malformed_lease_record_is_refused_by_both() {
 fn invalid_arguments_are_named_and_write_nothing() {
     let mut h = Harness::start();
     let twin = MemoryStore::default();
-    let base = ["20000", "2000", "1000", "5000", "5000"];
+    let base = ["20000", "2000", "1000", "5000", "5000", HOLDER];
     let names = ["capacity", "refill", "period_ms", "tokens", "slack_ms"];
     let build = |keys: &[&str], args: &[&str]| {
         let mut c = ScriptCall::new(ScriptKind::GiveBack);
@@ -288,6 +351,12 @@ fn invalid_arguments_are_named_and_write_nothing() {
             check(&mut h, &build(&[KEY, RECORD], &args), name);
         }
     }
+    for bad in ["", "Gateway/eu", "a b", "a,b", "h".repeat(97).as_str()] {
+        let mut args = base;
+        args[5] = bad;
+        check(&mut h, &build(&[KEY, RECORD], &args), "holder");
+    }
+    check(&mut h, &build(&[KEY, RECORD], &base[..5]), "holder");
     let mut args = base;
     (args[0], args[2]) = ("1099511627776", "8192");
     check(&mut h, &build(&[KEY, RECORD], &args), "capacity");
@@ -304,11 +373,14 @@ enum Step {
         lease: u8,
         capacity: u64,
         tokens: u64,
+        /// Index into [`HOLDERS`].
+        holder: u8,
     },
     Lease {
         lease: u8,
         capacity: u64,
         block: u64,
+        holder: u8,
     },
     Idle {
         ms: u64,
@@ -324,24 +396,30 @@ fn capacity() -> impl Strategy<Value = u64> {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => (0u8..6, capacity(), prop_oneof![1 => Just(0u64), 6 => 1u64..8_000, 1 => 8_000u64..30_000])
-            .prop_map(|(lease, capacity, tokens)| Step::GiveBack { lease, capacity, tokens }),
-        3 => (0u8..6, capacity().prop_flat_map(|c| (Just(c), 1..=c / 2)))
-            .prop_map(|(lease, (capacity, block))| Step::Lease { lease, capacity, block }),
+        3 => (0u8..6, capacity(), prop_oneof![1 => Just(0u64), 6 => 1u64..8_000, 1 => 8_000u64..30_000],
+              prop_oneof![4 => Just(0u8), 1 => Just(1u8)])
+            .prop_map(|(lease, capacity, tokens, holder)| Step::GiveBack { lease, capacity, tokens, holder }),
+        3 => (0u8..6, capacity().prop_flat_map(|c| (Just(c), 1..=c / 2)), prop_oneof![4 => Just(0u8), 1 => Just(1u8)])
+            .prop_map(|(lease, (capacity, block), holder)| Step::Lease { lease, capacity, block, holder }),
         1 => (0u64..15).prop_map(|ms| Step::Idle { ms }),
     ]
 }
 
-/// What the model expects of a give-back of `tokens` under `lease`
-/// (granted block, amount already given back).
+/// A lease as the model holds it: granted block, amount given back, holder.
+type Modelled = (u64, Option<u64>, u8);
+
+/// What the model expects of a give-back of `tokens` under `lease` by
+/// `holder`: another holder's lease is unknown to it.
 fn expected_refusal(
-    lease: Option<&(u64, Option<u64>)>,
+    lease: Option<&Modelled>,
     tokens: u64,
+    holder: u8,
 ) -> Option<(&'static str, &'static str)> {
     match lease {
         None => Some(("lease_id", "unknown")),
-        Some((_, Some(returned))) if *returned != tokens => Some(("lease_id", "returned")),
-        Some((granted, _)) if tokens > *granted => Some(("tokens", "above_block")),
+        Some((_, _, owner)) if *owner != holder => Some(("lease_id", "unknown")),
+        Some((_, Some(returned), _)) if *returned != tokens => Some(("lease_id", "returned")),
+        Some((granted, _, _)) if tokens > *granted => Some(("tokens", "above_block")),
         Some(_) => None,
     }
 }
@@ -360,20 +438,21 @@ proptest! {
             h.flushall();
             let twin = MemoryStore::default();
             let mut last_now = 0;
-            // lease → (granted block, amount given back); records outlive the test.
-            let mut leases: HashMap<u8, (u64, Option<u64>)> = HashMap::new();
+            // lease → (granted block, amount given back, holder); records outlive the test.
+            let mut leases: HashMap<u8, Modelled> = HashMap::new();
             for step in &steps {
                 match *step {
                     Step::Idle { ms } => std::thread::sleep(std::time::Duration::from_millis(ms)),
-                    Step::Lease { lease, capacity, block } => {
+                    Step::Lease { lease, capacity, block, holder } => {
                         let record = format!("lh:v1:{{t}}:_lease:b:{lease}");
                         let c = ScriptCall::new(ScriptKind::LeaseBlock)
                             .key(KEY).key(&record).arg(capacity).arg(REFILL).arg(PERIOD)
-                            .arg(block).arg(3).arg(100).arg(LEASE_TTL_MS);
+                            .arg(block).arg(3).arg(100).arg(LEASE_TTL_MS)
+                            .arg(HOLDERS[holder as usize]).arg("api").arg("p-hot");
                         let before = h.hgetall(KEY);
                         let r = differential(h, &twin, &c, &mut last_now);
-                        if let Some(&(granted, returned)) = leases.get(&lease) {
-                            if granted == block && returned.is_none() {
+                        if let Some(&(granted, returned, owner)) = leases.get(&lease) {
+                            if granted == block && returned.is_none() && owner == holder {
                                 // A retry of the lease: its block again, charged once.
                                 assert_eq!(r.as_ref().unwrap()[0], block as i64);
                             } else {
@@ -381,16 +460,17 @@ proptest! {
                             }
                             assert_eq!(h.hgetall(KEY), before, "nothing charged");
                         } else if r.as_ref().unwrap()[0] > 0 {
-                            leases.insert(lease, (block, None));
+                            leases.insert(lease, (block, None, holder));
                         }
                     }
-                    Step::GiveBack { lease, capacity, tokens } => {
+                    Step::GiveBack { lease, capacity, tokens, holder } => {
                         let record = format!("lh:v1:{{t}}:_lease:b:{lease}");
                         let before = (h.hgetall(KEY), get(h, &record));
-                        let c = give_back(&record, (capacity, REFILL, PERIOD), tokens);
+                        let mut c = give_back(&record, (capacity, REFILL, PERIOD), tokens);
+                        c.args[5] = HOLDERS[holder as usize].into();
                         let r = differential(h, &twin, &c, &mut last_now);
                         let model = leases.get(&lease).copied();
-                        if let Some((field, reason)) = expected_refusal(model.as_ref(), tokens) {
+                        if let Some((field, reason)) = expected_refusal(model.as_ref(), tokens, holder) {
                             assert_eq!(r, refused(field, reason));
                             assert_eq!((h.hgetall(KEY), get(h, &record)), before, "a refusal writes nothing");
                             continue;
@@ -399,13 +479,13 @@ proptest! {
                         let (added, after, replayed) = (r[0], r[1], r[2]);
                         assert!(after <= capacity as i64, "above capacity: {r:?}");
                         assert!(added <= tokens as i64);
-                        let (granted, returned) = model.unwrap();
+                        let (granted, returned, owner) = model.unwrap();
                         assert_eq!(replayed == 1, returned.is_some(), "{r:?}");
                         if replayed == 1 {
                             assert_eq!(added, 0);
                             assert_eq!(h.hgetall(KEY), before.0, "a replay writes nothing");
                         } else {
-                            leases.insert(lease, (granted, Some(tokens)));
+                            leases.insert(lease, (granted, Some(tokens), owner));
                         }
                     }
                 }

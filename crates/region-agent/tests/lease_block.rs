@@ -11,6 +11,8 @@ const KEY: &str = "lh:v1:{t}:global-catalog:pool";
 const MAX: i64 = 1 << 40;
 /// How long a test's lease records live: far beyond any test.
 const LEASE_TTL_MS: u64 = 600_000;
+/// Who takes the blocks, unless a test says otherwise.
+const HOLDER: &str = "gateway/eu";
 
 /// A lease record key no call has used yet in this process.
 fn fresh_record() -> String {
@@ -63,6 +65,17 @@ fn leased(
         .arg(gateways)
         .arg(slack)
         .arg(LEASE_TTL_MS)
+        .arg(HOLDER)
+        .arg("api")
+        .arg("p-hot")
+}
+
+/// The record a grant at `now` of `block` by `holder` writes.
+fn record_text(block: u64, now: i64, holder: &str) -> String {
+    format!(
+        "{block},{},{now},{holder},api,p-hot",
+        now + LEASE_TTL_MS as i64
+    )
 }
 
 fn get(h: &mut Harness, key: &str) -> Option<String> {
@@ -83,8 +96,11 @@ fn a_grant_records_its_block_and_expiry_under_the_lease_id() {
     let c = leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 5_000);
     let granted = differential(&mut h, &twin, &c, &mut last).unwrap();
     assert_eq!(granted[..3], [7_000, 13_000, 0]);
-    let expires_at = granted[3] + LEASE_TTL_MS as i64;
-    assert_eq!(get(&mut h, record), Some(format!("7000,{expires_at}")));
+    // The holder, domain and rule ride in the record; no principal does.
+    assert_eq!(
+        get(&mut h, record),
+        Some(record_text(7_000, granted[3], HOLDER))
+    );
     // The record ends at its expires_at_ms exactly (PXAT on the script's clock).
     let (ttl, _) = h.ttl_set_at(record, granted[3]);
     assert_eq!(ttl, LEASE_TTL_MS as i64);
@@ -115,6 +131,17 @@ fn a_retried_lease_id_gets_its_block_again_and_another_block_is_refused() {
         );
         assert_eq!((h.hgetall(KEY), get(&mut h, record)), before);
     }
+    // The same block under that id from another holder: refused too.
+    let mut stranger = c();
+    stranger.args[7] = "agent/eu-1".into();
+    assert_eq!(
+        differential(&mut h, &twin, &stranger, &mut last),
+        Err(ScriptError::Refused {
+            field: "lease_id".into(),
+            reason: "taken".into()
+        })
+    );
+    assert_eq!((h.hgetall(KEY), get(&mut h, record)), before);
     // Given back, the id is spent: even the same block is refused.
     let returned = format!("{},0", before.1.as_deref().unwrap());
     redis::cmd("SET")
@@ -157,8 +184,39 @@ fn a_denied_lease_records_nothing_and_an_expired_record_frees_the_id() {
     assert_eq!(granted[0], 7_000);
     assert_eq!(
         get(&mut h, record),
-        Some(format!("7000,{}", granted[3] + LEASE_TTL_MS as i64))
+        Some(record_text(7_000, granted[3], HOLDER))
     );
+}
+
+#[test]
+fn a_live_record_an_older_agent_wrote_is_read_by_both() {
+    // "granted,expires_at_ms" names no holder: a retry of the same block is
+    // answered whoever sends it (as before), another block is refused.
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let mut last = 0;
+    let record = "lh:v1:{t}:_lease:b:old";
+    let older = format!("7000,{}", redis_time_ms(&mut h) + 600_000);
+    redis::cmd("SET")
+        .arg(record)
+        .arg(&older)
+        .exec(&mut h.conn)
+        .unwrap();
+    twin.with_keyspace(|s| s.set(record, older.clone(), None, 0));
+    let mut retry = leased(KEY, record, 20_000, 1, 1_000_000, 7_000, 3, 0);
+    retry.args[7] = "anonymous".into();
+    let again = differential(&mut h, &twin, &retry, &mut last).unwrap();
+    assert_eq!(again[..3], [7_000, 20_000, 0]);
+    assert_eq!(get(&mut h, record), Some(older.clone()), "nothing written");
+    let other = leased(KEY, record, 20_000, 1, 1_000_000, 1_000, 3, 0);
+    assert_eq!(
+        differential(&mut h, &twin, &other, &mut last),
+        Err(ScriptError::Refused {
+            field: "lease_id".into(),
+            reason: "taken".into()
+        })
+    );
+    assert!(!h.exists(KEY));
 }
 
 #[test]
@@ -176,6 +234,14 @@ fn a_malformed_lease_record_is_refused_by_both() {
         "7000,10,1,2",
         "7000,-1",
         "7000,9007199254740992",
+        "7000,10,1,gateway/eu,api",
+        "7000,10,1,Gateway/eu,api,p-hot",
+        "7000,10,1,gateway/eu,a_pi,p-hot",
+        "7000,10,1,gateway/eu,api,p.hot",
+        "7000,10,1,,api,p-hot",
+        "7000,10,1,gateway/eu,api,p-hot,x",
+        "7000,10,1,gateway/eu,api,p-hot,1,2",
+        "7000,10,9007199254740992,gateway/eu,api,p-hot",
     ] {
         redis::cmd("SET")
             .arg(record)
@@ -192,6 +258,9 @@ fn a_malformed_lease_record_is_refused_by_both() {
         assert!(!h.exists(KEY), "{garbage:?}");
     }
 }
+
+/// The holders the property test draws from.
+const HOLDERS: [&str; 2] = ["gateway/eu", "agent/eu-1"];
 
 /// now + min(N × ceil(B × period / refill), 2^40), restated.
 fn denied_until(now: i64, block: u64, gateways: u64, refill: u64, period: u64) -> i64 {
@@ -261,7 +330,18 @@ fn block_above_capacity_is_never_granted_and_writes_nothing() {
 fn invalid_arguments_are_named_and_write_nothing() {
     let mut h = Harness::start();
     let twin = MemoryStore::default();
-    let base = ["20000", "2000", "1000", "5000", "4", "5000", "30000"];
+    let base = [
+        "20000",
+        "2000",
+        "1000",
+        "5000",
+        "4",
+        "5000",
+        "30000",
+        "gateway/eu",
+        "api",
+        "p-hot",
+    ];
     let names = [
         "capacity",
         "refill",
@@ -300,6 +380,34 @@ fn invalid_arguments_are_named_and_write_nothing() {
             check(&mut h, &build(&args), name);
         }
     }
+    // The labels: outside their charset or length, or missing.
+    let long_holder = "h".repeat(97);
+    let long_domain = "d".repeat(31);
+    let long_rule = "r".repeat(65);
+    for (i, name, bads) in [
+        (
+            7,
+            "holder",
+            vec!["", "Gateway/eu", "a b", "a,b", "a:b", long_holder.as_str()],
+        ),
+        (
+            8,
+            "domain",
+            vec!["", "a_b", "a/b", "a,b", long_domain.as_str()],
+        ),
+        (
+            9,
+            "rule",
+            vec!["", "p.hot", "p/hot", "a,b", long_rule.as_str()],
+        ),
+    ] {
+        for bad in bads {
+            let mut args = base;
+            args[i] = bad;
+            check(&mut h, &build(&args), name);
+        }
+        check(&mut h, &build(&base[..i]), name);
+    }
     // Edges that are valid: 1,024 gateways, slack 0.
     let mut args = base;
     (args[4], args[5]) = ("1024", "0");
@@ -333,6 +441,8 @@ enum Step {
         block: u64,
         gateways: u64,
         slack: u64,
+        /// Index into [`HOLDERS`].
+        holder: u8,
     },
     Idle {
         ms: u64,
@@ -346,9 +456,9 @@ fn step() -> impl Strategy<Value = Step> {
               1u64..5_000, prop::sample::select(vec![1u64, 10, 100, 1_000]),
               // Mostly a fraction of the capacity; now and then more (never).
               prop_oneof![12 => 1..=capacity / 2, 1 => capacity + 1..capacity + 5_000],
-              prop_oneof![1u64..8, 1_000u64..=1_024], 0u64..2_000, 0u8..12))
-            .prop_map(|(capacity, refill, period, block, gateways, slack, lease)| Step::Lease {
-                lease, capacity, refill, period, block, gateways, slack,
+              prop_oneof![1u64..8, 1_000u64..=1_024], 0u64..2_000, (0u8..12, 0u8..2)))
+            .prop_map(|(capacity, refill, period, block, gateways, slack, (lease, holder))| Step::Lease {
+                lease, capacity, refill, period, block, gateways, slack, holder,
             }),
         1 => (0u64..15).prop_map(|ms| Step::Idle { ms }),
     ]
@@ -368,18 +478,20 @@ proptest! {
             h.flushall();
             let twin = MemoryStore::default();
             let mut last_now = 0;
-            // Lease id → the block its live record holds (records outlive the test).
+            // Lease id → the block and holder its live record holds (records outlive the test).
             let mut taken = std::collections::HashMap::new();
             for step in &steps {
                 match step {
                     Step::Idle { ms } => std::thread::sleep(std::time::Duration::from_millis(*ms)),
-                    &Step::Lease { lease, capacity, refill, period, block, gateways, slack } => {
+                    &Step::Lease { lease, capacity, refill, period, block, gateways, slack, holder } => {
                         let record = format!("lh:v1:{{t}}:_lease:b:{lease}");
-                        let c = leased(KEY, &record, capacity, refill, period, block, gateways, slack);
+                        let holder = HOLDERS[holder as usize];
+                        let mut c = leased(KEY, &record, capacity, refill, period, block, gateways, slack);
+                        c.args[7] = holder.into();
                         let before = (h.hgetall(KEY), get(h, &record));
                         let r = differential(h, &twin, &c, &mut last_now);
                         if let Some(&recorded) = taken.get(&lease) {
-                            if recorded == block {
+                            if recorded == (block, holder) {
                                 // A retry: the block again, nothing written.
                                 let r = r.unwrap();
                                 assert_eq!((r[0], r[2]), (block as i64, 0), "{r:?}");
@@ -399,8 +511,8 @@ proptest! {
                         } else if granted != 0 {
                             assert_eq!((granted, until), (block as i64, 0), "whole block");
                             assert!(remaining >= 0 && remaining <= (capacity - block) as i64);
-                            assert_eq!(get(h, &record), Some(format!("{block},{}", now + LEASE_TTL_MS as i64)));
-                            taken.insert(lease, block);
+                            assert_eq!(get(h, &record), Some(record_text(block, now, holder)));
+                            taken.insert(lease, (block, holder));
                         } else {
                             assert!(remaining < block as i64, "denied with {remaining} ≥ {block}");
                             assert_eq!(until, denied_until(now, block, gateways, refill, period));

@@ -209,11 +209,20 @@ async fn a_leased_rate_pool_rule_sizes_blocks_from_the_share() {
         target: check("x", "blocks", 1).target,
         rule_id: "g-leased".into(),
     };
-    let first = agent.decider.lease_block(lease("b1")).await.unwrap();
+    let holder = leasehold_region_agent::lease::holder::Holder::anonymous();
+    let first = agent
+        .decider
+        .lease_block(lease("b1"), &holder)
+        .await
+        .unwrap();
     assert_eq!(first.granted_tokens, 500);
     // The share drops to 0: nothing to lease, nothing to give back into.
     agent.decider.global.slot("rate").unwrap().set(share(0));
-    let second = agent.decider.lease_block(lease("b2")).await.unwrap();
+    let second = agent
+        .decider
+        .lease_block(lease("b2"), &holder)
+        .await
+        .unwrap();
     assert_eq!(second.granted_tokens, 0);
     assert_eq!(second.retry_after_ms, NO_ROOM_RETRY_MS);
     // Demand counts each block's tokens.

@@ -13,8 +13,8 @@
 //! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
 //! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver); the allocator binds all but NodeStatus further to the payload's sender and its membership (`leasehold_allocator::raft::senders`) |
 //! | prober | HealthReport |
-//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, Status, Health, NodeStatus, `/metrics` |
-//! | sre | Inspect, ListRevoked, Status, Health, NodeStatus, `/metrics` (read-only) |
+//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, Status, the agent's ListLeases, Health, NodeStatus, `/metrics` |
+//! | sre | Inspect, ListRevoked, Status, the agent's ListLeases, Health, NodeStatus, `/metrics` (read-only) |
 //!
 //! On the allocator a call this table allows is then checked against the
 //! replicated deny list (`leasehold identity revoke`): a revoked identity
@@ -81,6 +81,9 @@ pub enum Method {
     Health,
     Status,
     ReloadPolicy,
+    /// The Region's outstanding block leases (`leasehold lease list`): an
+    /// operator's read; gateways may not list each other's leases.
+    ListLeases,
     // Agent: the HTTPS listener.
     HttpHealth,
     HttpMetrics,
@@ -88,7 +91,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 34] = [
+    pub const ALL: [Method; 35] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -121,6 +124,7 @@ impl Method {
         Method::Health,
         Method::Status,
         Method::ReloadPolicy,
+        Method::ListLeases,
         Method::HttpHealth,
         Method::HttpMetrics,
     ];
@@ -159,6 +163,7 @@ impl Method {
             Method::Health => "Health",
             Method::Status => "Status",
             Method::ReloadPolicy => "ReloadPolicy",
+            Method::ListLeases => "ListLeases",
             Method::HttpHealth => "GET /health",
             Method::HttpMetrics => "GET /metrics",
         }
@@ -280,11 +285,12 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
             Identity::Admin,
             CreatePool | UpdatePool | Freeze | Reclaim | AddNode | RemoveNode | RemoveRegion
             | ReadmitRegion | RevokeIdentity | RestoreIdentity | ListRevoked | ReloadPolicy
-            | Inspect | Status | Health | NodeStatus | HttpHealth | HttpMetrics,
+            | Inspect | Status | ListLeases | Health | NodeStatus | HttpHealth | HttpMetrics,
         ) => Ok(()),
         (
             Identity::Sre,
-            Inspect | ListRevoked | Status | Health | NodeStatus | HttpHealth | HttpMetrics,
+            Inspect | ListRevoked | Status | ListLeases | Health | NodeStatus | HttpHealth
+            | HttpMetrics,
         ) => Ok(()),
         (
             Identity::Gateway(own),
@@ -548,6 +554,7 @@ mod tests {
                 Method::Inspect
                     | Method::ListRevoked
                     | Method::Status
+                    | Method::ListLeases
                     | Method::Health
                     | Method::NodeStatus
                     | Method::HttpHealth
@@ -578,6 +585,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn only_sre_and_admin_list_an_agents_leases() {
+        for identity in [
+            Identity::Sre,
+            Identity::Admin,
+            region("eu"),
+            Identity::Node(1),
+            Identity::Prober,
+            gateway("eu"),
+        ] {
+            let expected = matches!(identity, Identity::Sre | Identity::Admin);
+            let call = Call::for_region(Method::ListLeases, "eu");
+            assert_eq!(allowed(&identity, call), expected, "{identity}");
+        }
+        let denied =
+            authorize(&gateway("eu"), &Call::for_region(Method::ListLeases, "eu")).unwrap_err();
+        assert!(denied.to_string().contains("/gateway/eu"), "{denied}");
+        assert!(denied.to_string().contains("ListLeases"), "{denied}");
     }
 
     #[test]

@@ -10,9 +10,9 @@ use leasehold_proto::agent::v1::agent_server::{Agent, AgentServer};
 use leasehold_proto::agent::v1::{
     check_result, AcquireConcurrencyRequest, AcquireConcurrencyResponse, CheckBatchRequest,
     CheckBatchResponse, CheckRequest, CheckResult, Decision, HealthRequest, HealthResponse,
-    LeaseBlockRequest, LeaseBlockResponse, LeasedRule, Reason, ReleaseConcurrencyRequest,
-    ReleaseConcurrencyResponse, ReloadPolicyRequest, ReloadPolicyResponse, ReturnBlockRequest,
-    ReturnBlockResponse, StatusRequest, StatusResponse,
+    LeaseBlockRequest, LeaseBlockResponse, LeasedRule, ListLeasesRequest, ListLeasesResponse,
+    Reason, ReleaseConcurrencyRequest, ReleaseConcurrencyResponse, ReloadPolicyRequest,
+    ReloadPolicyResponse, ReturnBlockRequest, ReturnBlockResponse, StatusRequest, StatusResponse,
 };
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
@@ -308,6 +308,13 @@ impl Agent for FakeAgent {
         &self,
         _: Request<ReloadPolicyRequest>,
     ) -> Result<Response<ReloadPolicyResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn list_leases(
+        &self,
+        _: Request<ListLeasesRequest>,
+    ) -> Result<Response<ListLeasesResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
 }

@@ -4,10 +4,12 @@
 //!
 //! KEYS = bucket hash {tokens, ts}, the lease record `lease_block` wrote
 //! (same hash tag). ARGV = capacity, refill, period_ms, tokens ([0, 2^40]),
-//! slack_ms. Reply `{added, tokens_after, replayed, now_ms}`.
+//! slack_ms, holder (the caller's verified identity). Reply `{added,
+//! tokens_after, replayed, now_ms}`.
 //!
 //! Refused, nothing written ([`ScriptError::Refused`]): no live record
-//! (`lease_id unknown`: missing, or now past its `expires_at_ms`); given
+//! (`lease_id unknown`: missing, now past its `expires_at_ms`, or naming
+//! another holder — a caller gives back only its own blocks); given
 //! back before with another amount (`lease_id returned`); more than the
 //! block (`tokens above_block`). A first give-back refills, adds
 //! min(tokens, capacity − current), writes the bucket (TTL = full refill +
@@ -16,7 +18,8 @@
 //! tokens_after = the refilled tokens.
 
 use super::bucket::{self, BucketParams, BucketState};
-use super::lease_block::{load_record, refused, LeaseRecord};
+use super::lease_block::refused;
+use super::lease_record::{load_record, Label, LeaseRecord};
 use crate::args;
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
@@ -30,15 +33,17 @@ pub struct GiveBackDecision {
     pub replayed: bool,
 }
 
-/// Whether `give_millitokens` may go back under `record` at `now_ms`: the
-/// refusal otherwise, in the script's order (live, once, at most the block).
+/// Whether `holder` may give `give_millitokens` back under `record` at
+/// `now_ms`: the refusal otherwise, in the script's order (live, its own,
+/// once, at most the block).
 pub fn admit(
     record: Option<LeaseRecord>,
+    holder: &str,
     give_millitokens: u64,
     now_ms: i64,
 ) -> Result<LeaseRecord, ScriptError> {
     let record = record
-        .filter(|r| r.live_at(now_ms))
+        .filter(|r| r.live_at(now_ms) && r.held_by(holder))
         .ok_or_else(|| refused("lease_id", "unknown"))?;
     if record
         .returned_millitokens
@@ -95,13 +100,19 @@ pub fn eval(
     let params = BucketParams::parse(argv, 0)?;
     let give = args::non_negative("tokens", argv.get(3))?;
     let slack = args::non_negative("slack_ms", argv.get(4))?;
+    let holder = Label::Holder.arg(argv.get(5))?;
     let [bucket_key, record_key] = keys else {
         return Err(ScriptError::InvalidArgument("keys".into()));
     };
     if bucket_key == record_key {
         return Err(ScriptError::InvalidArgument("keys".into()));
     }
-    let record = admit(load_record(space, record_key, now_ms)?, give, now_ms)?;
+    let record = admit(
+        load_record(space, record_key, now_ms)?,
+        &holder,
+        give,
+        now_ms,
+    )?;
     let already_given = record.returned_millitokens.is_some();
     let stored = bucket::load(space, bucket_key, now_ms)?;
     let (decision, write) = decide(stored, &params, give, already_given, now_ms);
@@ -175,33 +186,59 @@ mod tests {
         assert!(write.is_none());
     }
 
-    const LEASE: LeaseRecord = LeaseRecord {
-        granted_millitokens: 5_000,
-        expires_at_ms: 1_000,
-        returned_millitokens: None,
-    };
+    fn lease() -> LeaseRecord {
+        LeaseRecord {
+            granted_millitokens: 5_000,
+            expires_at_ms: 1_000,
+            returned_millitokens: None,
+            owner: Some(super::super::lease_record::LeaseOwner {
+                granted_at_ms: 0,
+                holder: "gateway/eu".into(),
+                domain: "api".into(),
+                rule_id: "p-hot".into(),
+            }),
+        }
+    }
+
+    const GW: &str = "gateway/eu";
 
     #[test]
     fn only_a_live_lease_within_its_block_is_admitted_once() {
-        assert_eq!(admit(Some(LEASE), 5_000, 1_000), Ok(LEASE));
-        assert_eq!(admit(None, 1, 0), Err(refused("lease_id", "unknown")));
+        assert_eq!(admit(Some(lease()), GW, 5_000, 1_000), Ok(lease()));
+        assert_eq!(admit(None, GW, 1, 0), Err(refused("lease_id", "unknown")));
         assert_eq!(
-            admit(Some(LEASE), 1, 1_001),
+            admit(Some(lease()), GW, 1, 1_001),
             Err(refused("lease_id", "unknown"))
         );
         assert_eq!(
-            admit(Some(LEASE), 5_001, 0),
+            admit(Some(lease()), GW, 5_001, 0),
             Err(refused("tokens", "above_block"))
         );
         let returned = LeaseRecord {
             returned_millitokens: Some(300),
-            ..LEASE
+            ..lease()
         };
-        assert_eq!(admit(Some(returned), 300, 0), Ok(returned));
         assert_eq!(
-            admit(Some(returned), 301, 0),
+            admit(Some(returned.clone()), GW, 300, 0),
+            Ok(returned.clone())
+        );
+        assert_eq!(
+            admit(Some(returned), GW, 301, 0),
             Err(refused("lease_id", "returned"))
         );
+    }
+
+    #[test]
+    fn another_holders_lease_is_unknown_and_an_older_record_is_anyones() {
+        assert_eq!(
+            admit(Some(lease()), "agent/eu-1", 1, 0),
+            Err(refused("lease_id", "unknown"))
+        );
+        let older = LeaseRecord {
+            owner: None,
+            ..lease()
+        };
+        assert_eq!(admit(Some(older.clone()), "anonymous", 1, 0), Ok(older));
     }
 
     fn call(capacity: u64, tokens: u64, slack: u64) -> ScriptCall {
@@ -213,6 +250,7 @@ mod tests {
             .arg(1_000)
             .arg(tokens)
             .arg(slack)
+            .arg(GW)
     }
 
     /// The bucket at `tokens` stamped `ts`, and a live lease of a whole
@@ -228,7 +266,7 @@ mod tests {
             let lease = LeaseRecord {
                 granted_millitokens: 20_000,
                 expires_at_ms: i64::MAX >> 12,
-                returned_millitokens: None,
+                ..lease()
             };
             s.set("rec", lease.text(), None, ts);
         });
@@ -280,6 +318,25 @@ mod tests {
     }
 
     #[test]
+    fn a_give_back_marks_the_record_and_keeps_its_holder_and_rule() {
+        let store = MemoryStore::default();
+        seed(&store, 1_000, 0);
+        store.eval_at(&call(20_000, 700, 0), 5).unwrap();
+        let text = store.with_keyspace(|s| s.get("rec", 5).unwrap().unwrap());
+        assert_eq!(
+            text,
+            format!("20000,{},0,gateway/eu,api,p-hot,700", i64::MAX >> 12)
+        );
+        // An older record is marked in its own shape.
+        store.with_keyspace(|s| s.set("rec", "20000,90".into(), None, 5));
+        store.eval_at(&call(20_000, 3, 0), 6).unwrap();
+        assert_eq!(
+            store.with_keyspace(|s| s.get("rec", 6).unwrap()),
+            Some("20000,90,3".to_string())
+        );
+    }
+
+    #[test]
     fn refused_give_backs_write_nothing() {
         let store = MemoryStore::default();
         seed(&store, 1_000, 0);
@@ -296,6 +353,22 @@ mod tests {
         assert_eq!(
             store.eval_at(&unknown, 0),
             Err(refused("lease_id", "unknown"))
+        );
+        let mut stranger = call(20_000, 1, 0);
+        stranger.args[5] = "agent/eu-1".into();
+        assert_eq!(
+            store.eval_at(&stranger, 0),
+            Err(refused("lease_id", "unknown"))
+        );
+        let mut no_holder = call(20_000, 1, 0);
+        no_holder.args.truncate(5);
+        assert_eq!(
+            store.eval_at(&no_holder, 0),
+            Err(ScriptError::InvalidArgument("holder".into()))
+        );
+        assert_eq!(
+            store.with_keyspace(|s| s.get("rec", 0).unwrap()),
+            before.clone().get("rec", 0).unwrap()
         );
         store.with_keyspace(|s| s.set("rec", "garbage".into(), None, 0));
         assert_eq!(

@@ -4,17 +4,20 @@
 //!
 //! KEYS = bucket hash {tokens, ts}, lease record (same hash tag). ARGV =
 //! capacity, refill, period_ms, block (B), gateways (N, [1, 1024]),
-//! slack_ms, lease_ttl_ms ([1, 2^40]). Reply `{granted, remaining,
+//! slack_ms, lease_ttl_ms ([1, 2^40]), holder, domain, rule (the labels of
+//! [`Label`]: who takes the block and of which rule). Reply `{granted, remaining,
 //! denied_until_ms, now_ms}`: granted = B or 0; denied_until_ms = 0 when
 //! granted, now + min(N × ceil(B × period / refill), 2^40) when not, and -1
 //! when B > capacity (never; no bucket read or written).
 //!
-//! A grant SETs the record to [`LeaseRecord`] `{B, now + lease_ttl_ms}`,
-//! expiring at that instant, so `give_back` accepts only what was leased.
-//! A lease id whose record is live is one block: a retry of it (the same
-//! block, not yet given back — the gateway lost the answer) gets the block
-//! again, charged once, nothing written; anything else under that id is
-//! refused (`Refused { lease_id, taken }`) before anything is charged.
+//! A grant SETs the record to [`LeaseRecord`] `{B, now + lease_ttl_ms,
+//! owner: {now, holder, domain, rule}}`, expiring at that instant, so
+//! `give_back` accepts only what was leased and `lease list` can say who
+//! holds it. A lease id whose record is live is one block: a retry of it
+//! (the same block, not yet given back, by the holder the record names —
+//! the gateway lost the answer) gets the block again, charged once,
+//! nothing written; anything else under that id is refused
+//! (`Refused { lease_id, taken }`) before anything is charged.
 
 use super::bucket::{self, BucketParams, BucketState};
 use crate::args;
@@ -24,75 +27,11 @@ use crate::store::script::ScriptError;
 /// Most gateways a block may be shared among.
 pub const MAX_GATEWAYS: u64 = 1024;
 
-/// Largest `expires_at_ms` a lease record may hold: 2^53 − 1, so the text
-/// is parsed exactly by Lua (tonumber of a larger one may round down).
-pub const MAX_EXPIRES_AT_MS: u64 = (1 << 53) - 1;
+use super::lease_record::Label;
+pub use super::lease_record::{load_record, LeaseOwner, LeaseRecord, MAX_INSTANT_MS};
 
-/// A block lease as recorded: `"granted,expires_at_ms"`, and once given back
-/// `"granted,expires_at_ms,returned"` (the amount offered back).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseRecord {
-    /// The whole block, in [1, 2^40].
-    pub granted_millitokens: u64,
-    /// Last store instant at which the block may be given back.
-    pub expires_at_ms: i64,
-    /// What was given back, in [0, 2^40]; None while not given back.
-    pub returned_millitokens: Option<u64>,
-}
-
-impl LeaseRecord {
-    /// Parses a record as `lh_lease_record` does: two or three fields of
-    /// ASCII digits separated by ',', each within its range; None otherwise.
-    pub fn parse(text: &str) -> Option<LeaseRecord> {
-        let fields: Vec<String> = text.split(',').map(str::to_string).collect();
-        if !(2..=3).contains(&fields.len()) {
-            return None;
-        }
-        let granted = args::positive("granted", fields.first()).ok()?;
-        let expires_at = args::int("expires_at", fields.get(1), 0, MAX_EXPIRES_AT_MS).ok()?;
-        let returned = match fields.get(2) {
-            Some(_) => Some(args::non_negative("returned", fields.get(2)).ok()?),
-            None => None,
-        };
-        Some(LeaseRecord {
-            granted_millitokens: granted,
-            expires_at_ms: expires_at as i64,
-            returned_millitokens: returned,
-        })
-    }
-
-    /// The record's text, as the scripts write it.
-    pub fn text(&self) -> String {
-        match self.returned_millitokens {
-            Some(returned) => format!(
-                "{},{},{returned}",
-                self.granted_millitokens, self.expires_at_ms
-            ),
-            None => format!("{},{}", self.granted_millitokens, self.expires_at_ms),
-        }
-    }
-
-    /// Whether the lease may still be given back at `now_ms` (Redis's rule
-    /// for expiry: gone only once now is past the instant).
-    pub fn live_at(&self, now_ms: i64) -> bool {
-        now_ms <= self.expires_at_ms
-    }
-}
-
-/// Reads the lease record at `key`: None when missing; a record that does
-/// not parse is `InvalidArgument("lease_record")`.
-pub fn load_record(
-    space: &mut Keyspace,
-    key: &str,
-    now_ms: i64,
-) -> Result<Option<LeaseRecord>, ScriptError> {
-    match space.get(key, now_ms).map_err(bucket::wrong_type)? {
-        None => Ok(None),
-        Some(text) => LeaseRecord::parse(&text)
-            .map(Some)
-            .ok_or_else(|| ScriptError::InvalidArgument("lease_record".into())),
-    }
-}
+/// Largest `expires_at_ms` a lease record may hold (see [`MAX_INSTANT_MS`]).
+pub const MAX_EXPIRES_AT_MS: u64 = MAX_INSTANT_MS;
 
 /// The refusal of a well-formed request, as `lh_refused` words it.
 pub fn refused(field: &str, reason: &str) -> ScriptError {
@@ -171,6 +110,9 @@ pub fn eval(
     let gateways = args::int("gateways", argv.get(4), 1, MAX_GATEWAYS)?;
     let slack = args::non_negative("slack_ms", argv.get(5))?;
     let lease_ttl = args::positive("lease_ttl_ms", argv.get(6))?;
+    let holder = Label::Holder.arg(argv.get(7))?;
+    let domain = Label::Domain.arg(argv.get(8))?;
+    let rule_id = Label::Rule.arg(argv.get(9))?;
     let [key, record_key] = keys else {
         return Err(ScriptError::InvalidArgument("keys".into()));
     };
@@ -178,7 +120,10 @@ pub fn eval(
         return Err(ScriptError::InvalidArgument("keys".into()));
     }
     if let Some(record) = load_record(space, record_key, now_ms)?.filter(|r| r.live_at(now_ms)) {
-        if record.returned_millitokens.is_some() || record.granted_millitokens != block {
+        if record.returned_millitokens.is_some()
+            || record.granted_millitokens != block
+            || !record.held_by(&holder)
+        {
             return Err(refused("lease_id", "taken"));
         }
         let state = BucketState::refilled(bucket::load(space, key, now_ms)?, &params, now_ms);
@@ -201,6 +146,12 @@ pub fn eval(
             granted_millitokens: block,
             expires_at_ms: now_ms + lease_ttl as i64,
             returned_millitokens: None,
+            owner: Some(LeaseOwner {
+                granted_at_ms: now_ms,
+                holder,
+                domain,
+                rule_id,
+            }),
         };
         space.set(record_key, record.text(), Some(lease_ttl as i64), now_ms);
     }
@@ -301,6 +252,9 @@ mod tests {
             .arg(2)
             .arg(slack)
             .arg(30_000)
+            .arg("gateway/eu")
+            .arg("api")
+            .arg("p-hot")
     }
 
     #[test]
@@ -318,8 +272,18 @@ mod tests {
             Some(LeaseRecord {
                 granted_millitokens: 8_000,
                 expires_at_ms: 30_100,
-                returned_millitokens: None
+                returned_millitokens: None,
+                owner: Some(LeaseOwner {
+                    granted_at_ms: 100,
+                    holder: "gateway/eu".into(),
+                    domain: "api".into(),
+                    rule_id: "p-hot".into(),
+                }),
             })
+        );
+        assert_eq!(
+            store.with_keyspace(|s| s.get(&c.keys[1], 100).unwrap()),
+            Some("8000,30100,100,gateway/eu,api,p-hot".to_string())
         );
         // The same lease again while its record lives: the block again,
         // charged once (remaining is the refilled bucket, nothing written).
@@ -338,11 +302,19 @@ mod tests {
             Err(refused("lease_id", "taken"))
         );
         assert_eq!(stored(&store, 30_100)[0].as_deref(), Some("12000"));
+        // The same block under that id by another holder: taken as well.
+        let mut stranger = c.clone();
+        stranger.args[7] = "anonymous".into();
+        assert_eq!(
+            store.eval_at(&stranger, 30_100),
+            Err(refused("lease_id", "taken"))
+        );
+        assert_eq!(stored(&store, 30_100)[0].as_deref(), Some("12000"));
         // Once given back, the id is spent for the record's life.
         store.with_keyspace(|s| {
             let returned = LeaseRecord {
                 returned_millitokens: Some(0),
-                ..record.unwrap()
+                ..record.clone().unwrap()
             };
             s.set_keep_ttl(&c.keys[1], returned.text(), 300);
         });
@@ -360,37 +332,44 @@ mod tests {
     }
 
     #[test]
-    fn lease_record_text_round_trips_and_rejects_malformed_text() {
-        for record in [
-            LeaseRecord {
-                granted_millitokens: 5_000,
-                expires_at_ms: 1_700_000_010_000,
-                returned_millitokens: None,
-            },
-            LeaseRecord {
-                granted_millitokens: 1 << 40,
-                expires_at_ms: 0,
-                returned_millitokens: Some(0),
-            },
+    fn an_older_record_of_a_live_lease_still_holds_its_id() {
+        // Written by an agent before the lease list: no holder, so any
+        // caller's retry of the same block is answered (as then).
+        let store = MemoryStore::default();
+        let c = call(20_000, 8_000, 1 << 40);
+        store.with_keyspace(|s| s.set(&c.keys[1], "8000,30000".into(), Some(30_000), 0));
+        assert_eq!(
+            store.eval_at(&c, 10).unwrap().values[..3],
+            [8_000, 20_000, 0]
+        );
+        let mut other = c.clone();
+        other.args[3] = "1000".into();
+        assert_eq!(store.eval_at(&other, 10), Err(refused("lease_id", "taken")));
+    }
+
+    #[test]
+    fn labels_outside_their_charsets_are_invalid_and_write_nothing() {
+        let store = MemoryStore::default();
+        for (index, bad, name) in [
+            (7, "Gateway/EU", "holder"),
+            (7, "", "holder"),
+            (8, "a_b", "domain"),
+            (9, "p.hot", "rule"),
         ] {
-            assert_eq!(LeaseRecord::parse(&record.text()), Some(record));
+            let mut c = call(20_000, 1_000, 0);
+            c.args[index] = bad.into();
+            assert_eq!(
+                store.eval_at(&c, 0),
+                Err(ScriptError::InvalidArgument(name.into()))
+            );
+            assert!(!store.with_keyspace(|s| s.exists("k", 0)));
         }
-        for bad in [
-            "",
-            "5000",
-            "0,10",
-            "5000,",
-            ",10",
-            "5000,10,",
-            "5000,10,1,2",
-            "5000,-10",
-            "5000,10,x",
-            "5000, 10",
-            "1099511627777,10",
-            "5000,9007199254740992",
-        ] {
-            assert_eq!(LeaseRecord::parse(bad), None, "{bad:?}");
-        }
+        let mut short = call(20_000, 1_000, 0);
+        short.args.truncate(9);
+        assert_eq!(
+            store.eval_at(&short, 0),
+            Err(ScriptError::InvalidArgument("rule".into()))
+        );
     }
 
     fn stored(store: &MemoryStore, now: i64) -> Vec<Option<String>> {

@@ -11,6 +11,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod give_back;
 pub mod lease_block;
+pub mod lease_record;
 pub mod look;
 pub mod multi_decision;
 pub mod multi_rule;

@@ -65,9 +65,11 @@ pub fn limited_grpc_router(
         ))
         .add_service(timed(
             decider,
-            AgentServer::new(AgentService::with_gate(decider.clone(), gate))
-                .max_decoding_message_size(bytes)
-                .max_encoding_message_size(bytes),
+            AgentServer::new(
+                AgentService::with_gate(decider.clone(), gate).with_reply_limit(bytes),
+            )
+            .max_decoding_message_size(bytes)
+            .max_encoding_message_size(bytes),
         ))
         .add_service(timed(
             decider,

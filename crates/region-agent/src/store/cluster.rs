@@ -32,6 +32,9 @@
 //!   are kept for the map's primaries and the seeds only.
 //! - per primary: the [`RedisStore`] limits (`max_in_flight`, breaker,
 //!   deadline) of `[store]`.
+//!
+//! Listing records (`lease list`, [`crate::store::scan`]) asks every
+//! primary of the map in parallel, one SCAN cursor each.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +46,7 @@ use redis::IntoConnectionInfo;
 use tokio::time::Instant;
 
 use crate::store::redis::{RedisStore, RedisStoreConfig, RedisStoreError};
+use crate::store::scan::{self, Keep, KeptBudget, ScanError, ScanOutcome, ScanRequest};
 use crate::store::script::ScriptCall;
 use crate::store::slots::{self, NodeAddress, Redirect, SlotMap};
 use crate::store::{
@@ -207,6 +211,28 @@ impl Inner {
         if let Some(m) = self.metrics.get() {
             m.refreshes.with_label_values(&[outcome]).inc();
         }
+    }
+
+    /// The map's primaries, each with its shard name `slots-<first>` (the
+    /// first slot it serves: never an address in a metric label), in slot
+    /// order.
+    fn shards(&self) -> Vec<(NodeAddress, String)> {
+        let map = self.map();
+        let mut firsts: BTreeMap<NodeAddress, u16> = BTreeMap::new();
+        for slot_start in map.range_starts() {
+            if let Some(owner) = map.owner(slot_start) {
+                firsts.entry(owner.clone()).or_insert(slot_start);
+            }
+        }
+        let mut shards: Vec<(u16, NodeAddress)> = firsts
+            .into_iter()
+            .map(|(node, first)| (first, node))
+            .collect();
+        shards.sort();
+        shards
+            .into_iter()
+            .map(|(first, node)| (node, format!("slots-{first}")))
+            .collect()
     }
 
     /// The store of one node, created on first use.
@@ -541,28 +567,52 @@ impl BucketStore for ClusterStore {
     }
 
     fn shard_breakers(&self) -> Vec<ShardBreaker> {
-        let map = self.inner.map();
-        let mut firsts: BTreeMap<NodeAddress, u16> = BTreeMap::new();
-        for slot_start in map.range_starts() {
-            if let Some(owner) = map.owner(slot_start) {
-                firsts.entry(owner.clone()).or_insert(slot_start);
-            }
-        }
-        let mut shards: Vec<(u16, ShardBreaker)> = firsts
+        self.inner
+            .shards()
             .into_iter()
-            .filter_map(|(node, first)| {
+            .filter_map(|(node, shard)| {
                 let store = self.inner.node(&node).ok()?;
-                Some((
-                    first,
-                    ShardBreaker {
-                        shard: format!("slots-{first}"),
-                        state: store.breaker_state(),
-                    },
-                ))
+                Some(ShardBreaker {
+                    shard,
+                    state: store.breaker_state(),
+                })
             })
-            .collect();
-        shards.sort_by_key(|(first, _)| *first);
-        shards.into_iter().map(|(_, shard)| shard).collect()
+            .collect()
+    }
+
+    /// Every primary of the slot map at once ([`RedisStore::scan_node`]), under
+    /// one shared budget of kept records and one deadline; a primary that
+    /// fails is named by its shard (`slots-<first>`), the others answer.
+    fn scan_strings<'a>(
+        &'a self,
+        request: &'a ScanRequest<'a>,
+        keep: Keep<'a>,
+    ) -> BoxFuture<'a, Result<ScanOutcome, ScanError>> {
+        Box::pin(async move {
+            scan::check_pattern(request.pattern)?;
+            if self.inner.map().is_empty() {
+                self.inner.refresh(request.deadline, false).await;
+            }
+            let shards = self.inner.shards();
+            if shards.is_empty() {
+                return Err(StoreError::from(NotSent::Unreachable(
+                    "the cluster map names no primary".into(),
+                ))
+                .into());
+            }
+            let budget = KeptBudget::new(request.max_kept);
+            let scans = shards.into_iter().map(|(node, shard)| {
+                let budget = &budget;
+                async move {
+                    let scanned = match self.inner.node(&node) {
+                        Ok(store) => store.scan_node(request, keep, budget).await,
+                        Err(e) => Err(e),
+                    };
+                    (shard, scanned)
+                }
+            });
+            scan::merge(join_all(scans).await, request.max_kept)
+        })
     }
 
     fn attach_metrics(&self, metrics: &crate::metrics::AgentMetrics) {

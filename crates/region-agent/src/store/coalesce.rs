@@ -214,6 +214,15 @@ impl BucketStore for CoalescingStore {
         self.shared.inner.shard_breakers()
     }
 
+    /// Not a decision: straight to the store, never queued with them.
+    fn scan_strings<'a>(
+        &'a self,
+        request: &'a crate::store::scan::ScanRequest<'a>,
+        keep: crate::store::scan::Keep<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::scan::ScanOutcome, crate::store::scan::ScanError>> {
+        self.shared.inner.scan_strings(request, keep)
+    }
+
     fn attach_metrics(&self, metrics: &crate::metrics::AgentMetrics) {
         self.shared.inner.attach_metrics(metrics);
         // The first registry wins; an agent has one.

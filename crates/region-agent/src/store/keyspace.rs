@@ -106,6 +106,9 @@ struct Entry {
 #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
 pub struct WrongType;
 
+/// Where [`Keyspace::scan_expiring`] goes on: the last index entry read.
+pub type ExpiryCursor = (i64, String);
+
 /// Some keys' entries as they were (absent ones included), to put back
 /// with [`Keyspace::restore`].
 #[derive(Debug, Clone)]
@@ -193,6 +196,54 @@ impl Keyspace {
             dropped += 1;
         }
         dropped
+    }
+
+    /// One chunk of a listing through the expiry index (the in-memory
+    /// store's SCAN, `crate::store::scan`): up to `max_entries` index
+    /// entries after `after` (None: from the first live at `now_ms`), and
+    /// of them the live string keys `matches` accepts, with their values.
+    /// Returns those and where the next chunk starts (None: nothing left).
+    /// Keys without an expiry are not in the index, so never listed. Read
+    /// only; O(`max_entries` × log n) whatever the keyspace's size.
+    pub fn scan_expiring(
+        &self,
+        after: Option<&ExpiryCursor>,
+        now_ms: i64,
+        max_entries: usize,
+        matches: impl Fn(&str) -> bool,
+    ) -> (Vec<(String, String)>, Option<ExpiryCursor>) {
+        use std::ops::Bound;
+        let start = match after {
+            Some(cursor) => Bound::Excluded(cursor.clone()),
+            None => Bound::Included((now_ms, String::new())),
+        };
+        let mut found = Vec::new();
+        let mut last = None;
+        for (at, key) in self
+            .expiries
+            .range((start, Bound::Unbounded))
+            .take(max_entries.max(1))
+        {
+            last = Some((*at, key.clone()));
+            // Expired at now (Redis's rule): absent to every reader.
+            if now_ms > *at || !matches(key) {
+                continue;
+            }
+            if let Some(Entry {
+                value: Value::String(text),
+                ..
+            }) = self.entries.get(key)
+            {
+                found.push((key.clone(), text.clone()));
+            }
+        }
+        let next = last.filter(|cursor| {
+            self.expiries
+                .range((Bound::Excluded(cursor.clone()), Bound::Unbounded))
+                .next()
+                .is_some()
+        });
+        (found, next)
     }
 
     /// The entries of `keys` as they are now (expired ones included).

@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::algorithm;
 use crate::store::keyspace::Keyspace;
+use crate::store::scan::{
+    self, Keep, KeptBudget, ScanError, ScanOutcome, ScanRequest, ScanStop, ScannedRecord, ShardScan,
+};
 use crate::store::script::{ScriptCall, ScriptError, ScriptReply};
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, StoreError};
 
@@ -156,6 +159,53 @@ impl MemoryStore {
 impl BucketStore for MemoryStore {
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    /// Through the expiry index, one chunk of `keys_per_call` entries per
+    /// lock, so decisions run between chunks ([`Keyspace::scan_expiring`]:
+    /// keys without an expiry are not listed).
+    fn scan_strings<'a>(
+        &'a self,
+        request: &'a ScanRequest<'a>,
+        keep: Keep<'a>,
+    ) -> BoxFuture<'a, Result<ScanOutcome, ScanError>> {
+        Box::pin(async move {
+            scan::check_pattern(request.pattern)?;
+            let budget = KeptBudget::new(request.max_kept);
+            let mut shard = ShardScan::default();
+            let mut cursor = None;
+            for call in 0..request.max_calls_per_shard {
+                if tokio::time::Instant::now() >= request.deadline {
+                    shard.stopped = Some(ScanStop::Deadline);
+                    break;
+                }
+                let now_ms = self.clock.now_ms();
+                let (found, next) = self.lock().scan_expiring(
+                    cursor.as_ref(),
+                    now_ms,
+                    request.keys_per_call,
+                    |key| scan::glob_matches(request.pattern, key),
+                );
+                let mut spent = false;
+                for (key, value) in found {
+                    let record = ScannedRecord { key, value, now_ms };
+                    if !shard.offer(record, keep, &budget) {
+                        spent = true;
+                        break;
+                    }
+                }
+                cursor = next;
+                if spent || cursor.is_none() {
+                    break;
+                }
+                if call + 1 == request.max_calls_per_shard {
+                    shard.stopped = Some(ScanStop::MaxCalls);
+                }
+                // Let the decisions waiting for the lock run.
+                tokio::task::yield_now().await;
+            }
+            scan::merge(vec![(self.name().to_string(), Ok(shard))], request.max_kept)
+        })
     }
 
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {

@@ -7,7 +7,8 @@
 //! The folder holds every way a call reaches its keys: the scripts
 //! ([`script`]), the in-memory twin ([`memory`] over [`keyspace`]), one
 //! Redis node ([`redis`], with [`auth`] and [`breaker`]) and the coalescer
-//! in front of it ([`coalesce`]).
+//! in front of it ([`coalesce`]); and the one read that is not a script,
+//! the bounded listing of records by key pattern ([`scan`]).
 
 pub mod auth;
 pub mod breaker;
@@ -16,12 +17,14 @@ pub mod coalesce;
 pub mod keyspace;
 pub mod memory;
 pub mod redis;
+pub mod scan;
 pub mod script;
 pub mod slots;
 
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::store::scan::{Keep, ScanError, ScanOutcome, ScanRequest};
 use crate::store::script::{ScriptCall, ScriptError, ScriptReply};
 use crate::store::slots::Redirect;
 
@@ -150,6 +153,19 @@ pub trait BucketStore: Send + Sync {
     /// Lets a store report its own metrics (the coalescer's batch sizes and
     /// queue refusals) once the agent's registry exists; most have none.
     fn attach_metrics(&self, _metrics: &crate::metrics::AgentMetrics) {}
+
+    /// Lists the string records whose keys match `request.pattern`, within
+    /// the request's bounds, keeping those `keep` accepts ([`scan`]):
+    /// inspection (`leasehold lease list`), never on a decision path. A
+    /// store that cannot list says so (the default).
+    fn scan_strings<'a>(
+        &'a self,
+        request: &'a ScanRequest<'a>,
+        keep: Keep<'a>,
+    ) -> BoxFuture<'a, Result<ScanOutcome, ScanError>> {
+        let _ = (request, keep);
+        Box::pin(async move { Err(ScanError::Unsupported { store: self.name() }) })
+    }
 
     /// Runs every call, each atomically, and answers in the same order.
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>>;

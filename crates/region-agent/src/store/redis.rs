@@ -28,6 +28,9 @@ use tokio::sync::{Mutex as AsyncMutex, Semaphore};
 
 use crate::store::auth::{RedisAuthError, RedisAuthSettings};
 use crate::store::breaker::{Admission, Breaker, BreakerConfig};
+use crate::store::scan::{
+    self, Keep, KeptBudget, ScanError, ScanOutcome, ScanRequest, ScanStop, ScannedRecord, ShardScan,
+};
 use crate::store::script::{multi_decision_call, ScriptCall, ScriptError, ScriptKind, ScriptReply};
 use crate::store::slots::Redirect;
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, PackStore, StoreError, Topology};
@@ -289,6 +292,102 @@ impl RedisStore {
         }
     }
 
+    /// A pipeline of commands on this node's connection (the listing's
+    /// `TIME` and `GET`s, [`crate::store::scan`]), within `deadline`; like
+    /// [`RedisStore::query`], outside the breaker and the in-flight cap.
+    /// A command's own error is its value (`Value::ServerError`).
+    pub async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Value>, StoreError> {
+        let run = async {
+            let mut conn = match self.connection().await {
+                Ok(conn) => conn,
+                Err(Failure::NotSent(reason)) => return Err(reason.into()),
+                Err(Failure::Ambiguous(reason)) => return Err(StoreError::Ambiguous(reason)),
+            };
+            pipe.query_async::<Vec<Value>>(&mut conn)
+                .await
+                .map_err(|e| match classify(e) {
+                    Failure::NotSent(reason) => reason.into(),
+                    Failure::Ambiguous(reason) => StoreError::Ambiguous(reason),
+                })
+        };
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => Err(StoreError::Ambiguous("no reply in time".into())),
+        }
+    }
+
+    /// Lists this node's matching string records ([`crate::store::scan`]):
+    /// SCAN MATCH … TYPE string, then one pipeline of TIME and a GET per key
+    /// found. Uses the node's connection outside its breaker and in-flight cap
+    /// (as `CLUSTER SLOTS` does): those count decisions.
+    pub async fn scan_node(
+        &self,
+        request: &ScanRequest<'_>,
+        keep: Keep<'_>,
+        budget: &KeptBudget,
+    ) -> Result<ShardScan, StoreError> {
+        let mut shard = ShardScan::default();
+        let mut cursor = String::from("0");
+        for _ in 0..request.max_calls_per_shard {
+            if tokio::time::Instant::now() >= request.deadline {
+                shard.stopped = Some(ScanStop::Deadline);
+                return Ok(shard);
+            }
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(&cursor)
+                .arg("MATCH")
+                .arg(request.pattern)
+                .arg("COUNT")
+                .arg(request.keys_per_call)
+                .arg("TYPE")
+                .arg("string");
+            let (next, keys) = scan_reply(self.query(&scan, request.deadline).await?)?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors().cmd("TIME");
+                for key in &keys {
+                    pipe.cmd("GET").arg(key);
+                }
+                let mut values = self.query_pipeline(&pipe, request.deadline).await?;
+                if values.len() != keys.len() + 1 {
+                    return Err(StoreError::Ambiguous(format!(
+                        "{} replies for {} commands",
+                        values.len(),
+                        keys.len() + 1
+                    )));
+                }
+                let now_ms = time_ms(values.remove(0))?;
+                for (key, value) in keys.into_iter().zip(values) {
+                    let value = match value {
+                        // Gone since SCAN saw it (expired, deleted).
+                        Value::Nil => continue,
+                        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+                        _ => None,
+                    };
+                    let Some(value) = value else {
+                        shard.matched_keys += 1;
+                        shard.unreadable_keys += 1;
+                        continue;
+                    };
+                    let record = ScannedRecord { key, value, now_ms };
+                    if !shard.offer(record, keep, budget) {
+                        return Ok(shard);
+                    }
+                }
+            }
+            if next == "0" {
+                return Ok(shard);
+            }
+            cursor = next;
+        }
+        shard.stopped = Some(ScanStop::MaxCalls);
+        Ok(shard)
+    }
+
     /// Runs packs of calls, each pack as one multi_decision EVALSHA (a pack
     /// of one as its own script), all in one pipeline, answered per call in
     /// pack order. Each call stays atomic and independent; a call's script
@@ -367,6 +466,19 @@ impl BucketStore for RedisStore {
 
     fn breaker_state(&self) -> &'static str {
         self.lock_breaker().state_name()
+    }
+
+    fn scan_strings<'a>(
+        &'a self,
+        request: &'a ScanRequest<'a>,
+        keep: Keep<'a>,
+    ) -> BoxFuture<'a, Result<ScanOutcome, ScanError>> {
+        Box::pin(async move {
+            scan::check_pattern(request.pattern)?;
+            let budget = KeptBudget::new(request.max_kept);
+            let shard = self.scan_node(request, keep, &budget).await;
+            scan::merge(vec![(self.name().to_string(), shard)], request.max_kept)
+        })
     }
 
     fn run_batch<'a>(&'a self, calls: &'a [ScriptCall]) -> BoxFuture<'a, Vec<CallResult>> {
@@ -580,4 +692,17 @@ fn classify(e: redis::RedisError) -> Failure {
     } else {
         Failure::Ambiguous(e.to_string())
     }
+}
+
+/// SCAN's reply: the next cursor and the keys of this call.
+fn scan_reply(value: Value) -> Result<(String, Vec<String>), StoreError> {
+    redis::from_redis_value::<(String, Vec<String>)>(value)
+        .map_err(|e| StoreError::Ambiguous(format!("SCAN reply: {e}")))
+}
+
+/// TIME's reply in ms since the epoch.
+fn time_ms(value: Value) -> Result<i64, StoreError> {
+    let (seconds, micros) = redis::from_redis_value::<(i64, i64)>(value)
+        .map_err(|e| StoreError::Ambiguous(format!("TIME reply: {e}")))?;
+    Ok(seconds * 1_000 + micros / 1_000)
 }

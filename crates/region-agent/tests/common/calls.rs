@@ -59,7 +59,11 @@ fn lease_record(bucket: &str, lease: u8) -> String {
     format!("lh:v1:{{{}}}:_lease:b:lease-{lease}", hash_tag(bucket))
 }
 
-pub fn lease_block(key: &str, lease: u8, block: u64) -> ScriptCall {
+/// Holders a lease or give-back comes from: a gateway and (issue 29) an
+/// agent leasing for itself, so a lease id taken by one is tried by the other.
+pub const HOLDERS: [&str; 2] = ["gateway/eu", "agent/eu-1"];
+
+pub fn lease_block(key: &str, lease: u8, block: u64, holder: u8) -> ScriptCall {
     ScriptCall::new(ScriptKind::LeaseBlock)
         .key(key)
         .key(lease_record(key, lease))
@@ -70,9 +74,12 @@ pub fn lease_block(key: &str, lease: u8, block: u64) -> ScriptCall {
         .arg(4)
         .arg(1_000)
         .arg(LONG_TTL_MS)
+        .arg(HOLDERS[holder as usize % HOLDERS.len()])
+        .arg("api")
+        .arg("p-hot")
 }
 
-pub fn give_back(key: &str, lease: u8, tokens: u64) -> ScriptCall {
+pub fn give_back(key: &str, lease: u8, tokens: u64, holder: u8) -> ScriptCall {
     ScriptCall::new(ScriptKind::GiveBack)
         .key(key)
         .key(lease_record(key, lease))
@@ -81,6 +88,7 @@ pub fn give_back(key: &str, lease: u8, tokens: u64) -> ScriptCall {
         .arg(RATE.2)
         .arg(tokens)
         .arg(1_000)
+        .arg(HOLDERS[holder as usize % HOLDERS.len()])
 }
 
 /// One call of some kind, on keys of a tag chosen later ([`to_call`]).
@@ -99,11 +107,14 @@ pub enum Sub {
         key: usize,
         lease: u8,
         block: u64,
+        /// Index into [`HOLDERS`].
+        holder: u8,
     },
     GiveBack {
         key: usize,
         lease: u8,
         tokens: u64,
+        holder: u8,
     },
     Window {
         cost: u64,
@@ -189,9 +200,15 @@ pub fn shared_state() -> impl Strategy<Value = Sub> {
         (
             0..3usize,
             0u8..3,
-            prop::sample::select(vec![1_000u64, 4_000])
+            prop::sample::select(vec![1_000u64, 4_000]),
+            0u8..2
         )
-            .prop_map(|(key, lease, block)| Sub::Lease { key, lease, block }),
+            .prop_map(|(key, lease, block, holder)| Sub::Lease {
+                key,
+                lease,
+                block,
+                holder
+            }),
     ];
     prop_oneof![
         4 => (gateable, 0u8..2).prop_map(|(inner, record)| Sub::Gated { inner: Box::new(inner), record }),
@@ -219,10 +236,10 @@ pub fn sub() -> impl Strategy<Value = Sub> {
               prop::collection::vec(cost(), 3),
               prop::option::of(0u8..4))
             .prop_map(|(keys, costs, decision)| Sub::Rules { keys, costs, decision }),
-        2 => (0..3usize, 0u8..3, prop::sample::select(vec![1_000u64, 4_000]))
-            .prop_map(|(key, lease, block)| Sub::Lease { key, lease, block }),
-        1 => (0..3usize, 0u8..3, 0u64..5_000)
-            .prop_map(|(key, lease, tokens)| Sub::GiveBack { key, lease, tokens }),
+        2 => (0..3usize, 0u8..3, prop::sample::select(vec![1_000u64, 4_000]), 0u8..2)
+            .prop_map(|(key, lease, block, holder)| Sub::Lease { key, lease, block, holder }),
+        1 => (0..3usize, 0u8..3, 0u64..5_000, 0u8..2)
+            .prop_map(|(key, lease, tokens, holder)| Sub::GiveBack { key, lease, tokens, holder }),
         1 => (1u64..4).prop_map(|cost| Sub::Window { cost }),
         1 => cost().prop_map(|cost| Sub::Gcra { cost }),
         1 => (any::<bool>(), 0u8..4).prop_map(|(acquire, lease)| Sub::Slot { acquire, lease }),
@@ -260,8 +277,18 @@ pub fn to_call(sub: &Sub, tag: &str) -> ScriptCall {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             multi_rule(&keys, &costs[..keys.len()], *decision)
         }
-        Sub::Lease { key, lease, block } => lease_block(&bucket(*key), *lease, *block),
-        Sub::GiveBack { key, lease, tokens } => give_back(&bucket(*key), *lease, *tokens),
+        Sub::Lease {
+            key,
+            lease,
+            block,
+            holder,
+        } => lease_block(&bucket(*key), *lease, *block, *holder),
+        Sub::GiveBack {
+            key,
+            lease,
+            tokens,
+            holder,
+        } => give_back(&bucket(*key), *lease, *tokens, *holder),
         Sub::Window { cost } => ScriptCall::new(ScriptKind::FixedWindow)
             .key(key(tag, "window"))
             .arg(5)
