@@ -21,7 +21,8 @@
 //!   stores in parallel, redirects followed); [`store::coalesce`]
 //!   (concurrent calls gathered into multi_decision calls);
 //!   [`store::breaker`] (pure circuit breaker); [`store::auth`] (ACL user,
-//!   password file, TLS).
+//!   password file, TLS); [`store::scan`] (the bounded listing of records
+//!   by key pattern that `lease list` reads).
 //! - [`args`]: argument validation, the twin of `lua/prelude.lua`.
 //! - [`algorithm`]: each script's exact Rust twin (pure integer math).
 //! - [`key`]: the key model: hash tags, HMAC'd principals, id checks.
@@ -31,7 +32,10 @@
 //!   a look (what one hit would get, nothing charged) for Envoy's check-only hits.
 //! - [`denial`]: refusals repeated from memory until their retry time (bounded, pure).
 //! - [`fallback`]: bounded local buckets for rules that fail `local`.
-//! - [`lease`]: block leasing and give-back of hot rules; concurrency slots.
+//! - [`lease`]: block leasing and give-back of hot rules, each lease
+//!   recorded with its holder ([`lease::holder`]); the Region's
+//!   outstanding leases, listed from those records ([`lease::list`],
+//!   ListLeases); concurrency slots.
 //! - [`global`]: the agent's side of global pools: share sync and chunk grants (pure).
 //! - [`service`]: the native gRPC service, a thin shell.
 //! - [`envoy`]: everything Envoy — its RLS service, `/json`, descriptor

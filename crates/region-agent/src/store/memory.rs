@@ -174,7 +174,8 @@ impl BucketStore for MemoryStore {
             let budget = KeptBudget::new(request.max_kept);
             let mut shard = ShardScan::default();
             let mut cursor = None;
-            for call in 0..request.max_calls_per_shard {
+            let mut seen_all = false;
+            for _ in 0..request.max_calls_per_shard {
                 if tokio::time::Instant::now() >= request.deadline {
                     shard.stopped = Some(ScanStop::Deadline);
                     break;
@@ -186,23 +187,20 @@ impl BucketStore for MemoryStore {
                     request.keys_per_call,
                     |key| scan::glob_matches(request.pattern, key),
                 );
-                let mut spent = false;
-                for (key, value) in found {
-                    let record = ScannedRecord { key, value, now_ms };
-                    if !shard.offer(record, keep, &budget) {
-                        spent = true;
-                        break;
-                    }
-                }
+                // `offer` marks the shard stopped when the budget is spent.
+                let spent = !found.into_iter().all(|(key, value)| {
+                    shard.offer(ScannedRecord { key, value, now_ms }, keep, &budget)
+                });
                 cursor = next;
-                if spent || cursor.is_none() {
+                seen_all = cursor.is_none();
+                if spent || seen_all {
                     break;
-                }
-                if call + 1 == request.max_calls_per_shard {
-                    shard.stopped = Some(ScanStop::MaxCalls);
                 }
                 // Let the decisions waiting for the lock run.
                 tokio::task::yield_now().await;
+            }
+            if !seen_all && shard.stopped.is_none() {
+                shard.stopped = Some(ScanStop::MaxCalls);
             }
             scan::merge(vec![(self.name().to_string(), Ok(shard))], request.max_kept)
         })
