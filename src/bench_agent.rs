@@ -76,6 +76,20 @@ pub(crate) fn bench_spec(store: Arc<dyn BucketStore>, shadow: bool) -> anyhow::R
     } else {
         POLICY.to_string()
     };
+    spec_with(
+        store,
+        &text,
+        leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
+    )
+}
+
+/// A plaintext bench agent of Region `bench` on `store` with `policy` and
+/// `[denials] max_keys = denials_max_keys`.
+pub(crate) fn spec_with(
+    store: Arc<dyn BucketStore>,
+    policy: &str,
+    denials_max_keys: usize,
+) -> anyhow::Result<AgentSpec> {
     let any = "127.0.0.1:0".parse()?;
     Ok(AgentSpec {
         region: "bench".into(),
@@ -83,17 +97,31 @@ pub(crate) fn bench_spec(store: Arc<dyn BucketStore>, shadow: bool) -> anyhow::R
         http_listen: any,
         store,
         pepper: b"bench-pepper-0123456789abcdef".to_vec(),
-        policy: policy::parse("bench-policy", &text, None).map_err(|e| anyhow::anyhow!("{e}"))?,
+        policy: policy::parse("bench-policy", policy, None).map_err(|e| anyhow::anyhow!("{e}"))?,
         policy_file: None,
         policy_poll: Duration::from_secs(60),
         fallback_max_keys: 1_000,
-        denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
+        denials_max_keys,
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,
         listeners: Default::default(),
         limits: Default::default(),
         ratelimit: None,
+    })
+}
+
+/// The bench's store on the redis-server at `url` (a patient deadline), in
+/// front of it the coalescer when `coalesce` (as `leasehold agent` runs).
+pub(crate) fn redis_store(url: String, coalesce: bool) -> anyhow::Result<Arc<dyn BucketStore>> {
+    let store = Arc::new(RedisStore::new(RedisStoreConfig {
+        call_deadline: Duration::from_secs(1),
+        ..RedisStoreConfig::new(url)
+    })?);
+    Ok(if coalesce {
+        Arc::new(CoalescingStore::new(store, CoalesceConfig::default()))
+    } else {
+        store
     })
 }
 
@@ -230,16 +258,7 @@ pub async fn run(
     }
     let redis = RedisServer::start().context("starting a private redis-server")?;
     let cpu = RedisCpu::new(&redis.url())?;
-    let store = Arc::new(RedisStore::new(RedisStoreConfig {
-        call_deadline: Duration::from_secs(1),
-        ..RedisStoreConfig::new(redis.url())
-    })?);
-    // As `leasehold agent` runs by default: the coalescer in front of Redis.
-    let store: Arc<dyn BucketStore> = if coalesce {
-        Arc::new(CoalescingStore::new(store, CoalesceConfig::default()))
-    } else {
-        store
-    };
+    let store = redis_store(redis.url(), coalesce)?;
     let agent = server::start(bench_spec(store.clone(), shadow)?).await?;
     let endpoint = format!("http://{}", agent.grpc_addr);
     let client = AgentClient::connect(endpoint.clone()).await?;

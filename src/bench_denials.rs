@@ -17,16 +17,12 @@ use anyhow::Context;
 use clap::Args;
 use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
-use leasehold_region_agent::policy;
-use leasehold_region_agent::server::{self, AgentSpec};
-use leasehold_region_agent::store::coalesce::{CoalesceConfig, CoalescingStore};
-use leasehold_region_agent::store::memory::SystemClock;
-use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
-use leasehold_region_agent::store::BucketStore;
+use leasehold_region_agent::server;
 use leasehold_region_agent::testing::RedisServer;
 use rand09::SeedableRng;
 use rand_distr::Distribution;
 
+use crate::bench_agent::{redis_store, spec_with};
 use crate::bench_measure::{measure, RedisCpu, Run, ServerCounters};
 
 #[derive(Args)]
@@ -56,28 +52,6 @@ refill = 1
 period_ms = 1000
 fail_mode = "open"
 "#;
-
-fn spec(store: Arc<dyn BucketStore>, denials_max_keys: usize) -> anyhow::Result<AgentSpec> {
-    let any = "127.0.0.1:0".parse()?;
-    Ok(AgentSpec {
-        region: "bench".into(),
-        listen: any,
-        http_listen: any,
-        store,
-        pepper: b"bench-pepper-0123456789abcdef".to_vec(),
-        policy: policy::parse("bench-policy", POLICY, None).map_err(|e| anyhow::anyhow!("{e}"))?,
-        policy_file: None,
-        policy_poll: Duration::from_secs(60),
-        fallback_max_keys: 1_000,
-        denials_max_keys,
-        clock: Arc::new(SystemClock),
-        global: None,
-        connector: None,
-        listeners: Default::default(),
-        limits: Default::default(),
-        ratelimit: None,
-    })
-}
 
 /// A measured flood: the run, admitted requests, and Redis's counters.
 struct Flood {
@@ -164,15 +138,11 @@ pub async fn run(args: DenialsBench) -> anyhow::Result<()> {
     }
     let redis = RedisServer::start().context("starting a private redis-server")?;
     let cpu = RedisCpu::new(&redis.url())?;
-    let store = Arc::new(RedisStore::new(RedisStoreConfig {
-        call_deadline: Duration::from_secs(1),
-        ..RedisStoreConfig::new(redis.url())
-    })?);
-    let store: Arc<dyn BucketStore> =
-        Arc::new(CoalescingStore::new(store, CoalesceConfig::default()));
-    let off = server::start(spec(store.clone(), 0)?).await?;
-    let on = server::start(spec(
+    let store = redis_store(redis.url(), true)?;
+    let off = server::start(spec_with(store.clone(), POLICY, 0)?).await?;
+    let on = server::start(spec_with(
         store,
+        POLICY,
         leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
     )?)
     .await?;

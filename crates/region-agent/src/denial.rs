@@ -143,17 +143,10 @@ impl DenialCache {
         debug_assert!(self.by_key.len() <= self.max_keys);
     }
 
-    /// Forgets `key` (a later admission of it, for example).
-    pub fn remove(&mut self, key: &str) {
+    fn remove(&mut self, key: &str) {
         if let Some(old) = self.by_key.remove(key) {
             self.by_expiry.remove(&(old.until_ms, key.to_string()));
         }
-    }
-
-    /// Forgets everything.
-    pub fn clear(&mut self) {
-        self.by_key.clear();
-        self.by_expiry.clear();
     }
 }
 
@@ -161,6 +154,8 @@ impl DenialCache {
 /// section is a map lookup or insert: no await, no store call inside.
 #[derive(Debug)]
 pub struct SharedDenials {
+    /// The cache's bound, outside the lock: off (0) takes no lock at all.
+    max_keys: usize,
     cache: Mutex<DenialCache>,
 }
 
@@ -173,6 +168,7 @@ impl Default for SharedDenials {
 impl SharedDenials {
     pub fn new(max_keys: usize) -> Self {
         SharedDenials {
+            max_keys,
             cache: Mutex::new(DenialCache::new(max_keys)),
         }
     }
@@ -193,7 +189,7 @@ impl SharedDenials {
     }
 
     pub fn enabled(&self) -> bool {
-        self.with(|c| c.enabled())
+        self.max_keys > 0
     }
 
     pub fn len(&self) -> usize {
@@ -205,19 +201,16 @@ impl SharedDenials {
     }
 
     pub fn refused(&self, key: &str, fingerprint: u64, costs: &[u64], now_ms: i64) -> Option<Hit> {
+        if !self.enabled() {
+            return None;
+        }
         self.with(|c| c.refused(key, fingerprint, costs, now_ms))
     }
 
     pub fn insert(&self, key: &str, denial: Denial, now_ms: i64) {
-        self.with(|c| c.insert(key, denial, now_ms))
-    }
-
-    pub fn remove(&self, key: &str) {
-        self.with(|c| c.remove(key))
-    }
-
-    pub fn clear(&self) {
-        self.with(|c| c.clear())
+        if self.enabled() {
+            self.with(|c| c.insert(key, denial, now_ms))
+        }
     }
 }
 
