@@ -102,6 +102,8 @@ pub(crate) fn spec_with(
         policy_poll: Duration::from_secs(60),
         fallback_max_keys: 1_000,
         denials_max_keys,
+        // Every decision reaches the store: what these benches compare.
+        agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,

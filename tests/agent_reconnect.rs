@@ -266,6 +266,7 @@ async fn a_region_cut_off_from_every_node_syncs_within_one_interval_and_a_second
         policy_poll: Duration::from_secs(60),
         fallback_max_keys: 1_000,
         denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
+        agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
         clock: Arc::new(SystemClock),
         global: Some(GlobalSettings {
             allocators: cluster.addresses(),

@@ -203,6 +203,7 @@ impl World {
             policy_poll: Duration::from_secs(1),
             fallback_max_keys: 1_000,
             denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
+            agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
             clock: Arc::new(SystemClock),
             global: Some(GlobalSettings {
                 allocators,

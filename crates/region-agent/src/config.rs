@@ -57,6 +57,25 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("store.max_queue", 1, MAX_IN_FLIGHT),
     Bound::new("fallback.max_keys", 1, MAX_FALLBACK_KEYS),
     Bound::new("denials.max_keys", 0, crate::denial::MAX_KEYS as u64),
+    Bound::new(
+        "agent_leasing.hot_keys",
+        2,
+        crate::lease::agent::hot::MAX_SLOTS as u64,
+    ),
+    Bound::new(
+        "agent_leasing.max_keys",
+        1,
+        crate::lease::agent::MAX_MAX_KEYS as u64,
+    ),
+    Bound::new("agent_leasing.hot_rate_tokens_per_s", 1, 1_000_000_000),
+    Bound::new(
+        "agent_leasing.block_window_ms",
+        10,
+        crate::lease::agent::MAX_BLOCK_WINDOW_MS,
+    ),
+    Bound::new("agent_leasing.max_capacity_percent", 1, 50),
+    Bound::new("agent_leasing.idle_ms", 100, 60_000),
+    Bound::new("agent_leasing.sweep_ms", 10, 10_000),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
     Bound::new("http_limits.max_header_bytes", 1_024, MAX_HTTP_HEADER_BYTES),
     Bound::new("http_limits.max_body_bytes", 0, MAX_HTTP_BODY_BYTES),
@@ -141,6 +160,9 @@ pub struct AgentConfig {
     /// `[denials]`: refusals repeated from memory until their retry time.
     #[serde(default)]
     pub denials: DenialSettings,
+    /// `[agent_leasing]`: blocks of hot keys the agent holds itself.
+    #[serde(default)]
+    pub agent_leasing: AgentLeasingConfig,
     /// envoyproxy/ratelimit YAML configs (`[ratelimit]`): absent, none.
     #[serde(default)]
     pub ratelimit: Option<RatelimitSettings>,
@@ -275,6 +297,54 @@ impl Default for DenialSettings {
     fn default() -> Self {
         DenialSettings {
             max_keys: crate::denial::DEFAULT_MAX_KEYS,
+        }
+    }
+}
+
+/// `[agent_leasing]` ([`crate::lease::agent`]): the agent leases blocks of
+/// hot keys itself and answers their checks from memory. On by default;
+/// a rule with `exact = true` (and every security rule) is never leased.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentLeasingConfig {
+    pub enabled: bool,
+    pub hot_keys: usize,
+    pub max_keys: usize,
+    pub hot_rate_tokens_per_s: u64,
+    pub block_window_ms: u64,
+    pub max_capacity_percent: u64,
+    pub idle_ms: u64,
+    pub sweep_ms: u64,
+}
+
+impl Default for AgentLeasingConfig {
+    fn default() -> Self {
+        let d = crate::lease::agent::AgentLeasingSettings::default();
+        AgentLeasingConfig {
+            enabled: d.enabled,
+            hot_keys: d.hot_keys,
+            max_keys: d.max_keys,
+            hot_rate_tokens_per_s: d.hot_rate_tokens_per_s,
+            block_window_ms: d.block_window_ms,
+            max_capacity_percent: d.max_capacity_percent,
+            idle_ms: d.idle_ms,
+            sweep_ms: d.sweep_ms,
+        }
+    }
+}
+
+impl AgentLeasingConfig {
+    pub fn settings(&self) -> crate::lease::agent::AgentLeasingSettings {
+        crate::lease::agent::AgentLeasingSettings {
+            enabled: self.enabled,
+            hot_keys: self.hot_keys,
+            max_keys: self.max_keys,
+            hot_rate_tokens_per_s: self.hot_rate_tokens_per_s,
+            block_window_ms: self.block_window_ms,
+            max_capacity_percent: self.max_capacity_percent,
+            idle_ms: self.idle_ms,
+            sweep_ms: self.sweep_ms,
+            sim_seed: None,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! Region's outstanding leases; only the holder may retry or give back its
 //! lease.
 
+pub mod agent;
 pub mod holder;
 pub mod list;
 

@@ -52,6 +52,12 @@ pub struct AgentMetrics {
     /// and the refusals it holds ([`crate::denial`]).
     pub denial_cache_answers: IntCounterVec,
     pub denial_cache_entries: IntGauge,
+    /// Blocks the agent leased for its own callers, by outcome (granted |
+    /// denied | failed, and once done with: returned | lapsed) and rule; requests answered from them, by rule;
+    /// and the tokens they hold unspent ([`crate::lease::agent`]).
+    pub agent_lease_blocks: IntCounterVec,
+    pub agent_lease_answers: IntCounterVec,
+    pub agent_lease_held_tokens: IntGauge,
     /// Calls per script call the coalescer sent (1: a call alone; more: one
     /// multi_decision call carrying them).
     pub store_batch_calls: prometheus::Histogram,
@@ -121,6 +127,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_local_fallback_keys",
     "leasehold_denial_cache_answers_total",
     "leasehold_denial_cache_entries",
+    "leasehold_agent_lease_blocks_total",
+    "leasehold_agent_lease_answers_total",
+    "leasehold_agent_lease_held_tokens",
     "leasehold_store_batch_calls",
     "leasehold_store_queue_refusals_total",
     "leasehold_store_cluster_redirects_total",
@@ -193,6 +202,24 @@ impl AgentMetrics {
         )?;
         let denial_cache_entries =
             IntGauge::new("denial_cache_entries", "Refusals the denial cache holds")?;
+        let agent_lease_blocks = IntCounterVec::new(
+            Opts::new(
+                "agent_lease_blocks_total",
+                "Blocks of hot keys the agent leased for its own callers, by outcome",
+            ),
+            &["outcome", "rule"],
+        )?;
+        let agent_lease_answers = IntCounterVec::new(
+            Opts::new(
+                "agent_lease_answers_total",
+                "Rule charges answered from the agent's own blocks, without a store call",
+            ),
+            &["rule"],
+        )?;
+        let agent_lease_held_tokens = IntGauge::new(
+            "agent_lease_held_tokens",
+            "Tokens the agent holds unspent in its own blocks",
+        )?;
         let store_batch_calls = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "store_batch_calls",
@@ -323,6 +350,9 @@ impl AgentMetrics {
         registry.register(Box::new(local_fallback_keys.clone()))?;
         registry.register(Box::new(denial_cache_answers.clone()))?;
         registry.register(Box::new(denial_cache_entries.clone()))?;
+        registry.register(Box::new(agent_lease_blocks.clone()))?;
+        registry.register(Box::new(agent_lease_answers.clone()))?;
+        registry.register(Box::new(agent_lease_held_tokens.clone()))?;
         registry.register(Box::new(store_batch_calls.clone()))?;
         registry.register(Box::new(store_queue_refusals.clone()))?;
         registry.register(Box::new(store_cluster_redirects.clone()))?;
@@ -340,6 +370,9 @@ impl AgentMetrics {
             local_fallback_keys,
             denial_cache_answers,
             denial_cache_entries,
+            agent_lease_blocks,
+            agent_lease_answers,
+            agent_lease_held_tokens,
             store_batch_calls,
             store_queue_refusals,
             store_cluster_redirects,

@@ -100,6 +100,7 @@ fn decider(store: Arc<dyn BucketStore>, clock: Arc<dyn Clock>, denials: SharedDe
         clock,
         global: Arc::new(GlobalRoom::new(Vec::<String>::new())),
         denials,
+        agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
     }
 }
 

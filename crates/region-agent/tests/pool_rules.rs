@@ -96,6 +96,7 @@ fn agent_on(clock: Arc<dyn Clock>) -> Agent {
         global: Arc::new(GlobalRoom::new(["rate".to_string(), "window".to_string()])),
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
+        agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
     };
     Agent { decider, store }
 }

@@ -166,6 +166,7 @@ fn decider(store: Arc<dyn BucketStore>, clock: Arc<ManualClock>) -> Decider {
         global: Arc::new(GlobalRoom::new(["minute".to_string(), "rate".to_string()])),
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
+        agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
     }
 }
 

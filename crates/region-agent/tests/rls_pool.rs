@@ -74,6 +74,7 @@ fn setup_with(policy_text: &str) -> (Decider, RlsEngine, Arc<ManualClock>) {
         global: Arc::new(GlobalRoom::new(["rate".to_string()])),
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
+        agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
     };
     let config = parse_files([("edge.yaml", YAML)]).unwrap();
     let engine = RlsEngine::new(Arc::new(RlsHolder::new(config)), Default::default());

@@ -109,6 +109,7 @@ async fn a_decision_span_names_its_id_pool_and_region_and_no_principal() {
         global: Arc::new(GlobalRoom::new(["rate".to_string()])),
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
+        agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
     };
     let decision = decider
         .check(pb::CheckRequest {

@@ -52,6 +52,7 @@ use crate::store::memory::Clock;
 use crate::store::script::{look_call, ScriptCall, ScriptKind};
 use crate::store::{BucketStore, CallResult, NotSent, StoreError};
 
+mod agent_leased;
 mod answer;
 mod denials;
 mod look;
@@ -114,6 +115,9 @@ pub struct Decider {
     /// Refusals repeated from memory until their retry time
     /// ([`crate::denial`]; `[denials] max_keys`).
     pub denials: crate::denial::SharedDenials,
+    /// Blocks of hot keys the agent leased for its own callers
+    /// ([`crate::lease::agent`]; `[agent_leasing]`).
+    pub agent_leases: crate::lease::agent::AgentLeases,
 }
 
 /// Retry hint when a pool rule's Region holds no room right now.
@@ -282,10 +286,22 @@ impl Decider {
             decision_id: &decision_id,
             ..*request
         };
+        // Rules of hot keys come from the agent's own blocks.
+        let agent_leased::FromBlocks {
+            taken,
+            rest,
+            asks,
+            ask_calls,
+        } = self.from_blocks(leased, &spend, false)?;
+        let refuse = |decision: pb::Decision| -> Result<Option<pb::Decision>, InvalidField> {
+            self.settle_taken(&taken, false);
+            self.drop_asks(&asks);
+            Ok(Some(decision))
+        };
         let mut plans = Vec::new();
         let mut calls = Vec::new();
         let mut denial_keys = Vec::new();
-        for rule in leased {
+        for rule in &rest {
             match self.plan(
                 &[*rule],
                 &[],
@@ -303,15 +319,19 @@ impl Decider {
                         request.decision_id,
                     ) {
                         // Nothing is charged: a refused request takes no room.
-                        return Ok(Some(refused));
+                        return refuse(refused);
                     }
                     denial_keys.push(key);
                     plans.push(plan);
                     calls.push(call);
                 }
-                Err(PlanError::Invalid(e)) => return Err(e),
+                Err(PlanError::Invalid(e)) => {
+                    self.settle_taken(&taken, false);
+                    self.drop_asks(&asks);
+                    return Err(e);
+                }
                 Err(PlanError::NoRoom(rule)) => {
-                    return Ok(Some(self.decision(
+                    return refuse(self.decision(
                         request.bundle,
                         rule,
                         request.decision_id,
@@ -319,21 +339,27 @@ impl Decider {
                         0,
                         NO_ROOM_RETRY_MS,
                         false,
-                    )))
+                    ))
                 }
             }
         }
         let sent_ms = self.clock.now_ms();
-        let replies = self.run(&calls).await;
+        let charged = calls.len();
+        calls.extend(ask_calls);
+        let mut replies = self.run(&calls).await;
+        let lease_replies = replies.split_off(charged);
+        self.apply_lease_replies(&asks, lease_replies, sent_ms);
         for ((plan, reply), key) in plans.iter().zip(replies).zip(&denial_keys) {
             let read = reply.and_then(|r| read_reply(plan, &r).map_err(StoreError::Script));
             let mut refused = self.interpret(plan, read, &spend);
             self.remember_refusal(key.as_ref(), plan, &refused, sent_ms);
             if !refused.allowed {
                 refused.decision_id = request.decision_id.to_string();
+                self.settle_taken(&taken, false);
                 return Ok(Some(refused));
             }
         }
+        self.settle_taken(&taken, true);
         Ok(None)
     }
 
@@ -473,6 +499,10 @@ impl Decider {
             cost,
             ..
         } = *request;
+        let split = self.from_blocks(enforcing, request, !shadow.is_empty())?;
+        if !split.untouched() {
+            return self.check_with_blocks(enforcing, split, request).await;
+        }
         let (riders, detached) = self.riders(enforcing, shadow, target)?;
         let (plan, call) = match self.plan(enforcing, &riders, target, decision_id, cost, true) {
             Ok(planned) => planned,

@@ -158,6 +158,9 @@ pub struct Rule {
     pub shadow: bool,
     /// Security rules are never leased.
     pub security: bool,
+    /// Decided one script per request: never answered from the agent's
+    /// own blocks ([`crate::lease::agent`]).
+    pub exact: bool,
     pub leased: Option<Leased>,
     pub concurrency: Option<ConcurrencyCap>,
     /// Extra TTL beyond the full-refill time.

@@ -621,6 +621,7 @@ mod tests {
             idempotent_ttl_ms: None,
             shadow: false,
             security: false,
+            exact: false,
             leased: None,
             concurrency: None,
             slack_ms: DEFAULT_SLACK_MS,

@@ -74,6 +74,8 @@ pub struct AgentSpec {
     pub fallback_max_keys: usize,
     /// `[denials] max_keys` (0: every refusal goes to the store).
     pub denials_max_keys: usize,
+    /// `[agent_leasing]`: blocks of hot keys the agent holds itself.
+    pub agent_leasing: crate::lease::agent::AgentLeasingSettings,
     pub clock: Arc<dyn Clock>,
     /// Global pools to sync with the allocator (none without `[global]`).
     pub global: Option<GlobalSettings>,
@@ -226,6 +228,7 @@ impl AgentSpec {
             policy_poll: Duration::from_millis(config.fallback.policy_poll_ms.max(10)),
             fallback_max_keys: config.fallback.max_keys,
             denials_max_keys: config.denials.max_keys,
+            agent_leasing: config.agent_leasing.settings(),
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
             connector: allocator_connector(config)?,
@@ -329,6 +332,12 @@ impl RunningAgent {
                 "requests still in flight when the drain bound ran out: cut"
             );
         }
+        // The agent's own blocks go back to their buckets (bounded by the
+        // store's call deadline; a lost give-back leaves tokens unused).
+        let returned = self.decider.give_back_agent_blocks(true).await;
+        if returned > 0 {
+            tracing::info!(region = %self.decider.region, tokens = returned / 1_000, "agent blocks given back at shutdown");
+        }
         for task in servers.into_iter().chain(self.background) {
             // A finished server task was awaited above: awaiting it again
             // would panic.
@@ -342,6 +351,31 @@ impl RunningAgent {
             took: started.elapsed(),
         }
     }
+}
+
+/// Gives back the agent's expired and idle blocks every `sweep_ms` until
+/// `stop` turns true (or its sender is gone).
+fn spawn_agent_block_sweep(
+    decider: Arc<Decider>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let every = Duration::from_millis(decider.agent_leases.settings().sweep_ms.max(10));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    decider.give_back_agent_blocks(false).await;
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
 }
 
 /// An agent built but not running: nothing bound, no task spawned.
@@ -369,6 +403,9 @@ impl Built {
     /// caller).
     pub fn spawn_background(&self, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::new();
+        if self.decider.agent_leases.enabled() {
+            tasks.push(spawn_agent_block_sweep(self.decider.clone(), stop.clone()));
+        }
         if let Some(sync) = &self.sync {
             tasks.extend(sync.clone().spawn(stop));
         }
@@ -391,11 +428,39 @@ impl Built {
     }
 }
 
+/// The agent's own blocks: held as `agent/<agent_id>` (the Region when no
+/// `[global] agent_id` names the agent), lease ids of a run drawn at start
+/// (from the simulation's seed and clock under the simulation).
+fn agent_leases(spec: &AgentSpec) -> crate::lease::agent::AgentLeases {
+    use crate::lease::holder::Holder;
+    let settings = spec.agent_leasing.clone();
+    let name = spec
+        .global
+        .as_ref()
+        .and_then(|g| g.agent_id.clone())
+        .unwrap_or_else(|| spec.region.clone());
+    // Agent ids and Region names are [a-z0-9-]: always a valid holder.
+    let holder = Holder::agent(&name).unwrap_or_else(Holder::anonymous);
+    let run = match settings.sim_seed {
+        Some(seed) => {
+            seed ^ u64::try_from(spec.clock.now_ms())
+                .unwrap_or(0)
+                .rotate_left(17)
+        }
+        None => rand::random(),
+    };
+    if settings.enabled {
+        tracing::info!(region = %spec.region, holder = %holder, "agent-side leasing of hot keys on");
+    }
+    crate::lease::agent::AgentLeases::new(settings, holder, run)
+}
+
 /// Builds an agent from its spec: keys, policy holder, global room, the
 /// allocator sync (over `spec.connector`, TCP when `None`) and the decider.
 /// Binds nothing and spawns nothing.
 pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
     let keys = KeyBuilder::new(&spec.pepper).map_err(|e| StartError::Pepper(e.to_string()))?;
+    let agent_leases = agent_leases(&spec);
     let policy = Arc::new(PolicyHolder::new(spec.policy));
     let global = Arc::new(GlobalRoom::new(
         spec.global
@@ -435,6 +500,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         clock: spec.clock,
         global,
         denials: crate::denial::SharedDenials::new(spec.denials_max_keys),
+        agent_leases,
     });
     let (engine, ratelimit_watch) = match spec.ratelimit {
         Some(ratelimit) => {

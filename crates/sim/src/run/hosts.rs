@@ -209,6 +209,7 @@ pub(super) async fn run_agent(
         policy_poll: Duration::from_secs(3_600),
         fallback_max_keys: 1_000,
         denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
+        agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
         clock,
         global: Some(global),
         connector: Some(sim_net::connector()),

@@ -58,6 +58,7 @@ const RULE_FIELDS: &[&str] = &[
     "idempotent_ttl_ms",
     "shadow",
     "security",
+    "exact",
     "leased",
     "concurrency",
     "slack_ms",

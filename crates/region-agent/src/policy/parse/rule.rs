@@ -169,6 +169,7 @@ impl RuleReader<'_> {
             self.int(table, "", "idempotent_ttl_ms", (1, DURATION_MS_MAX), false);
         let shadow = self.boolean(table, "shadow");
         let security = self.boolean(table, "security");
+        let exact = self.boolean(table, "exact");
         let leased = self.leased(table);
         let concurrency = self.concurrency(table, algorithm);
         let slack_ms = self.int(table, "", "slack_ms", (0, DURATION_MS_MAX), false);
@@ -192,6 +193,7 @@ impl RuleReader<'_> {
                 idempotent_ttl_ms,
                 shadow: shadow?,
                 security: security?,
+                exact: exact?,
                 leased: leased?,
                 concurrency: concurrency?,
                 slack_ms: slack_ms.unwrap_or(DEFAULT_SLACK_MS),
