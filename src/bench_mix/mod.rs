@@ -204,6 +204,15 @@ const LIMITER_COMMANDS: [&str; 7] = [
 ];
 
 impl RedisCounters {
+    /// Empties the bench's private redis-server between rows, so the keys
+    /// of one row (their expiry, their memory) never cost the next one.
+    /// Scripts and the module stay loaded.
+    fn flush(&self) -> anyhow::Result<()> {
+        let mut conn = self.client.get_connection()?;
+        redis::cmd("FLUSHALL").arg("SYNC").exec(&mut conn)?;
+        Ok(())
+    }
+
     fn read(&self) -> anyhow::Result<(f64, u64)> {
         let mut conn = self.client.get_connection()?;
         let info: String = redis::cmd("INFO")
@@ -255,6 +264,7 @@ impl Bench<'_> {
         server: Option<(&str, Option<&RunningAgent>)>,
     ) -> anyhow::Result<Row> {
         let caller = make(self.namespace());
+        self.redis.flush()?;
         drain_flagged(&caller).await;
         let (cpu0, calls0) = self.redis.read()?;
         let threads0 = server.map(|(threads, _)| threads_cpu_seconds(threads));
@@ -376,7 +386,7 @@ pub async fn run(args: MixBench) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     println!(
-        "  Redis CPU: INFO used_cpu_sys + used_cpu_user; Redis calls: top-level EVALSHA/EVAL/FCALL/CL.THROTTLE \
+        "  each row: FLUSHALL, flagged clients drained, then measured; Redis CPU: INFO used_cpu_sys + used_cpu_user; Redis calls: top-level EVALSHA/EVAL/FCALL/CL.THROTTLE \
          (INFO commandstats; commands run inside scripts not counted); agent CPU: the agent's (or baseline \
          server's) runtime threads, from /proc/self/task"
     );
