@@ -105,19 +105,33 @@ fn agent_spec(store: Arc<dyn BucketStore>, leasing: bool) -> anyhow::Result<Agen
     Ok(with_agent_leasing(spec, leasing))
 }
 
-/// Agent-side leasing (issue 29 item 1) switched on or off in `spec`. The
-/// agent spec has no such switch yet, so both settings run the same agent
-/// until item 1 adds it; this is the only line to change then.
+/// Agent-side leasing (issue 29 item 1) switched on or off in `spec`: on
+/// is the agent's default `[agent_leasing]`.
 pub(crate) fn with_agent_leasing(spec: AgentSpec, on: bool) -> AgentSpec {
-    let _ = on;
-    spec
+    use leasehold_region_agent::lease::agent::AgentLeasingSettings;
+    AgentSpec {
+        agent_leasing: if on {
+            AgentLeasingSettings::default()
+        } else {
+            AgentLeasingSettings::off()
+        },
+        ..spec
+    }
 }
 
-/// B: the block, in tokens, an agent leases of a rule of `limit` (0 while
-/// no agent leases). Item 1's block sizing replaces this.
+/// B_cap: the largest block, in tokens, an agent leases of a rule of
+/// `limit` (0 while no agent leases), as the agent sizes it.
 fn agent_block_tokens(limit: Limit, leasing: bool) -> u64 {
-    let _ = (limit, leasing);
-    0
+    use leasehold_region_agent::algorithm::bucket::BucketParams;
+    use leasehold_region_agent::lease::agent::AgentLeasingSettings;
+    if !leasing {
+        return 0;
+    }
+    AgentLeasingSettings::default().block_cap_millitokens(&BucketParams {
+        capacity_millitokens: limit.capacity * 1_000,
+        refill_millitokens: limit.per_s * 1_000,
+        period_ms: 1_000,
+    }) / 1_000
 }
 
 /// Agents per Region in this bench.
@@ -718,6 +732,8 @@ mod tests {
         assert_eq!(off.policy, on.policy);
         assert_eq!(off.denials_max_keys, on.denials_max_keys);
         assert!(off.denials_max_keys > 0, "the denial cache is on");
-        assert_eq!(agent_block_tokens(workload::TENANT_LIMIT, true), 0);
+        assert!(!off.agent_leasing.enabled && on.agent_leasing.enabled);
+        assert_eq!(agent_block_tokens(workload::TENANT_LIMIT, false), 0);
+        assert!(agent_block_tokens(workload::TENANT_LIMIT, true) > 0);
     }
 }
