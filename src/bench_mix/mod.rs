@@ -106,12 +106,12 @@ fn agent_spec(store: Arc<dyn BucketStore>, leasing: bool) -> anyhow::Result<Agen
 }
 
 /// Agent-side leasing (issue 29 item 1) switched on or off in `spec`: on
-/// is the agent's default `[agent_leasing]`.
+/// is `[agent_leasing] enabled = true` with every other setting default.
 pub(crate) fn with_agent_leasing(spec: AgentSpec, on: bool) -> AgentSpec {
     use leasehold_region_agent::lease::agent::AgentLeasingSettings;
     AgentSpec {
         agent_leasing: if on {
-            AgentLeasingSettings::default()
+            AgentLeasingSettings::on()
         } else {
             AgentLeasingSettings::off()
         },
@@ -127,7 +127,7 @@ fn agent_block_tokens(limit: Limit, leasing: bool) -> u64 {
     if !leasing {
         return 0;
     }
-    AgentLeasingSettings::default().block_cap_millitokens(&BucketParams {
+    AgentLeasingSettings::on().block_cap_millitokens(&BucketParams {
         capacity_millitokens: limit.capacity * 1_000,
         refill_millitokens: limit.per_s * 1_000,
         period_ms: 1_000,
