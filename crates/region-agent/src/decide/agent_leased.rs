@@ -16,7 +16,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use leasehold_logging::warn_limited;
 
 use crate::lease::agent::held::{Lease, Owner};
-use crate::lease::{BLOCK_EXPIRES_IN_MS, LEASE_RECORD_TTL_MS};
+use crate::lease::expiry::{BLOCK_EXPIRES_IN_MS, LEASE_RECORD_TTL_MS};
 use crate::store::script::reply;
 
 use super::*;
