@@ -33,7 +33,7 @@ fn parse(keys: &[String], argv: &[String]) -> Result<(Vec<PackRule>, Vec<usize>)
     let count = keys.len();
     let r = args::int("rules", argv.first(), 1, max)? as usize;
     let indexed = if r > 1 { count } else { 0 };
-    if count < 1 || count > MULTI_DECISION_MAX_CALLS || argv.len() != 1 + 5 * r + indexed {
+    if !(1..=MULTI_DECISION_MAX_CALLS).contains(&count) || argv.len() != 1 + 5 * r + indexed {
         return Err(invalid("rules"));
     }
     let rules = (0..r)
