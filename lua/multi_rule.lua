@@ -40,7 +40,7 @@ if not slack then return lh_invalid('slack_ms') end
 local dec_ttl = lh_int(ARGV[2], 0, LH_MAX)
 if not dec_ttl then return lh_invalid('decision_ttl_ms') end
 local digest = ARGV[3]
-if #digest ~= 32 or not string.match(digest, '^[0-9a-f]+$') then
+if #digest ~= 32 or not string.find(digest, '^[0-9a-f]+$') then
   return lh_invalid('request_digest')
 end
 local rules = {}

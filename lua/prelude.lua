@@ -10,12 +10,21 @@ end
 -- Strict integer argument: ASCII digits only (no sign, exponent, hex, "nan",
 -- "inf" or spaces), at most 16 of them, and within [min, max]. Returns nil
 -- when invalid so the caller can answer lh_invalid(name).
+-- Parsing a digit string (pattern test + strtod) costs far more than the
+-- whole rest of a decision's arithmetic, and one call repeats the same few
+-- strings (a pack of one rule's decisions: the same capacity, refill,
+-- period, cost, slack and framing counts), so each distinct string is
+-- parsed once per script call. Lua strings are interned: the lookup is a
+-- pointer hash. Bounded by the call's own arguments and the values it reads.
+local lh_parsed = {}
 local function lh_int(s, min, max)
-  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then
-    return nil
+  if type(s) ~= 'string' then return nil end
+  local v = lh_parsed[s]
+  if v == nil then
+    v = #s > 0 and #s <= 16 and string.find(s, '^%d+$') ~= nil and tonumber(s)
+    lh_parsed[s] = v
   end
-  local v = tonumber(s)
-  if v < min or v > max then
+  if not v or v < min or v > max then
     return nil
   end
   return v

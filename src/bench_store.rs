@@ -12,6 +12,11 @@
 //! - the floor of any Lua token bucket: a script that only reads each key
 //!   (one MGET for all) and writes it (`SET … PX`), with no logic, `--multi`
 //!   keys per call — what a Lua script cannot get under on this server;
+//! - the agent's cold single-rule path (a Check of one token-bucket rule,
+//!   planned as a `multi_rule` call without record or shadow): as the
+//!   store sent it before issue 29 (`multi_rule` alone, `--pack` of them in
+//!   one `multi_decision`) and as it sends it now (`bucket_pack`, alone and
+//!   `--pack` per call), and through the coalesced `RedisStore`;
 //! - redis-cell's `CL.THROTTLE` (`-P 1` and `-P N`) when
 //!   `--redis-cell-module PATH` names a module built by the operator (the
 //!   module is never part of this repository).
@@ -27,8 +32,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use leasehold_region_agent::algorithm::multi_rule::request_digest;
 use leasehold_region_agent::store::coalesce::{CoalesceConfig, CoalescingStore};
 use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::script::pack::bucket_pack_call;
 use leasehold_region_agent::store::script::{multi_decision_call, ScriptCall, ScriptKind};
 use leasehold_region_agent::store::BucketStore;
 use leasehold_region_agent::testing::RedisServer;
@@ -55,6 +62,10 @@ pub struct StoreBench {
     /// token_bucket decisions per raw multi_decision EVALSHA (1..=64).
     #[arg(long, default_value_t = 64)]
     multi: usize,
+    /// Single-rule multi_rule calls per pack in the cold-path rows (the
+    /// coalescer's packs hold about 16 at 32 callers).
+    #[arg(long, default_value_t = 16)]
+    pack: usize,
     /// Distinct buckets the decisions spread over, uniformly.
     #[arg(long, default_value_t = 10_000)]
     pub(crate) keys: u64,
@@ -112,8 +123,8 @@ pub(crate) fn check_args(args: &StoreBench) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.batch == 0 || args.keys == 0 || args.pipeline == 0 {
         anyhow::bail!("--concurrency, --batch, --keys and --pipeline must be at least 1");
     }
-    if !(1..=64).contains(&args.multi) {
-        anyhow::bail!("--multi must be in [1, 64] (multi_decision's bound)");
+    if !(1..=64).contains(&args.multi) || !(1..=64).contains(&args.pack) {
+        anyhow::bail!("--multi and --pack must be in [1, 64] (multi_decision's bound)");
     }
     Ok(())
 }
@@ -219,6 +230,7 @@ pub async fn run(args: StoreBench) -> anyhow::Result<()> {
         hincrby_command(&args, port),
         args.baseline_requests * 4,
     )?);
+    cold_path_lines(&args, &cpu, port, &mut lines)?;
     let coalescing: Arc<dyn BucketStore> = Arc::new(CoalescingStore::new(
         store.clone(),
         CoalesceConfig::default(),
@@ -227,7 +239,8 @@ pub async fn run(args: StoreBench) -> anyhow::Result<()> {
     let runs = [
         (plain.clone(), 1, "one call each"),
         (plain, args.batch, "batches of"),
-        (coalescing, 1, "coalesced, one call each"),
+        (coalescing.clone(), 1, "coalesced, one call each"),
+        (coalescing, 1, "coalesced, cold multi_rule (after)"),
     ];
     for (index, (store, batch, how)) in runs.into_iter().enumerate() {
         let label = if batch == 1 {
@@ -235,8 +248,11 @@ pub async fn run(args: StoreBench) -> anyhow::Result<()> {
         } else {
             format!("RedisStore, {} tasks, {how} {batch}", args.concurrency)
         };
+        // The last run sends what the agent plans for a Check of one
+        // token-bucket rule; the others token_bucket calls, as before.
+        let make = if index == 3 { cold_call } else { call };
         let (measured, cpu_s) = cpu
-            .priced(async { Ok(drive(store, &args, batch, &format!("rs{index}")).await) })
+            .priced(async { Ok(drive(store, &args, batch, &format!("rs{index}"), make).await) })
             .await?;
         lines.push(Line {
             label,
@@ -378,6 +394,93 @@ fn floor_command(args: &StoreBench, port: u16, requests: u64, sha: &str) -> Comm
     command
 }
 
+/// The agent's cold single-rule rows: the same decisions in the shape the
+/// store sent before issue 29 and in the shape it sends now, in one run.
+fn cold_path_lines(
+    args: &StoreBench,
+    cpu: &RedisCpu,
+    port: u16,
+    lines: &mut Vec<Line>,
+) -> anyhow::Result<()> {
+    // redis-benchmark draws each `__rand_int__` on its own.
+    let one = |i: usize| {
+        cold(
+            &format!("cp{i}"),
+            format!("lh:v1:{{bench}}:cp{i}:__rand_int__"),
+        )
+    };
+    let pack: Vec<ScriptCall> = (0..args.pack).map(one).collect();
+    let buckets = bucket_pack_call(&pack).context("the cold calls are a bucket pack")?;
+    let lone = bucket_pack_call(&[one(0)]).context("a cold call is a bucket pack")?;
+    let requests = (args.baseline_requests / args.pack as u64).max(1);
+    let shapes = [
+        (
+            format!("EVALSHA multi_rule, 1 rule -P {} (before)", args.pipeline),
+            one(0),
+            args.pipeline,
+            1,
+        ),
+        (
+            format!("multi_decision x{} of multi_rule -P 1 (before)", args.pack),
+            multi_decision_call(&pack),
+            1,
+            args.pack,
+        ),
+        (
+            format!("EVALSHA bucket_pack x1 -P {} (after)", args.pipeline),
+            lone,
+            args.pipeline,
+            1,
+        ),
+        (
+            format!("EVALSHA bucket_pack x{} -P 1 (after)", args.pack),
+            buckets,
+            1,
+            args.pack,
+        ),
+    ];
+    for (label, call, pipeline, per_call) in shapes {
+        let requests = if per_call == 1 {
+            args.baseline_requests
+        } else {
+            requests
+        };
+        let mut command = redis_benchmark(args, port, pipeline, requests);
+        command
+            .args(["EVALSHA", call.kind.script().get_hash()])
+            .arg(call.keys.len().to_string())
+            .args(&call.keys)
+            .args(&call.args);
+        let mut line = benchmark_line(cpu, label, command, requests)?;
+        line.decisions_per_s *= per_call as f64;
+        line.per_cpu_s *= per_call as f64;
+        lines.push(line);
+    }
+    Ok(())
+}
+
+/// The call the agent plans for a Check of one token-bucket rule (no
+/// record, no shadow) on bucket `i % keys` of the workload `name`.
+fn cold_call(name: &str, i: u64, keys: u64) -> ScriptCall {
+    cold(name, format!("lh:v1:{{bench}}:{name}:{}", i % keys))
+}
+
+/// [`cold_call`] on `bucket`; the digest binds nothing without a record.
+fn cold(name: &str, bucket: String) -> ScriptCall {
+    let digest = request_digest([(bucket.as_str(), 1_000)]);
+    ScriptCall::new(ScriptKind::MultiRule)
+        .key(format!("lh:v1:{{bench}}:{name}:decision"))
+        .key(bucket)
+        .arg(BUCKET_ARGS[4])
+        .arg(0)
+        .arg(digest)
+        .arg(0)
+        .arg(BUCKET_ARGS[0])
+        .arg(BUCKET_ARGS[1])
+        .arg(BUCKET_ARGS[2])
+        .arg(BUCKET_ARGS[3])
+}
+
 /// One token_bucket call on bucket `i % keys` of the workload `name`.
 fn call(name: &str, i: u64, keys: u64) -> ScriptCall {
     let mut call = ScriptCall::new(ScriptKind::TokenBucket)
@@ -401,6 +504,7 @@ async fn drive(
     args: &StoreBench,
     batch: usize,
     name: &str,
+    make: fn(&str, u64, u64) -> ScriptCall,
 ) -> Measured {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -414,7 +518,7 @@ async fn drive(
         tasks.push(tokio::spawn(async move {
             let mut i = task.wrapping_mul(1_000_003);
             while Instant::now() < until {
-                let calls: Vec<ScriptCall> = (0..batch).map(|b| call(&name, i + b, keys)).collect();
+                let calls: Vec<ScriptCall> = (0..batch).map(|b| make(&name, i + b, keys)).collect();
                 i += batch;
                 for reply in store.run_batch(&calls).await {
                     match reply {

@@ -4,6 +4,7 @@
 //! [`ScriptCall`] at a given store time; the reply ends with that `now_ms`.
 
 pub mod bucket;
+pub mod bucket_pack;
 pub mod chunk_counter;
 pub mod chunk_index;
 pub mod concurrency;
@@ -53,6 +54,7 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         // `multi_decision::eval`. Refused whole, like a malformed envelope.
         ScriptKind::MultiDecision => Err(ScriptError::InvalidArgument("calls".into())),
         ScriptKind::Look => look::eval(space, keys, argv, now_ms),
+        ScriptKind::BucketPack => bucket_pack::eval(space, keys, argv, now_ms),
     }
 }
 

@@ -31,7 +31,9 @@ use crate::store::breaker::{Admission, Breaker, BreakerConfig};
 use crate::store::scan::{
     self, Keep, KeptBudget, ScanError, ScanOutcome, ScanRequest, ScanStop, ScannedRecord, ShardScan,
 };
-use crate::store::script::{multi_decision_call, ScriptCall, ScriptError, ScriptKind, ScriptReply};
+use crate::store::script::{
+    multi_decision_call, pack, ScriptCall, ScriptError, ScriptKind, ScriptReply,
+};
 use crate::store::slots::Redirect;
 use crate::store::{BoxFuture, BucketStore, CallResult, NotSent, PackStore, StoreError, Topology};
 
@@ -212,7 +214,7 @@ impl RedisStore {
         Ok(results
             .into_iter()
             .zip(wires)
-            .map(|(reply, wire)| reply.into_replies(wire.calls()))
+            .map(|(reply, wire)| reply.into_replies(wire))
             .collect())
     }
 
@@ -407,9 +409,10 @@ impl RedisStore {
             .iter()
             .map(AsRef::as_ref)
             .filter(|pack| !pack.is_empty())
-            .map(|pack| match pack {
-                [one] => Wire::Plain(one),
-                many => Wire::Packed(multi_decision_call(many), many.len()),
+            .map(|pack| match (pack::bucket_pack_call(pack), pack) {
+                (Some(buckets), _) => Wire::Buckets(buckets, pack.len()),
+                (None, [one]) => Wire::Plain(one),
+                (None, many) => Wire::Packed(multi_decision_call(many), many.len()),
             })
             .collect();
         let calls = packs.iter().map(|pack| pack.as_ref().len()).sum();
@@ -486,7 +489,15 @@ impl BucketStore for RedisStore {
             if calls.is_empty() {
                 return Vec::new();
             }
-            let wires: Vec<Wire<'_>> = calls.iter().map(Wire::Plain).collect();
+            let wires: Vec<Wire<'_>> = calls
+                .iter()
+                .map(
+                    |call| match pack::bucket_pack_call(std::slice::from_ref(call)) {
+                        Some(buckets) => Wire::Buckets(buckets, 1),
+                        None => Wire::Plain(call),
+                    },
+                )
+                .collect();
             // One deadline covers connecting and the reply: no call waits past it.
             let deadline = tokio::time::Instant::now() + self.config.call_deadline;
             match self.execute(&wires, calls.len(), deadline, false).await {
@@ -512,20 +523,23 @@ enum Wire<'a> {
     Plain(&'a ScriptCall),
     /// A multi_decision call carrying this many calls.
     Packed(ScriptCall, usize),
+    /// A bucket_pack call answering this many single-rule multi_rule calls
+    /// ([`pack::bucket_pack_call`]).
+    Buckets(ScriptCall, usize),
 }
 
 impl Wire<'_> {
     fn call(&self) -> &ScriptCall {
         match self {
             Wire::Plain(call) => call,
-            Wire::Packed(call, _) => call,
+            Wire::Packed(call, _) | Wire::Buckets(call, _) => call,
         }
     }
 
     fn calls(&self) -> usize {
         match self {
             Wire::Plain(_) => 1,
-            Wire::Packed(_, calls) => *calls,
+            Wire::Packed(_, calls) | Wire::Buckets(_, calls) => *calls,
         }
     }
 }
@@ -549,11 +563,29 @@ impl WireReply {
     /// The `calls` replies this EVALSHA answers: a plain call's own, or a
     /// multi_decision's per call. A multi_decision refused whole (or of any
     /// other shape) fails each of its calls with that error.
-    fn into_replies(self, calls: usize) -> Vec<Reply> {
+    fn into_replies(self, wire: &Wire<'_>) -> Vec<Reply> {
+        let calls = wire.calls();
         let value = match self {
             WireReply::NoScript => return (0..calls).map(|_| Reply::NoScript).collect(),
             WireReply::Value(value) => value,
         };
+        if let Wire::Buckets(..) = wire {
+            return match Reply::from_value(value) {
+                Reply::Values(values) => match pack::split_reply(&values, calls) {
+                    Ok(replies) => replies
+                        .into_iter()
+                        .map(|reply| match reply {
+                            Ok(values) => Reply::Values(values),
+                            Err(e) => Reply::Script(e),
+                        })
+                        .collect(),
+                    Err(e) => (0..calls).map(|_| Reply::Script(e.clone())).collect(),
+                },
+                // Refused whole (a script error, a cluster redirect,
+                // NOSCRIPT): each call alike.
+                whole => (0..calls).map(|_| whole.clone()).collect(),
+            };
+        }
         if calls == 1 {
             return vec![Reply::from_value(value)];
         }

@@ -7,6 +7,7 @@
 
 use std::sync::LazyLock;
 
+pub mod pack;
 pub mod reply;
 
 const PRELUDE: &str = include_str!("../../../../lua/prelude.lua");
@@ -41,10 +42,14 @@ pub enum ScriptKind {
     /// A decision call of a [`ScriptKind::lookable`] kind answered without
     /// writing ([`look_call`]): Envoy's check-only hits on a TOML rule.
     Look,
+    /// Up to [`MULTI_DECISION_MAX_CALLS`] single-rule `multi_rule` calls
+    /// without record or shadow, each rule's parameters sent once
+    /// ([`pack::bucket_pack_call`]): the cold path of a Check.
+    BucketPack,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 20] = [
+    pub const ALL: [ScriptKind; 21] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -65,6 +70,7 @@ impl ScriptKind {
         ScriptKind::SyncerLease,
         ScriptKind::MultiDecision,
         ScriptKind::Look,
+        ScriptKind::BucketPack,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -90,6 +96,7 @@ impl ScriptKind {
             ScriptKind::SyncerLease => "syncer_lease",
             ScriptKind::MultiDecision => "multi_decision",
             ScriptKind::Look => "look",
+            ScriptKind::BucketPack => "bucket_pack",
         }
     }
 
@@ -115,6 +122,7 @@ impl ScriptKind {
             ScriptKind::SyncerLease => include_str!("../../../../lua/syncer_lease.lua"),
             ScriptKind::MultiDecision => include_str!("../../../../lua/multi_decision.lua"),
             ScriptKind::Look => include_str!("../../../../lua/look.lua"),
+            ScriptKind::BucketPack => include_str!("../../../../lua/bucket_pack.lua"),
         }
     }
 
@@ -270,7 +278,11 @@ fn multi_decision_source() -> String {
     for kind in ScriptKind::ALL {
         // A look goes alone (the coalescer never packs one): its bodies
         // need their read-only wrapping, which this source does not carry.
-        if matches!(kind, ScriptKind::MultiDecision | ScriptKind::Look) {
+        // A bucket pack is itself a pack, never a sub-call.
+        if matches!(
+            kind,
+            ScriptKind::MultiDecision | ScriptKind::Look | ScriptKind::BucketPack
+        ) {
             continue;
         }
         source.push_str(&wrapped(kind));
@@ -282,7 +294,10 @@ fn multi_decision_source() -> String {
 /// The kind named `name` among those a multi_decision call may carry.
 pub fn sub_call_kind(name: &str) -> Option<ScriptKind> {
     ScriptKind::ALL.into_iter().find(|kind| {
-        !matches!(kind, ScriptKind::MultiDecision | ScriptKind::Look) && kind.name() == name
+        !matches!(
+            kind,
+            ScriptKind::MultiDecision | ScriptKind::Look | ScriptKind::BucketPack
+        ) && kind.name() == name
     })
 }
 
@@ -415,7 +430,10 @@ mod tests {
     fn multi_decision_wraps_every_other_body_once() {
         let source = ScriptKind::MultiDecision.source();
         for kind in ScriptKind::ALL {
-            if matches!(kind, ScriptKind::MultiDecision | ScriptKind::Look) {
+            if matches!(
+                kind,
+                ScriptKind::MultiDecision | ScriptKind::Look | ScriptKind::BucketPack
+            ) {
                 assert_eq!(sub_call_kind(kind.name()), None);
                 continue;
             }

@@ -263,10 +263,14 @@ impl Packer {
             Grouping::Standalone => Some(Group::Any),
             Grouping::BySlot => call_slot(&call).map(Group::Slot),
         };
-        // A multi_decision call cannot be packed again, and a look's
-        // read-only bodies are not in multi_decision's source: alone.
-        let group =
-            group.filter(|_| !matches!(call.kind, ScriptKind::MultiDecision | ScriptKind::Look));
+        // A multi_decision or bucket_pack call cannot be packed again, and
+        // a look's read-only bodies are not in multi_decision's source: alone.
+        let group = group.filter(|_| {
+            !matches!(
+                call.kind,
+                ScriptKind::MultiDecision | ScriptKind::Look | ScriptKind::BucketPack
+            )
+        });
         let Some(group) = group else {
             self.packs.push(vec![call]);
             return (self.packs.len() - 1, 0);
