@@ -78,6 +78,11 @@ pub struct RegionAgents {
     /// Region's syncer lease, with its fencing token; always empty for a
     /// Region of one agent (it holds its room in memory, no lease).
     pub syncers: Vec<(u32, u64)>,
+    /// Agent-side leasing: tokens the running agents hold unspent in their
+    /// own blocks now (every key; the simulation has one per pool). Left
+    /// out of the trace's hash when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub agent_held_tokens: u64,
 }
 
 /// One Region's room in a rate pool as the allocator committed it

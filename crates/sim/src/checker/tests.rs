@@ -413,10 +413,12 @@ fn a_region_of_several_agents_without_a_syncer_past_the_takeover_bound_is_report
     let syncing = crate::trace::RegionAgents {
         live: 2,
         syncers: vec![(0, 1)],
+        ..Default::default()
     };
     let none = crate::trace::RegionAgents {
         live: 1,
         syncers: vec![],
+        ..Default::default()
     };
     let with_gap = |trace: &mut Trace, from: usize, to: usize| {
         for (i, s) in trace.samples.iter_mut().enumerate() {

@@ -106,10 +106,18 @@ pub(super) fn sample(
                     .filter(|(_, (_, down))| !**down)
                     .filter_map(|(a, (token, _))| token.map(|t| (a as u32, t)))
                     .collect(),
+                agent_held_tokens: 0,
             })
             .collect();
         (counts, live, agents, store_down, agent_caps)
     };
+    let mut agents = agents;
+    for (region, live) in agents.iter_mut().zip(&live) {
+        region.agent_held_tokens = live
+            .iter()
+            .map(|d| d.agent_leases.held_millitokens() / 1_000)
+            .sum();
+    }
     let mut rooms = Vec::new();
     for r in 0..scenario.regions.len() {
         let mut row = Vec::new();
