@@ -157,8 +157,8 @@ pub fn text(scenario: &Scenario, outcome: &Outcome) -> String {
 /// Regions with agent-side leasing: how often their agents held blocks of
 /// their own (and the most they held, every agent together), and per rate
 /// pool the largest B_cap and the `rate` bound's term agents × 1.2 × B_cap
-/// (`agent-side leasing in eu: blocks held at 212 of 300 samples, most 14
-/// tokens; pool api: B_cap up to 9 tokens, term 2 × 1.2 × 9 = 21`).
+/// (`agent-side leasing in us: blocks held at 229 of 300 samples, most 4
+/// tokens; pool api: B_cap up to 7 tokens, term 1 × 1.2 × 7 = 8`).
 pub fn agent_leasing(scenario: &Scenario, outcome: &Outcome) -> Vec<String> {
     let samples = &outcome.trace.samples;
     let mut out = Vec::new();
