@@ -1,7 +1,8 @@
 //! `leasehold bench …`: benchmarks that print ratios against a baseline
 //! measured in the same run (never timed tests). One module per target:
 //! [`crate::bench_store`], [`crate::bench_agent`], [`crate::bench_envoy`],
-//! [`crate::bench_allocator`], [`crate::bench_denials`]; shared measurement in
+//! [`crate::bench_allocator`], [`crate::bench_denials`], [`crate::bench_mix`];
+//! shared measurement in
 //! [`crate::bench_measure`].
 
 use clap::{Args, Subcommand};
@@ -23,6 +24,11 @@ pub enum BenchTarget {
     /// agent with the denial cache off and one with it on, on one
     /// redis-server: Redis CPU and EVALSHA calls per request, ratios.
     Denials(crate::bench_denials::DenialsBench),
+    /// Realistic traffic: Zipf client IPs, three rules per request, 20% from
+    /// clients over their limit, through Check, CheckBatch and RLS (agent
+    /// leasing off/on) beside redis-cell (with --redis-cell-module) and two
+    /// baseline RLS servers, on one redis-server; prints issue 29's goals.
+    Mix(crate::bench_mix::MixBench),
     /// Committed Grant commands/s on a 3-node loopback allocator cluster vs
     /// raw sled insert+flush per command on the same disk.
     Allocator(crate::bench_allocator::AllocatorBench),
@@ -71,6 +77,13 @@ pub struct EnvoyBench {
     /// Seconds per measurement.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Instead: the `bench mix` workload through RLS only (agent leasing
+    /// off/on, the two baseline RLS servers, and redis-cell when given).
+    #[arg(long)]
+    mix: bool,
+    /// With --mix: a redis-cell module for the CL.THROTTLE rows.
+    #[arg(long, requires = "mix")]
+    redis_cell_module: Option<std::path::PathBuf>,
 }
 
 pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
@@ -92,8 +105,17 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
             )
             .await
         }
+        BenchTarget::Envoy(args) if args.mix => {
+            crate::bench_mix::run(crate::bench_mix::MixBench::rls_only(
+                args.concurrency,
+                args.seconds,
+                args.redis_cell_module,
+            ))
+            .await
+        }
         BenchTarget::Envoy(args) => crate::bench_envoy::run(args.concurrency, args.seconds).await,
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
         BenchTarget::Denials(args) => crate::bench_denials::run(args).await,
+        BenchTarget::Mix(args) => crate::bench_mix::run(args).await,
     }
 }

@@ -3,7 +3,8 @@
 //! envoyproxy/ratelimit YAML domain — beside the native Check of the same
 //! agent on the same redis-server, in the same run; prints the ratios and
 //! the p99 against Envoy's default 20 ms rate-limit timeout. A benchmark,
-//! never a test.
+//! never a test. `bench envoy --mix` runs `bench mix`'s realistic workload
+//! through RLS instead ([`crate::bench_mix`]).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -182,7 +182,7 @@ impl RedisCpus {
 
 /// `calls=` of `cmdstat_<command>` in an `INFO commandstats` reply (0 when
 /// the command never ran).
-fn parse_command_calls(info: &str, command: &str) -> u64 {
+pub(crate) fn parse_command_calls(info: &str, command: &str) -> u64 {
     let prefix = format!("cmdstat_{command}:");
     info.lines()
         .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
@@ -205,7 +205,7 @@ pub(crate) fn process_cpu_seconds() -> Option<f64> {
 
 /// utime + stime (fields 14 and 15, after the parenthesised name) over
 /// `ticks_per_s`.
-fn parse_proc_stat_seconds(stat: &str, ticks_per_s: f64) -> Option<f64> {
+pub(crate) fn parse_proc_stat_seconds(stat: &str, ticks_per_s: f64) -> Option<f64> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // after_name starts at field 3 (state): utime is field 14, stime 15.
@@ -215,7 +215,7 @@ fn parse_proc_stat_seconds(stat: &str, ticks_per_s: f64) -> Option<f64> {
 }
 
 /// `used_cpu_sys` + `used_cpu_user` of an `INFO CPU` reply.
-fn parse_cpu_seconds(info: &str) -> Option<f64> {
+pub(crate) fn parse_cpu_seconds(info: &str) -> Option<f64> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))

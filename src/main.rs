@@ -11,6 +11,7 @@ mod bench_cluster;
 mod bench_denials;
 mod bench_envoy;
 mod bench_measure;
+mod bench_mix;
 mod bench_store;
 mod dev;
 mod dev_certs;

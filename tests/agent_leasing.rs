@@ -43,7 +43,7 @@ fn leasing() -> AgentLeasingSettings {
         hot_rate_tokens_per_s: 1,
         idle_ms: 300,
         sweep_ms: 20,
-        ..AgentLeasingSettings::default()
+        ..AgentLeasingSettings::on()
     }
 }
 

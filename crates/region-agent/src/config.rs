@@ -302,7 +302,7 @@ impl Default for DenialSettings {
 }
 
 /// `[agent_leasing]` ([`crate::lease::agent`]): the agent leases blocks of
-/// hot keys itself and answers their checks from memory. On by default;
+/// hot keys itself and answers their checks from memory. Off by default;
 /// a rule with `exact = true` (and every security rule) is never leased.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

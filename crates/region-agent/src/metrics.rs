@@ -547,6 +547,10 @@ mod names_tests {
             .inc();
         m.store_cluster_refreshes.with_label_values(&["ok"]).inc();
         m.denial_cache_answers.with_label_values(&["r"]).inc();
+        m.agent_lease_blocks
+            .with_label_values(&["granted", "r"])
+            .inc();
+        m.agent_lease_answers.with_label_values(&["r"]).inc();
         m.concurrency
             .with_label_values(&["acquire", "acquired"])
             .inc();

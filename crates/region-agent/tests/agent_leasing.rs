@@ -113,7 +113,7 @@ fn leasing() -> AgentLeasingSettings {
     AgentLeasingSettings {
         hot_rate_tokens_per_s: 1,
         max_capacity_percent: 50,
-        ..AgentLeasingSettings::default()
+        ..AgentLeasingSettings::on()
     }
 }
 

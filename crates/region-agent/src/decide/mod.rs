@@ -292,7 +292,7 @@ impl Decider {
             rest,
             asks,
             ask_calls,
-        } = self.from_blocks(leased, &spend, false)?;
+        } = self.split_for_blocks(leased, &spend, false)?;
         let refuse = |decision: pb::Decision| -> Result<Option<pb::Decision>, InvalidField> {
             self.settle_taken(&taken, false);
             self.drop_asks(&asks);
@@ -499,7 +499,7 @@ impl Decider {
             cost,
             ..
         } = *request;
-        let split = self.from_blocks(enforcing, request, !shadow.is_empty())?;
+        let split = self.split_for_blocks(enforcing, request, !shadow.is_empty())?;
         if !split.untouched() {
             return self.check_with_blocks(enforcing, split, request).await;
         }

@@ -74,10 +74,13 @@ pub const DEFAULT_SWEEP_MS: u64 = 250;
 pub const MIN_BLOCK_TOKENS: u64 = 2;
 const MILLI: u64 = 1_000;
 
+/// Off by default (`[agent_leasing] enabled = true` turns it on): it
+/// changes what a decision reports as `remaining` and adds the leasing
+/// term to the bound, so an operator opts in.
 impl Default for AgentLeasingSettings {
     fn default() -> Self {
         AgentLeasingSettings {
-            enabled: true,
+            enabled: false,
             hot_keys: hot::DEFAULT_SLOTS,
             max_keys: DEFAULT_MAX_KEYS,
             hot_rate_tokens_per_s: DEFAULT_HOT_RATE_TOKENS_PER_S,
@@ -91,6 +94,14 @@ impl Default for AgentLeasingSettings {
 }
 
 impl AgentLeasingSettings {
+    /// On, with every other setting at its default.
+    pub fn on() -> Self {
+        AgentLeasingSettings {
+            enabled: true,
+            ..AgentLeasingSettings::default()
+        }
+    }
+
     /// Every decision goes to the store, as before issue 29.
     pub fn off() -> Self {
         AgentLeasingSettings {
@@ -277,7 +288,7 @@ mod tests {
 
     #[test]
     fn a_block_follows_the_keys_rate_up_to_the_rules_cap() {
-        let s = AgentLeasingSettings::default();
+        let s = AgentLeasingSettings::on();
         // 1,000/s, capacity 1,000: cap min(250, 100) = 100 tokens.
         let p = params(1_000, 1_000, 1_000);
         assert_eq!(s.block_cap_millitokens(&p), 100_000);
@@ -287,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_cold_key_a_small_rule_and_leasing_off_stay_exact() {
-        let s = AgentLeasingSettings::default();
+        let s = AgentLeasingSettings::on();
         let p = params(1_000, 1_000, 1_000);
         assert_eq!(s.block_millitokens(19.0, &p, 1_000), 0);
         // 10 per minute: a block would be under 2 tokens.
@@ -306,7 +317,7 @@ mod tests {
     #[test]
     fn lease_ids_are_valid_ids_and_never_repeat() {
         let leases = AgentLeases::new(
-            AgentLeasingSettings::default(),
+            AgentLeasingSettings::on(),
             Holder::agent("eu").unwrap(),
             u64::MAX,
         );
