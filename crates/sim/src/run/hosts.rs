@@ -194,7 +194,7 @@ pub(super) fn agent_leasing_settings(
             seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ((r as u64) << 32) ^ u64::from(a),
         ),
         hot_rate_tokens_per_s: AGENT_HOT_RATE_TOKENS_PER_S,
-        ..AgentLeasingSettings::default()
+        ..AgentLeasingSettings::on()
     }
 }
 
