@@ -23,6 +23,12 @@ pub enum Mutation {
     /// taken. The allocator's half is the allocator's `NoEpochCheck`; the
     /// simulation switches both together.
     NoEpochCheck,
+    /// `decide/agent_leased.rs`, `apply_lease_replies`: a block the agent
+    /// leased for its own callers (agent-side leasing) is held as twice
+    /// what the store granted, so each granted block is spent twice from
+    /// memory and the key's unspent room reaches 2 × 1.2 × B_cap, past the
+    /// bound of `lease::agent`.
+    AgentBlockSpentTwice,
 }
 
 impl leasehold_sim_switch::Mutation for Mutation {}

@@ -98,6 +98,11 @@ pub enum Mutation {
     /// not confirmed answers from its own state under its own term; the
     /// agent takes an answer below the highest epoch it saw.
     NoEpochCheck,
+    /// Agent: a block the agent leased for its own callers (agent-side
+    /// leasing) is held as twice what the store granted, so it is spent
+    /// twice from memory: the key's unspent room reaches 2 × 1.2 × B_cap,
+    /// past the bound.
+    AgentBlockSpentTwice,
 }
 
 fn default_sample_ms() -> u64 {
@@ -124,6 +129,14 @@ pub struct RegionSpec {
     /// (keeps its full share when it cannot renew a lease).
     #[serde(default)]
     pub unclamped_lease: bool,
+    /// Agent-side leasing (ARCHITECTURE §3.5, issue 29): this Region's
+    /// agents lease blocks of hot keys themselves and answer Check from
+    /// them in memory (every key of the scenario is hot: see
+    /// `run::AGENT_HOT_RATE_TOKENS_PER_S`). The `rate` bound then adds
+    /// agents × 1.2 × B_cap for the Region. Off: every decision reaches the
+    /// store.
+    #[serde(default)]
+    pub agent_leasing: bool,
 }
 
 fn default_gateways() -> u32 {

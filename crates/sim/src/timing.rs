@@ -12,6 +12,9 @@ pub const AGENT_REQUEST_TIMEOUT_MS: u64 = 2_500;
 /// 4.5 s) fits well inside a run and before a `two_signal` pool's reclaim
 /// wait (3 intervals of silence) would matter.
 pub const SYNCER_LEASE_TTL_MS: u64 = 1_500;
+/// Gateways give up on the agent after this (then their fail mode:
+/// closed): a request counted as admitted was answered within it.
+pub const GATEWAY_DEADLINE_MS: u64 = 250;
 /// How often an agent host writes its role into the world: the role's
 /// deadline is on the host's own clock, so the driver cannot read it.
 pub const ROLE_POLL_MS: u64 = 10;

@@ -23,6 +23,10 @@ pub enum RoomMode {
     Unknown,
 }
 
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// One Region, one pool, at one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 pub struct RegionPool {
@@ -35,6 +39,14 @@ pub struct RegionPool {
     /// Rate pools: the largest block a gateway of the Region may hold
     /// (tokens; 0 when the pool is not leased).
     pub block_tokens: u64,
+    /// Rate pools, a Region with `agent_leasing`: the largest agent-side
+    /// block cap B_cap (tokens, `AgentLeasingSettings::block_cap_millitokens`
+    /// of the bucket in force) any of its running agents had at any
+    /// simulation step since the previous sample; 0 otherwise. Left out of
+    /// the trace's hash when 0 (the traces of scenarios without agent-side
+    /// leasing hash as before it existed).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub agent_block_tokens: u64,
     pub mode: RoomMode,
     /// The Region's bucket store is failing (a `store_loss` fault): its
     /// rules decide on their local fail mode.
@@ -66,6 +78,11 @@ pub struct RegionAgents {
     /// Region's syncer lease, with its fencing token; always empty for a
     /// Region of one agent (it holds its room in memory, no lease).
     pub syncers: Vec<(u32, u64)>,
+    /// Agent-side leasing: tokens the running agents hold unspent in their
+    /// own blocks now (every key; the simulation has one per pool). Left
+    /// out of the trace's hash when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub agent_held_tokens: u64,
 }
 
 /// One Region's room in a rate pool as the allocator committed it

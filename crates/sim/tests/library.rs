@@ -59,6 +59,9 @@ struct JobResult {
     /// Rate pools: the smallest (over pools) fraction of samples whose
     /// offered demand was ≥ 1.5 L; `None` without rate pools.
     binding_fraction: Option<f64>,
+    /// Regions with `agent_leasing` whose agents held no block of their
+    /// own at any sample (the leasing was never exercised).
+    agent_leasing_unused: Vec<String>,
 }
 
 /// Offered demand (admitted + refused, every Region) per second.
@@ -140,6 +143,20 @@ fn child_job() {
         },
         expect_bound: scenario.expect_bound.clone(),
         binding_fraction: binding_fraction(&scenario, &outcome),
+        agent_leasing_unused: scenario
+            .regions
+            .iter()
+            .enumerate()
+            .filter(|(r, region)| {
+                region.agent_leasing
+                    && outcome
+                        .trace
+                        .samples
+                        .iter()
+                        .all(|s| s.agents.get(*r).is_none_or(|a| a.agent_held_tokens == 0))
+            })
+            .map(|(_, region)| region.name.clone())
+            .collect(),
     };
     // On a line of its own: the harness prints the test's name before it.
     println!(
@@ -225,6 +242,14 @@ fn every_library_scenario_meets_its_expectation_on_ten_seeds() {
                     r.name, r.seed, r.bounds
                 ));
             }
+        }
+        // A Region that leases on its agents must have held blocks: the
+        // scenario exercises agent-side leasing, not just switches it on.
+        if !r.agent_leasing_unused.is_empty() {
+            failures.push(format!(
+                "{} seed {}: agent-side leasing on but no block ever held in {:?}",
+                r.name, r.seed, r.agent_leasing_unused
+            ));
         }
         // A safe scenario binds: demand, not the limiter, must not decide.
         if !r.expect_violation {

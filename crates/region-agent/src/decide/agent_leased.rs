@@ -230,10 +230,20 @@ impl Decider {
             });
             let outcome = match read {
                 Ok(read) if read.granted_millitokens > 0 => {
+                    // The simulation's `AgentBlockSpentTwice` mutation: the
+                    // block is held as twice what the store debited, so it
+                    // is spent twice from memory.
+                    let held_millitokens = if crate::sim_mutation::active(
+                        crate::sim_mutation::Mutation::AgentBlockSpentTwice,
+                    ) {
+                        read.granted_millitokens.saturating_mul(2)
+                    } else {
+                        read.granted_millitokens
+                    };
                     let lease = Lease {
                         lease_id: ask.lease_id.clone(),
                         record_key: ask.record_key.clone(),
-                        left_millitokens: read.granted_millitokens,
+                        left_millitokens: held_millitokens,
                         // From the send, on the agent's clock: never later
                         // than the store's record ends.
                         expires_at_ms: sent_ms.saturating_add(BLOCK_EXPIRES_IN_MS),

@@ -253,9 +253,25 @@ pub fn window_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violati
     capped(v)
 }
 
+/// Samples before an interval whose agent-side block cap still counts in
+/// it: a request counted as admitted in the interval took its tokens from
+/// an agent block at most the gateways' deadline before it was answered,
+/// under the bucket in force then.
+pub fn agent_block_lookback(step_ms: u64) -> usize {
+    usize::try_from(crate::timing::GATEWAY_DEADLINE_MS.div_ceil(step_ms.max(1))).unwrap_or(0)
+}
+
 /// Rate pool, every interval t (every length from one sample step to the
 /// whole run, at every sample boundary): admitted ≤ b + L·t + Σ N_r × 1.2 ×
-/// B_r + Σ fallback allowance × time in fallback within t. The fallback
+/// B_r + Σ agents_r × 1.2 × B_cap,r + Σ fallback allowance × time in
+/// fallback within t. The agent-side term (a Region whose agents lease
+/// blocks of hot keys themselves, `agent_leasing`): each agent holds at
+/// most 1.2 × B_cap unspent per key (renewal at a fifth left, one at a
+/// time; in the simulation one key per pool and Region), B_cap the largest
+/// cap any of the Region's agents had in force at any simulation step of
+/// the interval's samples or of the [`agent_block_lookback`] samples
+/// before it (blocks are spent only under the bucket they were leased
+/// under: a change of share hands them back). The fallback
 /// terms: the pool's `lease` allowance while a Region is in fallback, and
 /// the local fail mode's while its store is down (its capacity, one second
 /// of its rate, plus the rate × the time down). Prefix sums make every
@@ -291,6 +307,17 @@ pub fn rate_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation
     let blocks: Vec<RangeMax> = (0..regions)
         .map(|r| RangeMax::new(samples.iter().map(|s| s.rooms[r][p].block_tokens).collect()))
         .collect();
+    let agent_blocks: Vec<RangeMax> = (0..regions)
+        .map(|r| {
+            RangeMax::new(
+                samples
+                    .iter()
+                    .map(|s| s.rooms[r][p].agent_block_tokens)
+                    .collect(),
+            )
+        })
+        .collect();
+    let lookback = agent_block_lookback(step);
     // b + L·t alone is exceeded over [i, j) only when
     // slack[j] − slack[i] > b·1000, with slack[k] = 1000·A[k] − L·step·k
     // (thousandths of a token): an end j whose slack is within b·1000 of
@@ -317,23 +344,34 @@ pub fn rate_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation
             let got = admitted.sum(i, j);
             let rate_term = pool.limit_per_s * interval / 1_000;
             let mut blocks_milli = 0u64;
+            let mut agent_blocks_milli = 0u64;
             let mut fallback_milli = 0u64;
             for (r, region) in scenario.regions.iter().enumerate() {
                 // N × 1.2 × B, in thousandths of a token.
                 blocks_milli += u64::from(region.gateways) * 1_200 * blocks[r].max(i, j);
+                // agents × 1.2 × B_cap, for a Region whose agents lease.
+                if region.agent_leasing {
+                    agent_blocks_milli += u64::from(region.agents)
+                        * 1_200
+                        * agent_blocks[r].max(i.saturating_sub(lookback), j);
+                }
                 fallback_milli += allowance * fallback[r].sum(i, j) * step;
                 let down_ms = down[r].sum(i, j) * step;
                 if down_ms > 0 {
                     fallback_milli += local * 1_000 + local * down_ms;
                 }
             }
-            let limit = burst + rate_term + blocks_milli / 1_000 + fallback_milli / 1_000;
+            let limit = burst
+                + rate_term
+                + blocks_milli / 1_000
+                + agent_blocks_milli / 1_000
+                + fallback_milli / 1_000;
             if got > limit {
                 violating += 1;
                 out.push((
                     got - limit,
                     Violation {
-                        bound: "rate: admitted ≤ b + L·t + Σ N×1.2×B + Σ allowance × fallback time",
+                        bound: "rate: admitted ≤ b + L·t + Σ N×1.2×B + Σ agents×1.2×B_cap + Σ allowance × fallback time",
                         t_ms: samples[j - 1].t_ms,
                         pool: pool.id.clone(),
                         terms: vec![
@@ -341,6 +379,7 @@ pub fn rate_bound(scenario: &Scenario, trace: &Trace, p: usize) -> Vec<Violation
                             ("b".into(), burst),
                             ("L·t".into(), rate_term),
                             ("Σ N×1.2×B".into(), blocks_milli / 1_000),
+                            ("Σ agents×1.2×B_cap".into(), agent_blocks_milli / 1_000),
                             ("Σ allowance × fallback time".into(), fallback_milli / 1_000),
                             ("admitted".into(), got),
                         ],

@@ -85,7 +85,8 @@ fn admissions_above_burst_plus_rate_are_reported_with_terms() {
     assert_eq!(worst.terms[0], ("t_ms".into(), 60_000));
     assert_eq!(worst.terms[1], ("b".into(), 200));
     assert_eq!(worst.terms[2], ("L·t".into(), 6_000));
-    assert_eq!(worst.terms[5], ("admitted".into(), 9_600));
+    assert_eq!(worst.terms[4], ("Σ agents×1.2×B_cap".into(), 0));
+    assert_eq!(worst.terms[6], ("admitted".into(), 9_600));
     assert!(worst.to_string().contains("admitted = 9600"), "{worst}");
     assert_eq!(worst.name(), "rate");
     // Every length is checked: 2.0 s is the shortest that breaks
@@ -105,6 +106,45 @@ fn time_in_fallback_widens_the_rate_bound_by_the_allowance() {
         .any(|v| v.terms[0].1 == 60_000));
     let fallback = steady(600, 6, 10_000, RoomMode::Fallback);
     assert_eq!(rate_bound(&scenario(), &fallback, 0), vec![]);
+}
+
+#[test]
+fn agent_side_blocks_widen_the_rate_bound_by_agents_times_1_2_b_cap() {
+    // Region a runs two agents that lease blocks of hot keys themselves.
+    let mut scenario = scenario();
+    scenario.regions[0].agents = 2;
+    scenario.regions[0].agent_leasing = true;
+    // Exactly L·t everywhere, and sample 300 admits b + 40 more: 40 above
+    // b + L·t in every interval that holds it.
+    let mut trace = steady(600, 5, 50_000, RoomMode::Normal);
+    trace.samples[300].rooms[0][0].admitted += 240;
+    let over = rate_bound(&scenario, &trace, 0);
+    assert!(!over.is_empty());
+    assert_eq!(over[0].terms[4], ("Σ agents×1.2×B_cap".into(), 0));
+    // B_cap = 17 tokens: 2 agents × 1.2 × 17 = 40.8 covers it; 16 (38.4)
+    // does not.
+    for (cap, passes) in [(17, true), (16, false)] {
+        let mut t = trace.clone();
+        for s in &mut t.samples {
+            s.rooms[0][0].agent_block_tokens = cap;
+        }
+        assert_eq!(rate_bound(&scenario, &t, 0).is_empty(), passes, "{cap}");
+    }
+    // A Region that does not lease adds nothing, whatever is sampled.
+    let mut plain = trace.clone();
+    for s in &mut plain.samples {
+        s.rooms[1][0].agent_block_tokens = 1_000;
+    }
+    assert!(!rate_bound(&scenario, &plain, 0).is_empty());
+    // The cap in force just before the interval still counts, for as long
+    // as a request taken then may be answered in it (the gateways'
+    // deadline: 3 samples of 100 ms), not longer.
+    assert_eq!(agent_block_lookback(100), 3);
+    for (at, passes) in [(297, true), (296, false)] {
+        let mut t = trace.clone();
+        t.samples[at].rooms[0][0].agent_block_tokens = 17;
+        assert_eq!(rate_bound(&scenario, &t, 0).is_empty(), passes, "{at}");
+    }
 }
 
 #[test]
@@ -373,10 +413,12 @@ fn a_region_of_several_agents_without_a_syncer_past_the_takeover_bound_is_report
     let syncing = crate::trace::RegionAgents {
         live: 2,
         syncers: vec![(0, 1)],
+        ..Default::default()
     };
     let none = crate::trace::RegionAgents {
         live: 1,
         syncers: vec![],
+        ..Default::default()
     };
     let with_gap = |trace: &mut Trace, from: usize, to: usize| {
         for (i, s) in trace.samples.iter_mut().enumerate() {

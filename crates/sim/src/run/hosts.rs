@@ -19,6 +19,7 @@ use leasehold_proto::agent::v1 as agent_pb;
 use leasehold_proto::allocator::v1 as pb;
 use leasehold_region_agent::global::settings::{GlobalPoolSettings, GlobalSettings};
 use leasehold_region_agent::global::sync::SyncObserver;
+use leasehold_region_agent::lease::agent::AgentLeasingSettings;
 use leasehold_region_agent::policy;
 use leasehold_region_agent::server::{self, AgentSpec};
 use leasehold_region_agent::store::memory::{Clock, MemoryStore};
@@ -175,10 +176,33 @@ pub(super) fn agent_settings(scenario: &Scenario, r: usize, a: u32) -> GlobalSet
     }
 }
 
+/// The `[agent_leasing]` settings of agent `a` (0-based) of Region `r`:
+/// off unless the Region's `agent_leasing` says so; then every key the
+/// scenario loads is hot, and lease ids replay from the run's seed (the
+/// agent mixes in its clock at start, so a restart draws new ones).
+pub(super) fn agent_leasing_settings(
+    scenario: &Scenario,
+    r: usize,
+    a: u32,
+    seed: u64,
+) -> AgentLeasingSettings {
+    if !scenario.regions[r].agent_leasing {
+        return AgentLeasingSettings::off();
+    }
+    AgentLeasingSettings {
+        sim_seed: Some(
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ((r as u64) << 32) ^ u64::from(a),
+        ),
+        hot_rate_tokens_per_s: AGENT_HOT_RATE_TOKENS_PER_S,
+        ..AgentLeasingSettings::on()
+    }
+}
+
 pub(super) async fn run_agent(
     scenario: Arc<Scenario>,
     r: usize,
     a: u32,
+    seed: u64,
     shared: Shared,
 ) -> HostResult {
     let region = scenario.regions[r].clone();
@@ -209,7 +233,7 @@ pub(super) async fn run_agent(
         policy_poll: Duration::from_secs(3_600),
         fallback_max_keys: 1_000,
         denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
-        agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
+        agent_leasing: agent_leasing_settings(&scenario, r, a, seed),
         clock,
         global: Some(global),
         connector: Some(sim_net::connector()),
@@ -230,9 +254,14 @@ pub(super) async fn run_agent(
         world.down[r][a_index] = false;
     }
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-    if let Some(sync) = built.sync {
+    if let Some(sync) = &built.sync {
         sync.set_observer(recorder);
-        let _tasks = sync.clone().spawn(stop.clone());
+    }
+    // The allocator sync's tasks and, with agent-side leasing, the sweep
+    // that gives the agent's expired and idle blocks back (the same tasks a
+    // real agent spawns; nothing else: no policy file, no RLS directory).
+    let _tasks = built.spawn_background(stop.clone());
+    if let Some(sync) = built.sync {
         if region.agents > 1 {
             // Detached: ends with the host (a crash drops it, unreleased).
             let shared = shared.clone();

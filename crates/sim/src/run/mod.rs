@@ -51,8 +51,10 @@ const ALLOCATOR_PORT: u16 = 7301;
 const AGENT_GRPC_PORT: u16 = 7100;
 const AGENT_HTTP_PORT: u16 = 7190;
 const PEPPER: &[u8] = b"simulation-pepper-not-a-secret";
-/// Gateways give up on the agent after this (then their fail mode: closed).
-const GATEWAY_DEADLINE_MS: u64 = 250;
+use crate::timing::GATEWAY_DEADLINE_MS;
+/// A Region with `agent_leasing` leases a key from this observed rate on
+/// (tokens per second): every key a scenario offers load on is hot.
+pub const AGENT_HOT_RATE_TOKENS_PER_S: u64 = 1;
 /// Requests one gateway keeps in flight at most; arrivals beyond are
 /// refused at the gateway (counted as refused).
 const MAX_IN_FLIGHT_PER_GATEWAY: usize = 512;
@@ -125,6 +127,10 @@ struct World {
     applied_checked: u64,
     /// (node, pool, lease id) → the first grant answered for it there.
     grant_answers: BTreeMap<(u64, String, String), GrantAnswer>,
+    /// `[region][pool]`: the largest agent-side block cap B_cap (tokens)
+    /// any running agent of the Region had in force since the last sample,
+    /// read after every simulation step ([`poll_agent_block_caps`]).
+    agent_caps: Vec<Vec<u64>>,
 }
 
 #[derive(Clone, Default)]
@@ -211,6 +217,7 @@ fn mutations(
             Some(allocator::Mutation::NoEpochCheck),
             Some(agent::Mutation::NoEpochCheck),
         ),
+        Some(Mutation::AgentBlockSpentTwice) => (None, Some(agent::Mutation::AgentBlockSpentTwice)),
     };
     (allocator::scoped(on_allocator), agent::scoped(on_agent))
 }
@@ -255,6 +262,7 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
             .map(|region| vec![false; per_agent(region)])
             .collect();
         world.stores = vec![None; scenario.regions.len()];
+        world.agent_caps = vec![vec![0; scenario.pools.len()]; scenario.regions.len()];
         world.store_down = (0..scenario.regions.len())
             .map(|_| Arc::new(AtomicBool::new(false)))
             .collect();
@@ -297,7 +305,7 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
         for a in 0..region.agents {
             let (scenario2, shared2) = (scenario.clone(), shared.clone());
             sim.host(agent_host(&region.name, a), move || {
-                run_agent(scenario2.clone(), r, a, shared2.clone())
+                run_agent(scenario2.clone(), r, a, seed, shared2.clone())
             });
         }
         for k in 0..region.gateways {
@@ -327,12 +335,18 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Outcome, SimError> {
     let mut next_fault = 0;
     let mut next_sample = scenario.sample_ms;
     let mut crashed = std::collections::BTreeSet::new();
+    let agent_leasing = scenario.regions.iter().any(|r| r.agent_leasing);
     loop {
         let done = sim.step().map_err(|e| SimError::Turmoil {
             at_ms: sim.elapsed().as_millis() as u64,
             message: e.to_string(),
         })?;
         let now = sim.elapsed().as_millis() as u64;
+        if agent_leasing {
+            // Every step (1 ms of simulated time): a share in force between
+            // two samples still counts for the `rate` bound's agent term.
+            poll_agent_block_caps(&scenario, &shared);
+        }
         while next_fault < faults.len() && faults[next_fault].at_ms <= now {
             let fault = &faults[next_fault];
             let what = apply_fault(&mut sim, &scenario, &shared, &mut crashed, &fault.kind);

@@ -65,7 +65,7 @@ pub(super) fn sample(
     t_ms: u64,
 ) -> Sample {
     // Take what is needed and let go: the agents' clocks lock the world too.
-    let (counts, live, agents, store_down) = {
+    let (counts, live, agents, store_down, agent_caps) = {
         let mut world = shared.lock();
         let store_down: Vec<bool> = world
             .store_down
@@ -73,6 +73,11 @@ pub(super) fn sample(
             .map(|d| d.load(Ordering::SeqCst))
             .collect();
         let counts = std::mem::take(&mut world.counts);
+        let agent_caps = world
+            .agent_caps
+            .iter_mut()
+            .map(|pools| pools.iter_mut().map(std::mem::take).collect::<Vec<u64>>())
+            .collect::<Vec<_>>();
         world.counts = vec![vec![(0, 0); scenario.pools.len()]; scenario.regions.len()];
         // Per Region, its running agents' deciders, first agent first.
         let live: Vec<Vec<Arc<Decider>>> = world
@@ -101,10 +106,18 @@ pub(super) fn sample(
                     .filter(|(_, (_, down))| !**down)
                     .filter_map(|(a, (token, _))| token.map(|t| (a as u32, t)))
                     .collect(),
+                agent_held_tokens: 0,
             })
             .collect();
-        (counts, live, agents, store_down)
+        (counts, live, agents, store_down, agent_caps)
     };
+    let mut agents = agents;
+    for (region, live) in agents.iter_mut().zip(&live) {
+        region.agent_held_tokens = live
+            .iter()
+            .map(|d| d.agent_leases.held_millitokens() / 1_000)
+            .sum();
+    }
     let mut rooms = Vec::new();
     for r in 0..scenario.regions.len() {
         let mut row = Vec::new();
@@ -117,6 +130,11 @@ pub(super) fn sample(
                 ..RegionPool::default()
             };
             region_room(pool, &live[r], &mut room);
+            if scenario.regions[r].agent_leasing {
+                // The polled maximum and the cap in force now (the poll
+                // after this step may not have run yet).
+                room.agent_block_tokens = agent_caps[r][p].max(agent_block_cap(pool, &live[r]));
+            }
             row.push(room);
         }
         rooms.push(row);
@@ -203,6 +221,79 @@ pub(super) fn region_room(pool: &PoolSpec, live: &[Arc<Decider>], room: &mut Reg
     if let Some((enforced, mode)) = chosen {
         room.enforced_millitokens_per_s = enforced;
         room.mode = mode;
+    }
+}
+
+/// The largest agent-side block cap B_cap (tokens) among `live` agents in
+/// a rate pool: [`AgentLeasingSettings::block_cap_millitokens`] of the
+/// bucket the pool's rule charges now (the Region's share bucket, or its
+/// fallback allowance), the same function the agents size their blocks
+/// with; 0 for a window pool, an agent not leasing, or no room.
+///
+/// [`AgentLeasingSettings::block_cap_millitokens`]: leasehold_region_agent::lease::agent::AgentLeasingSettings::block_cap_millitokens
+pub(super) fn agent_block_cap(pool: &PoolSpec, live: &[Arc<Decider>]) -> u64 {
+    if !matches!(pool, PoolSpec::Rate(_)) {
+        return 0;
+    }
+    let rule_id = format!("p-{}", pool.id());
+    live.iter()
+        .filter(|d| d.agent_leases.enabled())
+        .filter_map(|decider| {
+            let bundle = decider.policy.current();
+            let rule = bundle.rule("sim", &rule_id)?;
+            let params = decider.bucket_params(rule)?;
+            Some(
+                decider
+                    .agent_leases
+                    .settings()
+                    .block_cap_millitokens(&params)
+                    / 1_000,
+            )
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// After every simulation step: raises each leasing Region's polled
+/// B_cap ([`World::agent_caps`]) to what its running agents have in force
+/// now. The deciders are read with the world unlocked (their clocks lock
+/// it).
+pub(super) fn poll_agent_block_caps(scenario: &Scenario, shared: &Shared) {
+    let live: Vec<Vec<Arc<Decider>>> = {
+        let world = shared.lock();
+        world
+            .deciders
+            .iter()
+            .zip(&world.down)
+            .zip(&scenario.regions)
+            .map(|((deciders, down), region)| {
+                if !region.agent_leasing {
+                    return Vec::new();
+                }
+                deciders
+                    .iter()
+                    .zip(down)
+                    .filter(|(_, down)| !**down)
+                    .filter_map(|(d, _)| d.clone())
+                    .collect()
+            })
+            .collect()
+    };
+    let caps: Vec<Vec<u64>> = live
+        .iter()
+        .map(|agents| {
+            scenario
+                .pools
+                .iter()
+                .map(|pool| agent_block_cap(pool, agents))
+                .collect()
+        })
+        .collect();
+    let mut world = shared.lock();
+    for (held, now) in world.agent_caps.iter_mut().zip(caps) {
+        for (held, now) in held.iter_mut().zip(now) {
+            *held = (*held).max(now);
+        }
     }
 }
 
