@@ -299,14 +299,16 @@ impl HeldBlocks {
 
     /// Hands back what is expired or idle (unused for `idle_ms`): the
     /// returns to send now. Keys left without leases or a renewal are
-    /// dropped.
+    /// dropped. Returns come in key order, whatever the map's hashing, so
+    /// a simulation replays them the same way.
     pub fn sweep(&mut self, now_ms: i64, idle_ms: i64) -> Vec<Return> {
-        let idle: Vec<String> = self
+        let mut idle: Vec<String> = self
             .by_key
             .iter()
             .filter(|(_, e)| !e.renewing && now_ms.saturating_sub(e.last_used_ms) >= idle_ms)
             .map(|(k, _)| k.clone())
             .collect();
+        idle.sort_unstable();
         for key in idle {
             self.release(&key);
         }
@@ -321,6 +323,7 @@ impl HeldBlocks {
                     .map(|l| (key.clone(), entry.owner.clone(), l)),
             );
         }
+        expired.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, owner, lease) in expired {
             self.push_return(&key, &owner, lease);
         }
@@ -329,7 +332,8 @@ impl HeldBlocks {
 
     /// Every held lease, to give back (shutdown, leasing switched off).
     pub fn drain(&mut self) -> Vec<Return> {
-        let keys: Vec<String> = self.by_key.keys().cloned().collect();
+        let mut keys: Vec<String> = self.by_key.keys().cloned().collect();
+        keys.sort_unstable();
         for key in keys {
             self.release(&key);
         }
