@@ -555,3 +555,83 @@ async fn merge_domains_loads_one_domain_from_several_files() {
     assert_eq!(limit_of(&mut client, "key3", "value3").await, 20);
     agent.stop().await;
 }
+
+/// An RLS call's decision id is drawn per request, so nothing could ever
+/// replay it: a rule with `idempotent_ttl_ms` keeps no decision record for
+/// RLS callers (no write Redis would keep for the TTL), and its refusals
+/// are repeated from the denial cache like any rule's. A native Check with
+/// its own request id still keeps the record and is answered from it.
+#[tokio::test]
+async fn rls_calls_on_an_idempotent_rule_keep_no_record_and_use_the_denial_cache() {
+    const IDEMPOTENT: &str = r#"
+version = 1
+[[domain]]
+name = "native"
+[[domain.rule]]
+id = "n-idem"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "pay" }
+capacity = 2
+refill = 1
+period_ms = 1000000
+fail_mode = "closed"
+idempotent_ttl_ms = 600000
+"#;
+    let (t, store) = common::start_counting(IDEMPOTENT, common::PATIENT_DEADLINE).await;
+    let mut client = rls_client(&t.agent).await;
+    let entries = [("tenant", "atlas"), ("user", "ivy"), ("route_group", "pay")];
+    let codes: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            codes.push(
+                ask(&mut client, vec![descriptor(&entries)])
+                    .await
+                    .overall_code,
+            );
+        }
+        codes
+    };
+    assert_eq!(codes, [OK, OK, OVER]);
+    assert!(
+        t.keys_matching("*_decision*").is_empty(),
+        "an RLS call wrote a decision record: {:?}",
+        t.keys_matching("*")
+    );
+    // The refusal is remembered: the next ones cost no store call.
+    let calls = store.calls.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        assert_eq!(
+            ask(&mut client, vec![descriptor(&entries)])
+                .await
+                .overall_code,
+            OVER
+        );
+    }
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        calls,
+        "refusals reached the store"
+    );
+    let metrics = t.metrics().await;
+    assert!(
+        metrics.contains("leasehold_denial_cache_answers_total{rule=\"n-idem\"} 5"),
+        "{metrics}"
+    );
+    // A Check names its own id: it keeps a record, and a retry is answered
+    // from it.
+    let mut agent = t.client.clone();
+    let check = |id: &str| {
+        let target = leasehold_proto::agent::v1::Target {
+            domain: "native".into(),
+            ..common::target("atlas", "eve", "pay")
+        };
+        common::check(id, target, 1)
+    };
+    let first = agent.check(check("pay-1")).await.unwrap().into_inner();
+    assert!(first.allowed);
+    assert_eq!(t.keys_matching("*_decision*").len(), 1);
+    let again = agent.check(check("pay-1")).await.unwrap().into_inner();
+    assert!(again.allowed && again.replayed);
+    t.agent.stop().await;
+}

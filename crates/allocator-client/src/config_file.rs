@@ -260,8 +260,16 @@ impl GrpcLimits {
         // value.
         let clamp_u32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let clamp_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-        tonic::transport::Server::builder()
-            .concurrency_limit_per_connection(clamp_usize(self.concurrency_per_connection.max(1)))
+        let mut builder = tonic::transport::Server::builder();
+        // Every request holds an HTTP/2 stream, so a per-connection cap at
+        // or above the stream cap can never bind; skipping its layer saves
+        // a semaphore acquire and release per request.
+        if self.concurrency_per_connection < self.max_concurrent_streams {
+            builder = builder.concurrency_limit_per_connection(clamp_usize(
+                self.concurrency_per_connection.max(1),
+            ));
+        }
+        builder
             .max_concurrent_streams(clamp_u32(self.max_concurrent_streams.max(1)))
             .timeout(Duration::from_millis(self.request_timeout_ms.max(1)))
             .http2_keepalive_interval(Some(Duration::from_millis(

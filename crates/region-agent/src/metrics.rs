@@ -31,6 +31,36 @@ const LATENCY_BUCKETS_S: [f64; 12] = [
 /// Cap on (domain, key) label pairs of `leasehold_rls_hits_total`.
 pub const MAX_RLS_METRIC_KEYS: usize = 1_000;
 
+/// One (domain, key)'s labels and its six `leasehold_rls_hits_total`
+/// counters, in [`RLS_HIT_KINDS`] order, each made on its first hit (a kind
+/// never counted has no series, as before the handles were kept).
+struct RlsPair {
+    domain_label: String,
+    key: String,
+    counters: [std::sync::OnceLock<prometheus::IntCounter>; 6],
+}
+
+type RlsCounters = std::sync::Arc<RlsPair>;
+
+/// Admitted (domain, key) pairs and their counters.
+#[derive(Default)]
+struct RlsKeyHandles {
+    by_domain: std::collections::HashMap<String, std::collections::HashMap<String, RlsCounters>>,
+    pairs: usize,
+    /// The `_other` pair, shared by every pair past the cap.
+    other: Option<RlsCounters>,
+}
+
+/// The `kind` label values of `leasehold_rls_hits_total`.
+const RLS_HIT_KINDS: [&str; 6] = [
+    "total_hits",
+    "within_limit",
+    "near_limit",
+    "over_limit",
+    "shadow_mode",
+    "over_limit_with_local_cache",
+];
+
 #[derive(Clone)]
 pub struct AgentMetrics {
     registry: Registry,
@@ -82,7 +112,11 @@ pub struct AgentMetrics {
     /// within_limit | near_limit | over_limit |
     /// over_limit_with_local_cache | shadow_mode.
     pub rls_hits: IntCounterVec,
-    rls_keys: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
+    /// The counters of each (domain, key) pair admitted under
+    /// [`MAX_RLS_METRIC_KEYS`], by domain then key: a request finds its
+    /// handles under a read lock without building a String or hashing the
+    /// labels again.
+    rls_keys: std::sync::Arc<std::sync::RwLock<RlsKeyHandles>>,
     /// gRPC latency by method (the Agent and RLS services' own names) and
     /// code (gRPC's 17), and calls in flight by method.
     pub rpc_duration: HistogramVec,
@@ -407,41 +441,80 @@ impl AgentMetrics {
             .strip_prefix(domain)
             .and_then(|rest| rest.strip_prefix('.'))
             .unwrap_or(stats_key);
-        let admitted = match self.rls_keys.lock() {
-            Ok(mut keys) => {
-                let pair = (domain.to_string(), path.to_string());
-                keys.contains(&pair) || { keys.len() < MAX_RLS_METRIC_KEYS && keys.insert(pair) }
-            }
-            Err(_) => false,
-        };
-        let (domain_label, key) = if admitted {
-            (domain, path)
-        } else {
-            ("_other", "_other")
-        };
-        for (kind, n) in [
-            ("total_hits", stats.total_hits),
-            ("within_limit", stats.within_limit),
-            ("near_limit", stats.near_limit),
-            ("over_limit", stats.over_limit),
-            ("shadow_mode", stats.shadow_mode),
-            (
-                "over_limit_with_local_cache",
-                stats.over_limit_with_local_cache,
-            ),
-        ] {
+        let counters = self.rls_counters(domain, path);
+        let counts = [
+            stats.total_hits,
+            stats.within_limit,
+            stats.near_limit,
+            stats.over_limit,
+            stats.shadow_mode,
+            stats.over_limit_with_local_cache,
+        ];
+        for ((counter, kind), n) in counters.counters.iter().zip(RLS_HIT_KINDS).zip(counts) {
             if n > 0 {
-                self.rls_hits
-                    .with_label_values(&[domain_label, key, kind])
+                counter
+                    .get_or_init(|| {
+                        self.rls_hits.with_label_values(&[
+                            counters.domain_label.as_str(),
+                            counters.key.as_str(),
+                            kind,
+                        ])
+                    })
                     .inc_by(n);
             }
         }
     }
 
+    /// The counters of (domain, path), admitted while fewer than
+    /// [`MAX_RLS_METRIC_KEYS`] pairs are; later pairs count under
+    /// `_other`. A poisoned lock only holds handles: its data is used.
+    fn rls_counters(&self, domain: &str, path: &str) -> RlsCounters {
+        {
+            let keys = self
+                .rls_keys
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(found) = keys.by_domain.get(domain).and_then(|paths| paths.get(path)) {
+                return found.clone();
+            }
+        }
+        let mut keys = self
+            .rls_keys
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = keys.by_domain.get(domain).and_then(|paths| paths.get(path)) {
+            return found.clone();
+        }
+        let pair = |domain_label: &str, key: &str| -> RlsCounters {
+            std::sync::Arc::new(RlsPair {
+                domain_label: domain_label.to_string(),
+                key: key.to_string(),
+                counters: Default::default(),
+            })
+        };
+        if keys.pairs >= MAX_RLS_METRIC_KEYS {
+            return keys
+                .other
+                .get_or_insert_with(|| pair("_other", "_other"))
+                .clone();
+        }
+        let counters = pair(domain, path);
+        keys.pairs += 1;
+        keys.by_domain
+            .entry(domain.to_string())
+            .or_default()
+            .insert(path.to_string(), counters.clone());
+        counters
+    }
+
     /// Sets the policy-version gauge (saturating: versions are u64).
     pub fn set_policy_version(&self, version: u64) {
-        self.policy_version
-            .set(i64::try_from(version).unwrap_or(i64::MAX));
+        let version = i64::try_from(version).unwrap_or(i64::MAX);
+        // Called per decision: a read leaves the cache line shared between
+        // the workers; only a new version writes.
+        if self.policy_version.get() != version {
+            self.policy_version.set(version);
+        }
     }
 
     /// The text exposition format for `/metrics`.
@@ -565,5 +638,62 @@ mod names_tests {
         assert!(m
             .render()
             .contains("leasehold_rpc_in_flight{method=\"Check\"} 0"));
+    }
+}
+
+#[cfg(test)]
+mod rls_hits_tests {
+    use super::*;
+    use crate::envoy::ratelimit::answer::HitStats;
+
+    fn line(rendered: &str, domain: &str, key: &str, kind: &str) -> Option<u64> {
+        let series = format!(
+            "leasehold_rls_hits_total{{domain=\"{domain}\",key=\"{key}\",kind=\"{kind}\"}} "
+        );
+        rendered
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map(|n| n.parse().unwrap())
+    }
+
+    /// Pairs past the cap count under `_other`, every pair under the cap
+    /// keeps its own series across calls, and a kind never counted has no
+    /// series at all.
+    #[test]
+    fn rls_pairs_past_the_cap_count_under_other_and_unused_kinds_stay_absent() {
+        let m = AgentMetrics::new().expect("registers");
+        let hit = HitStats {
+            total_hits: 1,
+            within_limit: 1,
+            ..HitStats::default()
+        };
+        for round in 0..2 {
+            for i in 0..MAX_RLS_METRIC_KEYS + 3 {
+                m.record_rls("d", &format!("d.k{i}"), &hit);
+            }
+            let over = HitStats {
+                total_hits: 2,
+                over_limit: 2,
+                ..HitStats::default()
+            };
+            m.record_rls("d", "d.k0", &over);
+            let rendered = m.render();
+            let rounds = round as u64 + 1;
+            assert_eq!(line(&rendered, "d", "k0", "total_hits"), Some(3 * rounds));
+            assert_eq!(line(&rendered, "d", "k0", "over_limit"), Some(2 * rounds));
+            let last_kept = format!("k{}", MAX_RLS_METRIC_KEYS - 1);
+            assert_eq!(
+                line(&rendered, "d", &last_kept, "within_limit"),
+                Some(rounds)
+            );
+            assert_eq!(line(&rendered, "d", &last_kept, "over_limit"), None);
+            let first_past = format!("k{MAX_RLS_METRIC_KEYS}");
+            assert_eq!(line(&rendered, "d", &first_past, "total_hits"), None);
+            assert_eq!(
+                line(&rendered, "_other", "_other", "total_hits"),
+                Some(3 * rounds)
+            );
+            assert_eq!(line(&rendered, "d", "k1", "shadow_mode"), None);
+        }
     }
 }

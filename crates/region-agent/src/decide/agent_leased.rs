@@ -83,7 +83,6 @@ impl Decider {
             && !rule.security
             && !rule.exact
             && !rule.shadow
-            && rule.idempotent_ttl_ms.is_none()
             && rule.concurrency.is_none()
     }
 
@@ -119,7 +118,7 @@ impl Decider {
         if !leases.enabled()
             || request.look
             || with_shadow
-            || rules.iter().any(|r| r.idempotent_ttl_ms.is_some())
+            || (request.record && rules.iter().any(|r| r.idempotent_ttl_ms.is_some()))
         {
             split.rest = rules.to_vec();
             return Ok(split);
@@ -428,7 +427,7 @@ impl Decider {
             };
             return Ok(Enforced::Decided(decision, Vec::new()));
         }
-        let (plan, call) = match self.plan(&rest, &[], target, decision_id, cost, true) {
+        let (plan, call) = match self.plan(&rest, &[], target, decision_id, cost, request.record) {
             Ok(planned) => planned,
             Err(e) => {
                 self.settle_taken(&taken, false);
@@ -450,7 +449,7 @@ impl Decider {
                 };
             }
         };
-        let denial_key = self.denial_key(bundle, &plan, target, cost);
+        let denial_key = self.denial_key(bundle, &plan, &call, target, cost);
         if let Some(decision) = self.cached_refusal(denial_key.as_ref(), &plan, bundle, decision_id)
         {
             self.settle_taken(&taken, false);

@@ -198,6 +198,7 @@ impl Decider {
             decision_id,
             cost,
             look,
+            ..
         } = *request;
         self.counters
             .fallback_decisions

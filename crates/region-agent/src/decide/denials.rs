@@ -17,6 +17,7 @@ use leasehold_proto::agent::v1 as pb;
 
 use crate::denial::Denial;
 use crate::request::RequestTarget;
+use crate::store::script::{ScriptCall, ScriptKind};
 
 use super::*;
 
@@ -34,6 +35,7 @@ impl Decider {
         &self,
         bundle: &Bundle,
         plan: &Planned<'_>,
+        call: &ScriptCall,
         target: &RequestTarget,
         cost: u64,
     ) -> Option<DenialKey> {
@@ -44,14 +46,22 @@ impl Decider {
         let mut hasher = DefaultHasher::new();
         bundle.version.hash(&mut hasher);
         let mut costs = Vec::with_capacity(plan.rules.len());
-        for rule in &plan.rules {
+        // A multi_rule call already holds the enforcing bucket keys, in
+        // plan order, after its decision key: not built a second time.
+        let planned_keys = (call.kind == ScriptKind::MultiRule)
+            .then(|| call.keys.get(1..))
+            .flatten();
+        for (i, rule) in plan.rules.iter().enumerate() {
             if rule.algorithm == Algorithm::Concurrency {
                 return None;
             }
             if !key.is_empty() {
                 key.push('\n');
             }
-            key.push_str(&self.bucket_key(rule, target).ok()?);
+            match planned_keys.and_then(|keys| keys.get(i)) {
+                Some(planned) => key.push_str(planned),
+                None => key.push_str(&self.bucket_key(rule, target).ok()?),
+            }
             let params = self.bucket_params(rule)?;
             (
                 params.capacity_millitokens,

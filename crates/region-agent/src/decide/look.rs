@@ -45,6 +45,7 @@ impl Decider {
             decision_id: &decision_id,
             cost: ONE_HIT,
             look: true,
+            record: false,
         };
         if enforcing.is_empty() {
             let (_, reported) = self.run_shadow_alone(&shadow, &request).await?;

@@ -146,6 +146,12 @@ struct Request<'a> {
     /// A look ([`Decider::look`]): decided as `cost` would be, charging
     /// nothing, the local fallback included.
     look: bool,
+    /// The caller's id can come again (Check, CheckBatch), so a rule with
+    /// `idempotent_ttl_ms` keeps a decision record to answer the replay.
+    /// An RLS call's id is drawn per request: nothing could replay it, so
+    /// it writes no record, and it is not kept from the denial cache or
+    /// agent leasing for want of one.
+    record: bool,
 }
 
 /// A decision as Envoy's RLS reports it ([`Decider::check_spending_leased`],
@@ -311,7 +317,8 @@ impl Decider {
                 false,
             ) {
                 Ok((plan, call)) => {
-                    let key = self.denial_key(request.bundle, &plan, request.target, request.cost);
+                    let key =
+                        self.denial_key(request.bundle, &plan, &call, request.target, request.cost);
                     if let Some(refused) = self.cached_refusal(
                         key.as_ref(),
                         &plan,
@@ -383,12 +390,13 @@ impl Decider {
             rule = tracing::field::Empty,
             allowed = tracing::field::Empty,
         );
-        let domain = target.domain.clone();
+        // The span's fields cost a bundle lookup: only when it is recorded.
+        let domain = (!span.is_disabled()).then(|| target.domain.clone());
         let decided = self
             .check_decided(decision_id, target, cost, spend_leased)
             .instrument(span.clone())
             .await;
-        if let Ok(RlsDecision { decision, .. }) = &decided {
+        if let (Some(domain), Ok(RlsDecision { decision, .. })) = (domain, &decided) {
             let bundle = self.policy.current();
             let pool = bundle
                 .rule(&domain, &decision.policy_id)
@@ -423,6 +431,7 @@ impl Decider {
             decision_id: &decision_id,
             cost,
             look: false,
+            record: !spend_leased,
         };
         let mut reported_shadow = None;
         let (mut decision, shadow_outcomes) = if enforcing.is_empty() {
@@ -504,7 +513,8 @@ impl Decider {
             return self.check_with_blocks(enforcing, split, request).await;
         }
         let (riders, detached) = self.riders(enforcing, shadow, target)?;
-        let (plan, call) = match self.plan(enforcing, &riders, target, decision_id, cost, true) {
+        let record = request.record;
+        let (plan, call) = match self.plan(enforcing, &riders, target, decision_id, cost, record) {
             Ok(planned) => planned,
             Err(PlanError::Invalid(e)) => return Err(e),
             Err(PlanError::NoRoom(rule)) => {
@@ -514,7 +524,7 @@ impl Decider {
                 return Ok(Enforced::NoRoom(decision));
             }
         };
-        let denial_key = self.denial_key(bundle, &plan, target, cost);
+        let denial_key = self.denial_key(bundle, &plan, &call, target, cost);
         if let Some(decision) = self.cached_refusal(denial_key.as_ref(), &plan, bundle, decision_id)
         {
             // Repeated from memory: no store call, no shadow rule evaluated.

@@ -12,6 +12,9 @@ use crate::store::script::{ScriptCall, ScriptKind};
 
 use super::*;
 
+/// The `request_digest` of a call that keeps no record: valid, never read.
+const NO_RECORD_DIGEST: &str = "00000000000000000000000000000000";
+
 impl Decider {
     /// The call of `rules` (all or none), with `riders` (shadow token
     /// buckets under the same hash tag, each on its own) when it is a
@@ -72,12 +75,17 @@ impl Decider {
         // keys (tag, rules, principal) and costs. Shadow rules stay out: one
         // never refuses, so a reload adding one must not make a retry a
         // refused reuse.
-        let digest = crate::algorithm::multi_rule::request_digest(
-            call.keys[1..]
-                .iter()
-                .map(String::as_str)
-                .zip(costs.iter().copied()),
-        );
+        // Without a record (ttl 0) the script never reads the digest.
+        let digest = if ttl > 0 {
+            crate::algorithm::multi_rule::request_digest(
+                call.keys[1..]
+                    .iter()
+                    .map(String::as_str)
+                    .zip(costs.iter().copied()),
+            )
+        } else {
+            NO_RECORD_DIGEST.to_string()
+        };
         let mut params = Vec::with_capacity(rules.len() + shadow.len());
         for rule in rules {
             params.push(self.bucket_params(rule).ok_or(PlanError::NoRoom(rule))?);

@@ -15,7 +15,8 @@
 //! from its own task at once, exactly as without the coalescer. A flush
 //! that carries other callers' requests runs in a task of its own (a
 //! cancelled caller must not strand them); when it completes it steps the
-//! gatherer again, so what gathered meanwhile goes out at once; one timer
+//! gatherer again, so what gathered meanwhile goes out at once, from the
+//! same task (no spawn per batch under load); one timer
 //! task per gathering window flushes at `max_wait`. Each flush is one
 //! pipeline through [`PackStore::run_packs`].
 //!
@@ -306,13 +307,20 @@ fn duration_us(duration: Duration) -> u64 {
 /// mid-send), and steps the gatherer: what gathered meanwhile goes out.
 struct BatchDone<'a>(&'a Arc<Shared>);
 
+impl BatchDone<'_> {
+    /// Marks the batch complete and returns the gatherer's next step for
+    /// the caller to act on (instead of acting on it here).
+    fn finish(self) -> Step<Ticket> {
+        let shared = self.0;
+        // Only a reference: forgetting it leaks nothing; it skips `drop`.
+        std::mem::forget(self);
+        shared.complete()
+    }
+}
+
 impl Drop for BatchDone<'_> {
     fn drop(&mut self) {
-        let step = {
-            let mut state = self.0.lock();
-            state.gatherer.batch_done();
-            self.0.step(&mut state)
-        };
+        let step = self.0.complete();
         self.0.handle(step);
     }
 }
@@ -324,6 +332,13 @@ impl Shared {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// One batch completed: the gatherer's next step.
+    fn complete(&self) -> Step<Ticket> {
+        let mut state = self.lock();
+        state.gatherer.batch_done();
+        self.step(&mut state)
     }
 
     fn now_us(&self) -> u64 {
@@ -383,8 +398,21 @@ impl Shared {
         if let Some(flush) = step.flush {
             let shared = self.clone();
             runtime.spawn(async move {
-                let _done = BatchDone(&shared);
-                Shared::send(&shared, flush, false).await;
+                // What gathered during a send goes out from this same task:
+                // under load one task carries batch after batch, with no
+                // spawn (and no cross-thread wake) per batch.
+                let mut flush = flush;
+                loop {
+                    let done = BatchDone(&shared);
+                    Shared::send(&shared, flush, false).await;
+                    let mut step = done.finish();
+                    let next = step.flush.take();
+                    shared.handle(step);
+                    match next {
+                        Some(next) => flush = next,
+                        None => break,
+                    }
+                }
             });
         }
         if let Some(wake_us) = step.wake_at_us {

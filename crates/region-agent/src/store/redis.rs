@@ -122,6 +122,14 @@ impl RedisStore {
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, Failure> {
+        // The common case, a connection already made, without queueing on
+        // the async lock (a contended one parks the task and wakes it from
+        // another thread).
+        if let Ok(slot) = self.connection.try_lock() {
+            if let Some(conn) = slot.as_ref() {
+                return Ok(conn.clone());
+            }
+        }
         let mut slot = self.connection.lock().await;
         if let Some(conn) = slot.as_ref() {
             return Ok(conn.clone());

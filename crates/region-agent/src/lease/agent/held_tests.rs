@@ -249,3 +249,45 @@ proptest! {
         prop_assert_eq!(granted, spent + returned);
     }
 }
+
+/// Sweeps and drains hand back in key order, whatever order the map
+/// holds them in: the simulation sends the returns one after another and
+/// must replay them the same way in every process.
+#[test]
+fn sweeps_and_drains_return_in_key_order() {
+    let keys = ["m", "c", "x", "a", "q", "f", "z", "b"];
+    let mut held = HeldBlocks::new(16);
+    for (i, key) in keys.iter().enumerate() {
+        held.take(key, &owner(), 1, 1_000, 10_000, 0);
+        held.granted(
+            key,
+            &owner(),
+            1,
+            lease(&format!("l{i}"), 10_000, 100_000),
+            0,
+        );
+    }
+    let idle: Vec<String> = held
+        .sweep(50_000, 2_000)
+        .into_iter()
+        .map(|r| r.bucket_key)
+        .collect();
+    let mut sorted = idle.clone();
+    sorted.sort();
+    assert_eq!(idle.len(), keys.len());
+    assert_eq!(idle, sorted);
+
+    let mut held = HeldBlocks::new(16);
+    for (i, key) in keys.iter().enumerate() {
+        held.take(key, &owner(), 1, 1_000, 10_000, 0);
+        held.granted(
+            key,
+            &owner(),
+            1,
+            lease(&format!("l{i}"), 10_000, 100_000),
+            0,
+        );
+    }
+    let drained: Vec<String> = held.drain().into_iter().map(|r| r.bucket_key).collect();
+    assert_eq!(drained, sorted);
+}
