@@ -477,6 +477,15 @@ impl AgentMetrics {
             if let Some(found) = keys.by_domain.get(domain).and_then(|paths| paths.get(path)) {
                 return found.clone();
             }
+            // Past the cap every new pair shares `_other`: no write lock
+            // per request once it exists.
+            if let Some(other) = keys
+                .other
+                .as_ref()
+                .filter(|_| keys.pairs >= MAX_RLS_METRIC_KEYS)
+            {
+                return other.clone();
+            }
         }
         let mut keys = self
             .rls_keys

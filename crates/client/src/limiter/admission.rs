@@ -27,7 +27,7 @@ impl Admission<'_> {
                     .stats
                     .block_only_admissions
                     .fetch_add(1, Ordering::Relaxed);
-                return profile.allowed_split_for_blocks(self.request_id);
+                return profile.allowed_from_blocks(self.request_id);
             }
         }
         let decision = match self.check().await {

@@ -367,7 +367,7 @@ impl Profile {
     }
 
     /// The decision for a request paid from blocks alone.
-    fn allowed_split_for_blocks(&self, request_id: String) -> Decision {
+    fn allowed_from_blocks(&self, request_id: String) -> Decision {
         Decision {
             allowed: true,
             decision_id: request_id,

@@ -291,7 +291,7 @@ impl Decider {
     /// The decision of a request whose enforcing rules all came from
     /// blocks: allowed, reporting the rule with the least left (the
     /// agent's estimate: the store's last report plus its blocks).
-    pub(super) fn decided_split_for_blocks(
+    pub(super) fn decided_from_blocks(
         &self,
         bundle: &Bundle,
         taken: &[Taken<'_>],
@@ -310,7 +310,7 @@ impl Decider {
         decision: pb::Decision,
         taken: &[Taken<'_>],
     ) -> pb::Decision {
-        match self.decided_split_for_blocks(bundle, taken, &decision.decision_id) {
+        match self.decided_from_blocks(bundle, taken, &decision.decision_id) {
             Some(mut local) if decision.allowed && local.remaining < decision.remaining => {
                 local.store_now_ms = decision.store_now_ms;
                 local.fallback = decision.fallback;
@@ -421,7 +421,7 @@ impl Decider {
             self.apply_lease_replies(&asks, replies, sent_ms);
             self.settle_taken(&taken, true);
             self.count_pool_outcome(enforcing, true, None);
-            let decision = match self.decided_split_for_blocks(bundle, &taken, decision_id) {
+            let decision = match self.decided_from_blocks(bundle, &taken, decision_id) {
                 Some(decision) => decision,
                 None => self.unruled(bundle, decision_id),
             };

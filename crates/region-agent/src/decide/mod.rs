@@ -513,8 +513,14 @@ impl Decider {
             return self.check_with_blocks(enforcing, split, request).await;
         }
         let (riders, detached) = self.riders(enforcing, shadow, target)?;
-        let record = request.record;
-        let (plan, call) = match self.plan(enforcing, &riders, target, decision_id, cost, record) {
+        let (plan, call) = match self.plan(
+            enforcing,
+            &riders,
+            target,
+            decision_id,
+            cost,
+            request.record,
+        ) {
             Ok(planned) => planned,
             Err(PlanError::Invalid(e)) => return Err(e),
             Err(PlanError::NoRoom(rule)) => {
