@@ -417,15 +417,10 @@ impl RedisStore {
             .iter()
             .map(AsRef::as_ref)
             .filter(|pack| !pack.is_empty())
-            // A lone call goes as it is: as a bucket_pack it would cost
-            // Redis the same (the call itself dominates) and the agent a
-            // translation.
-            .map(|pack| match pack {
-                [one] => Wire::Plain(one),
-                many => match pack::bucket_pack_call(many) {
-                    Some(buckets) => Wire::Buckets(buckets, many.len()),
-                    None => Wire::Packed(multi_decision_call(many), many.len()),
-                },
+            .map(|pack| match (pack::bucket_pack_call(pack), pack) {
+                (Some(buckets), _) => Wire::Buckets(buckets, pack.len()),
+                (None, [one]) => Wire::Plain(one),
+                (None, many) => Wire::Packed(multi_decision_call(many), many.len()),
             })
             .collect();
         let calls = packs.iter().map(|pack| pack.as_ref().len()).sum();
@@ -502,7 +497,15 @@ impl BucketStore for RedisStore {
             if calls.is_empty() {
                 return Vec::new();
             }
-            let wires: Vec<Wire<'_>> = calls.iter().map(Wire::Plain).collect();
+            let wires: Vec<Wire<'_>> = calls
+                .iter()
+                .map(
+                    |call| match pack::bucket_pack_call(std::slice::from_ref(call)) {
+                        Some(buckets) => Wire::Buckets(buckets, 1),
+                        None => Wire::Plain(call),
+                    },
+                )
+                .collect();
             // One deadline covers connecting and the reply: no call waits past it.
             let deadline = tokio::time::Instant::now() + self.config.call_deadline;
             match self.execute(&wires, calls.len(), deadline, false).await {
