@@ -408,6 +408,7 @@ const CASES: &[Case] = &[
         1_000_000_000,
     ),
     case(Agent, "[agent_leasing]", "block_window_ms", 10, 10_000),
+    case(Agent, "[agent_leasing]", "block_span_ms", 10, 10_000),
     case(Agent, "[agent_leasing]", "max_capacity_percent", 1, 50),
     case(Agent, "[agent_leasing]", "idle_ms", 100, 60_000),
     case(Agent, "[agent_leasing]", "sweep_ms", 10, 10_000),

@@ -159,6 +159,8 @@ struct Row {
     /// CPU of the threads serving the row (agent or baseline server).
     server_cpu_s: Option<f64>,
     denial_answers: Option<u64>,
+    /// Rules of admitted requests the agent answered from its own blocks.
+    block_answers: Option<u64>,
     worst: Option<Worst>,
     worst_flagged: Option<Worst>,
 }
@@ -243,16 +245,26 @@ impl RedisCounters {
     }
 }
 
-/// Sum of the agent's `leasehold_denial_cache_answers_total` series.
-fn denial_answers(agent: &RunningAgent) -> u64 {
+/// Sum of the series of one of the agent's counters.
+fn counter_total(agent: &RunningAgent, name: &str) -> u64 {
     agent
         .decider
         .metrics
         .render()
         .lines()
-        .filter(|l| l.starts_with("leasehold_denial_cache_answers_total"))
+        .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// Sum of the agent's `leasehold_denial_cache_answers_total` series.
+fn denial_answers(agent: &RunningAgent) -> u64 {
+    counter_total(agent, "leasehold_denial_cache_answers_total")
+}
+
+/// Sum of the agent's `leasehold_agent_lease_answers_total` series.
+fn block_answers(agent: &RunningAgent) -> u64 {
+    counter_total(agent, "leasehold_agent_lease_answers_total")
 }
 
 /// Shared by every row of a run.
@@ -283,6 +295,7 @@ impl Bench<'_> {
         let (cpu0, calls0) = self.redis.read()?;
         let threads0 = server.map(|(threads, _)| threads_cpu_seconds(threads));
         let denials0 = server.and_then(|(_, agent)| agent.map(denial_answers));
+        let blocks0 = server.and_then(|(_, agent)| agent.map(block_answers));
         let driven = drive(
             caller,
             self.workload.clone(),
@@ -314,6 +327,10 @@ impl Bench<'_> {
                 .and_then(|(_, agent)| agent.map(denial_answers))
                 .zip(denials0)
                 .map(|(d1, d0)| d1.saturating_sub(d0)),
+            block_answers: server
+                .and_then(|(_, agent)| agent.map(block_answers))
+                .zip(blocks0)
+                .map(|(b1, b0)| b1.saturating_sub(b0)),
             driven,
         };
         print_row(&row);
@@ -506,6 +523,9 @@ fn print_row(row: &Row) {
     }
     if let Some(answers) = row.denial_answers {
         notes.push(format!("denial cache answered {answers}"));
+    }
+    if let Some(answers) = row.block_answers.filter(|n| *n > 0) {
+        notes.push(format!("rules answered from blocks {answers}"));
     }
     if d.admissions.untracked > 0 {
         notes.push(format!("{} admissions untracked", d.admissions.untracked));

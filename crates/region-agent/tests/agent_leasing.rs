@@ -6,8 +6,12 @@
 //! every request with one script. Under arbitrary key mixes, costs and
 //! clock steps, the leasing agent stays within the bound of §5 for every
 //! bucket and every interval — admitted ≤ C + r·t + 1.2 × B_cap — where
-//! the exact agent stays within C + r·t; and over the whole stream it
-//! admits no more than the exact agent plus that leasing term.
+//! the exact agent stays within C + r·t. The whole stream is one of those
+//! intervals. (Its total is not within one leasing term of the exact
+//! agent's total: each time the bucket refills to its capacity while the
+//! agent holds a block, the block comes on top of the full bucket, which
+//! is what the term allows per interval, so a stream with several pauses
+//! may gain it several times. The interval bound is the promise.)
 //!
 //! The share test: the allocator lowering a Region's share takes effect
 //! for leased keys at once, on a real redis-server.
@@ -280,11 +284,6 @@ proptest::proptest! {
                         proptest::prop_assert!(
                             excess <= term + 1e-9,
                             "{}: {:.1} tokens over C + r·t, leasing term {:.1}", bucket, excess, term
-                        );
-                        let total = |log: &[(i64, u64)]| log.iter().map(|(_, c)| c).sum::<u64>() as f64;
-                        proptest::prop_assert!(
-                            total(&leased_admitted) <= total(&exact_admitted) + term + 1e-9,
-                            "{bucket}: {} admitted with leasing, {} exact", total(&leased_admitted), total(&exact_admitted)
                         );
                     }
                 }

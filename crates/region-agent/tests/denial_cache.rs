@@ -87,12 +87,21 @@ impl BucketStore for Counting {
 }
 
 fn decider(store: Arc<dyn BucketStore>, clock: Arc<dyn Clock>, denials: SharedDenials) -> Decider {
+    decider_with(&policy_text(1, 3, 2), store, clock, denials)
+}
+
+fn decider_with(
+    policy_text: &str,
+    store: Arc<dyn BucketStore>,
+    clock: Arc<dyn Clock>,
+    denials: SharedDenials,
+) -> Decider {
     Decider {
         region: "eu".into(),
         store,
         keys: KeyBuilder::new(b"denial-cache-test-pepper-01234").unwrap(),
         policy: Arc::new(PolicyHolder::new(
-            policy::parse("denials.toml", &policy_text(1, 3, 2), None).unwrap(),
+            policy::parse("denials.toml", policy_text, None).unwrap(),
         )),
         fallback: LocalFallback::new(100),
         metrics: AgentMetrics::new().unwrap(),
@@ -339,5 +348,79 @@ fn an_over_limit_flood_costs_redis_one_call() {
                 .allowed
         );
         assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+    });
+}
+
+/// A client's own bucket and one bucket per route: every request charges
+/// the client's bucket and its route's.
+const SHARED_BUCKET_POLICY: &str = r#"
+version = 1
+[[domain]]
+name = "api"
+[[domain.rule]]
+id = "client"
+scope = "user"
+algorithm = "token_bucket"
+capacity = 2
+refill = 1
+period_ms = 60000
+fail_mode = "closed"
+[[domain.rule]]
+id = "route-x"
+scope = "tenant"
+algorithm = "token_bucket"
+match = { route_group = "x" }
+capacity = 100
+refill = 100
+period_ms = 1000
+fail_mode = "closed"
+[[domain.rule]]
+id = "route-y"
+scope = "tenant"
+algorithm = "token_bucket"
+match = { route_group = "y" }
+capacity = 100
+refill = 100
+period_ms = 1000
+fail_mode = "closed"
+"#;
+
+#[test]
+fn a_bucket_that_refused_refuses_from_memory_whatever_the_other_rules() {
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock(AtomicI64::new(1_700_000_000_000)));
+        let store = Arc::new(Counting {
+            inner: Arc::new(MemoryStore::new(clock.clone())),
+            calls: AtomicU64::new(0),
+        });
+        let agent = decider_with(
+            SHARED_BUCKET_POLICY,
+            store.clone(),
+            clock.clone(),
+            SharedDenials::new(64),
+        );
+        for i in 0..2 {
+            assert!(agent.check(check(i, "x", 1, 1)).await.unwrap().allowed);
+        }
+        let refused = agent.check(check(2, "x", 1, 1)).await.unwrap();
+        assert!(!refused.allowed);
+        assert_eq!(refused.policy_id, "client");
+        let calls = store.calls.load(Ordering::SeqCst);
+        // Another route of the same client: a rule set the store never
+        // answered, refused from memory by the client's bucket.
+        let other_route = agent.check(check(3, "y", 1, 1)).await.unwrap();
+        assert!(!other_route.allowed);
+        assert_eq!(other_route.policy_id, "client");
+        assert!(
+            other_route.retry_after_ms > 0 && other_route.retry_after_ms <= refused.retry_after_ms
+        );
+        assert_eq!(store.calls.load(Ordering::SeqCst), calls, "no store call");
+        // Another client on that route is asked of the store, admitted.
+        assert!(agent.check(check(4, "y", 2, 1)).await.unwrap().allowed);
+        assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+        // Once the retry time has passed, the store is asked again.
+        clock.0.fetch_add(refused.retry_after_ms, Ordering::SeqCst);
+        assert!(agent.check(check(5, "y", 1, 1)).await.unwrap().allowed);
+        assert_eq!(store.calls.load(Ordering::SeqCst), calls + 2);
     });
 }

@@ -508,6 +508,12 @@ impl Decider {
             cost,
             ..
         } = *request;
+        if let Some(decision) = self.cached_bucket_refusal(enforcing, request) {
+            // One of its buckets refused lately: no block taken, nothing
+            // counted hot, no store call, no shadow rule evaluated.
+            self.count_pool_outcome(enforcing, false, None);
+            return Ok(Enforced::Decided(decision, Vec::new()));
+        }
         let split = self.split_for_blocks(enforcing, request, !shadow.is_empty())?;
         if !split.untouched() {
             return self.check_with_blocks(enforcing, split, request).await;

@@ -11,8 +11,9 @@
 //!   shadow nor idempotent (a replay must be answered from its record);
 //!   never concurrency caps or window pools. A request with shadow rules
 //!   is decided exactly (they are evaluated per request anyway).
-//! - **Block size** ([`AgentLeasingSettings::block_millitokens`]): the
-//!   key's rate × `block_window_ms`, at most the rule's cap
+//! - **Block size** ([`AgentLeasingSettings::block_millitokens`]): what
+//!   the key asks over `block_span_ms` (1 s: a hot key renews about once
+//!   a second, whatever its rate), at most the rule's cap
 //!   B_cap = min(⌈r × block_window⌉, ⌊C × max_capacity_percent / 100⌋)
 //!   (r the bucket's refill rate, C its capacity, both at the Region's
 //!   current share for a pool rule); under 2 tokens the key stays exact.
@@ -49,9 +50,11 @@ pub struct AgentLeasingSettings {
     pub max_keys: usize,
     /// A key is hot from this rate (tokens asked per second).
     pub hot_rate_tokens_per_s: u64,
-    /// A block is the key's rate over this span (and the rule's refill over
-    /// it at most).
+    /// A block is at most the rule's refill over this span (B_cap, the
+    /// bound's term).
     pub block_window_ms: u64,
+    /// A block is what the key asks over this span (at most B_cap).
+    pub block_span_ms: u64,
     /// A block is at most this share of the bucket's capacity.
     pub max_capacity_percent: u64,
     /// A key unused this long gives its blocks back.
@@ -64,8 +67,15 @@ pub struct AgentLeasingSettings {
 
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
 pub const MAX_MAX_KEYS: usize = 1_000_000;
-pub const DEFAULT_HOT_RATE_TOKENS_PER_S: u64 = 20;
+/// A key asking 4 tokens/s gets a 4-token block: one lease a second in
+/// place of four scripts. A slower key's blocks would be too small to pay
+/// for their lease, so it stays exact.
+pub const DEFAULT_HOT_RATE_TOKENS_PER_S: u64 = 4;
 pub const DEFAULT_BLOCK_WINDOW_MS: u64 = 250;
+/// One lease a second per hot key: a lease costs the store about what
+/// 1.6 cold decisions do (it also writes the lease record).
+pub const DEFAULT_BLOCK_SPAN_MS: u64 = 1_000;
+pub const MAX_BLOCK_SPAN_MS: u64 = 10_000;
 pub const MAX_BLOCK_WINDOW_MS: u64 = 10_000;
 pub const DEFAULT_MAX_CAPACITY_PERCENT: u64 = 10;
 pub const DEFAULT_IDLE_MS: u64 = 2_000;
@@ -85,6 +95,7 @@ impl Default for AgentLeasingSettings {
             max_keys: DEFAULT_MAX_KEYS,
             hot_rate_tokens_per_s: DEFAULT_HOT_RATE_TOKENS_PER_S,
             block_window_ms: DEFAULT_BLOCK_WINDOW_MS,
+            block_span_ms: DEFAULT_BLOCK_SPAN_MS,
             max_capacity_percent: DEFAULT_MAX_CAPACITY_PERCENT,
             idle_ms: DEFAULT_IDLE_MS,
             sweep_ms: DEFAULT_SWEEP_MS,
@@ -132,7 +143,7 @@ impl AgentLeasingSettings {
         if !self.enabled || rate_tokens_per_s < self.hot_rate_tokens_per_s as f64 {
             return 0;
         }
-        let want_tokens = (rate_tokens_per_s * self.block_window_ms as f64 / 1_000.0).ceil();
+        let want_tokens = (rate_tokens_per_s * self.block_span_ms as f64 / 1_000.0).ceil();
         // Saturating float → int: a huge rate is capped just below.
         let want = (want_tokens as u64).saturating_mul(MILLI);
         let block = want.min(self.block_cap_millitokens(params));
@@ -292,15 +303,22 @@ mod tests {
         // 1,000/s, capacity 1,000: cap min(250, 100) = 100 tokens.
         let p = params(1_000, 1_000, 1_000);
         assert_eq!(s.block_cap_millitokens(&p), 100_000);
-        assert_eq!(s.block_millitokens(40.0, &p, 1_000), 10_000);
+        // What the key asks in a second (block_span_ms).
+        assert_eq!(s.block_millitokens(40.0, &p, 1_000), 40_000);
+        assert_eq!(s.block_millitokens(4.0, &p, 1_000), 4_000);
+        // Up to the cap, however fast the key.
         assert_eq!(s.block_millitokens(5_000.0, &p, 1_000), 100_000);
+        // The cap follows the refill over block_window_ms, not the span.
+        let slow_refill = params(1_000_000, 20, 1_000);
+        assert_eq!(s.block_cap_millitokens(&slow_refill), 5_000);
+        assert_eq!(s.block_millitokens(40.0, &slow_refill, 1_000), 5_000);
     }
 
     #[test]
     fn a_cold_key_a_small_rule_and_leasing_off_stay_exact() {
         let s = AgentLeasingSettings::on();
         let p = params(1_000, 1_000, 1_000);
-        assert_eq!(s.block_millitokens(19.0, &p, 1_000), 0);
+        assert_eq!(s.block_millitokens(3.9, &p, 1_000), 0);
         // 10 per minute: a block would be under 2 tokens.
         assert_eq!(
             s.block_millitokens(500.0, &params(10, 10, 60_000), 1_000),

@@ -4,9 +4,12 @@
 //! back ([`Return`]) when they expire, go idle, or the rule's room changes.
 //!
 //! What is unspent is bounded per key: a renewal is asked only when what
-//! is left is at most a fifth of the block and no renewal is in flight,
-//! so a key holds at most 1.2 × B (ARCHITECTURE §3.5's term, with the
-//! agent counted among the N holders). The table holds at most
+//! is left — with what requests in flight took and what waits to be
+//! given back — is at most a fifth of the block and no renewal is in
+//! flight, so a key holds at most 1.2 × B (ARCHITECTURE §3.5's term, with
+//! the agent counted among the N holders). A return counts until the
+//! sweep sends it: an expired lease's tokens reach the bucket only then,
+//! and must not come on top of a full new block. The table holds at most
 //! `max_keys` keys: a key that finds it full stays exact.
 //!
 //! Time is the agent's clock in ms, always an argument.
@@ -21,6 +24,14 @@ pub const RENEW_AT_PERCENT: u64 = 20;
 
 /// Returns queued between two sweeps, at least.
 pub const RETURNS_MAX: usize = 4_096;
+
+/// A renewal still unanswered this long after it was asked is given up
+/// (the request that asked was cancelled, so its answer is never
+/// applied), and the key may lease again. Longer than the longest store
+/// call deadline (`store.call_deadline_ms`, at most 60 s) plus a block's
+/// life: no answer to it can arrive after this, and one that did would be
+/// past its own expiry, never spent.
+pub const RENEWAL_LOST_MS: i64 = 60_000 + crate::lease::expiry::BLOCK_EXPIRES_IN_MS;
 
 /// One lease of a block, recorded in the store under `lease_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +71,8 @@ struct KeyBlocks {
     leases: Vec<Lease>,
     /// Size of the block asked last (renewal threshold).
     block_millitokens: u64,
-    renewing: bool,
+    /// When the renewal in flight was asked (None: none is).
+    renewing_since_ms: Option<i64>,
     /// After a refused lease: no new lease before this (the key is
     /// decided exactly meanwhile).
     exact_until_ms: i64,
@@ -73,6 +85,12 @@ struct KeyBlocks {
 }
 
 impl KeyBlocks {
+    /// Whether a renewal asked is still awaited at `now_ms`.
+    fn renewing_at(&self, now_ms: i64) -> bool {
+        self.renewing_since_ms
+            .is_some_and(|since| now_ms.saturating_sub(since) < RENEWAL_LOST_MS)
+    }
+
     fn left(&self) -> u64 {
         self.leases.iter().map(|l| l.left_millitokens).sum()
     }
@@ -102,6 +120,9 @@ pub struct HeldBlocks {
     by_key: HashMap<String, KeyBlocks>,
     /// Leases to give back, oldest first (bounded: see [`Self::push_return`]).
     returns: Vec<Return>,
+    /// Millitokens of `returns` per bucket key: unspent room the key still
+    /// holds until the sweep sends them (at most one entry per return).
+    returning: HashMap<String, u64>,
 }
 
 impl HeldBlocks {
@@ -136,6 +157,8 @@ impl HeldBlocks {
         if self.returns.len() >= RETURNS_MAX.max(4 * self.max_keys) {
             return;
         }
+        let returning = self.returning.entry(bucket_key.to_string()).or_default();
+        *returning = returning.saturating_add(lease.left_millitokens);
         self.returns.push(Return {
             bucket_key: bucket_key.to_string(),
             lease,
@@ -168,11 +191,16 @@ impl HeldBlocks {
         block_millitokens: u64,
         now_ms: i64,
     ) -> Take {
-        if self
+        // A renewal asked under the old room is still in flight: the new
+        // entry waits for it (it comes back as a return), so the two are
+        // never held at once.
+        let mut renewing_since_ms = None;
+        if let Some(entry) = self
             .by_key
             .get(key)
-            .is_some_and(|e| e.fingerprint != fingerprint)
+            .filter(|e| e.fingerprint != fingerprint)
         {
+            renewing_since_ms = entry.renewing_since_ms;
             self.release(key);
         }
         if !self.by_key.contains_key(key) {
@@ -186,7 +214,7 @@ impl HeldBlocks {
                     fingerprint,
                     leases: Vec::new(),
                     block_millitokens,
-                    renewing: false,
+                    renewing_since_ms,
                     exact_until_ms: i64::MIN,
                     last_used_ms: now_ms,
                     store_left_millitokens: 0,
@@ -221,21 +249,29 @@ impl HeldBlocks {
         if block_millitokens > 0 {
             entry.block_millitokens = block_millitokens;
         }
-        // Unspent: what the leases hold and what requests in flight took.
-        let unspent = left.saturating_add(entry.reserved_millitokens);
-        let low = unspent.saturating_mul(100) <= entry.block_millitokens * RENEW_AT_PERCENT;
-        if block_millitokens > 0
-            && low
-            && !entry.renewing
-            && entry.leases.len() < 2
-            && now_ms >= entry.exact_until_ms
-        {
-            entry.renewing = true;
-            take.renew_millitokens = Some(block_millitokens);
-        }
+        // Expired leases wait for the sweep: counted below as unspent.
         let owner = entry.owner.clone();
         for lease in expired {
             self.push_return(key, &owner, lease);
+        }
+        // Unspent: what the leases hold, what requests in flight took and
+        // what waits to be given back.
+        let returning = self.returning(key);
+        let Some(entry) = self.by_key.get_mut(key) else {
+            return take;
+        };
+        let unspent = left
+            .saturating_add(entry.reserved_millitokens)
+            .saturating_add(returning);
+        let low = unspent.saturating_mul(100) <= entry.block_millitokens * RENEW_AT_PERCENT;
+        if block_millitokens > 0
+            && low
+            && !entry.renewing_at(now_ms)
+            && entry.leases.len() < 2
+            && now_ms >= entry.exact_until_ms
+        {
+            entry.renewing_since_ms = Some(now_ms);
+            take.renew_millitokens = Some(block_millitokens);
         }
         debug_assert!(self.by_key.get(key).is_none_or(|e| e.leases.len() <= 2));
         take
@@ -275,13 +311,13 @@ impl HeldBlocks {
     ) {
         match self.by_key.get_mut(key) {
             Some(entry) if entry.fingerprint == fingerprint && entry.leases.len() < 2 => {
-                entry.renewing = false;
+                entry.renewing_since_ms = None;
                 entry.store_left_millitokens = store_left_millitokens;
                 entry.leases.push(lease);
             }
             _ => {
                 if let Some(entry) = self.by_key.get_mut(key) {
-                    entry.renewing = false;
+                    entry.renewing_since_ms = None;
                 }
                 self.push_return(key, owner, lease);
             }
@@ -292,7 +328,7 @@ impl HeldBlocks {
     /// no new lease before `exact_until_ms`.
     pub fn refused(&mut self, key: &str, exact_until_ms: i64) {
         if let Some(entry) = self.by_key.get_mut(key) {
-            entry.renewing = false;
+            entry.renewing_since_ms = None;
             entry.exact_until_ms = exact_until_ms;
         }
     }
@@ -305,7 +341,9 @@ impl HeldBlocks {
         let mut idle: Vec<String> = self
             .by_key
             .iter()
-            .filter(|(_, e)| !e.renewing && now_ms.saturating_sub(e.last_used_ms) >= idle_ms)
+            .filter(|(_, e)| {
+                !e.renewing_at(now_ms) && now_ms.saturating_sub(e.last_used_ms) >= idle_ms
+            })
             .map(|(k, _)| k.clone())
             .collect();
         idle.sort_unstable();
@@ -327,7 +365,18 @@ impl HeldBlocks {
         for (key, owner, lease) in expired {
             self.push_return(&key, &owner, lease);
         }
+        self.take_returns()
+    }
+
+    /// The queued returns, to send now: from here they are the store's.
+    fn take_returns(&mut self) -> Vec<Return> {
+        self.returning.clear();
         std::mem::take(&mut self.returns)
+    }
+
+    /// Millitokens of `key` waiting to be given back.
+    pub fn returning(&self, key: &str) -> u64 {
+        self.returning.get(key).copied().unwrap_or(0)
     }
 
     /// Every held lease, to give back (shutdown, leasing switched off).
@@ -337,7 +386,7 @@ impl HeldBlocks {
         for key in keys {
             self.release(&key);
         }
-        std::mem::take(&mut self.returns)
+        self.take_returns()
     }
 }
 

@@ -72,17 +72,92 @@ fn new_room_hands_every_held_lease_back_before_spending() {
     let mut held = HeldBlocks::new(8);
     held.take("k", &owner(), 1, 1_000, 10_000, 0);
     held.granted("k", &owner(), 1, lease("a", 10_000, 10_000), 0);
-    // The limit was lowered: fingerprint 2.
+    // The limit was lowered: fingerprint 2. The old block waits to be
+    // given back, so no new one is asked on top of it.
     let take = held.take("k", &owner(), 2, 1_000, 5_000, 1);
     assert_eq!(take.spent_from, None);
-    assert_eq!(take.renew_millitokens, Some(5_000));
+    assert_eq!(take.renew_millitokens, None);
+    assert_eq!(held.returning("k"), 10_000);
     let returns = held.sweep(1, 60_000);
     assert_eq!(returns.len(), 1);
     assert_eq!(returns[0].lease.left_millitokens, 10_000);
-    // A grant asked under the old room comes straight back.
+    assert_eq!(held.returning("k"), 0);
+    // Once sent, the key leases under its new room.
+    let take = held.take("k", &owner(), 2, 1_000, 5_000, 2);
+    assert_eq!(take.renew_millitokens, Some(5_000));
+}
+
+#[test]
+fn a_renewal_asked_under_old_room_comes_straight_back_and_blocks_a_new_one() {
+    let mut held = HeldBlocks::new(8);
+    assert_eq!(
+        held.take("k", &owner(), 1, 1_000, 10_000, 0)
+            .renew_millitokens,
+        Some(10_000)
+    );
+    // The room changes while that renewal is in flight.
+    let take = held.take("k", &owner(), 2, 1_000, 5_000, 1);
+    assert_eq!(take.renew_millitokens, None);
     held.granted("k", &owner(), 1, lease("b", 10_000, 10_000), 0);
     assert_eq!(held.held("k"), 0);
+    assert_eq!(held.returning("k"), 10_000);
     assert_eq!(held.sweep(2, 60_000)[0].lease.lease_id, "b");
+    assert_eq!(
+        held.take("k", &owner(), 2, 1_000, 5_000, 3)
+            .renew_millitokens,
+        Some(5_000)
+    );
+}
+
+#[test]
+fn a_renewal_never_answered_is_given_up_once_its_grant_would_have_expired() {
+    let mut held = HeldBlocks::new(8);
+    let asked = held.take("k", &owner(), 1, 1_000, 10_000, 0);
+    assert_eq!(asked.renew_millitokens, Some(10_000));
+    // Its request was cancelled: no grant, no refusal ever comes.
+    assert_eq!(
+        held.take("k", &owner(), 1, 1_000, 10_000, RENEWAL_LOST_MS - 1)
+            .renew_millitokens,
+        None
+    );
+    assert_eq!(
+        held.take("k", &owner(), 1, 1_000, 10_000, RENEWAL_LOST_MS)
+            .renew_millitokens,
+        Some(10_000)
+    );
+}
+
+#[test]
+fn a_renewal_is_given_up_only_after_any_store_call_has_answered() {
+    let longest_call_deadline_ms =
+        i64::try_from(leasehold_allocator_client::config_file::MAX_TIMEOUT_MS).unwrap();
+    assert!(
+        RENEWAL_LOST_MS >= longest_call_deadline_ms + crate::lease::expiry::BLOCK_EXPIRES_IN_MS
+    );
+}
+
+/// The regression the differential test found: an expired lease's tokens
+/// go back to the bucket only when the sweep sends them, so until then
+/// they are unspent room of the key, and a new block on top of them would
+/// let the key spend past 1.2 × B.
+#[test]
+fn an_expired_lease_waiting_to_go_back_counts_as_held() {
+    let mut held = HeldBlocks::new(8);
+    held.take("k", &owner(), 1, 1_000, 5_000, 0);
+    held.granted("k", &owner(), 1, lease("a", 5_000, 100), 0);
+    held.take("k", &owner(), 1, 1_000, 5_000, 1);
+    held.settle("k", "a", 1_000, true);
+    // Expired with 4,000 left: not spent, not renewed on top of.
+    let take = held.take("k", &owner(), 1, 1_000, 5_000, 100);
+    assert_eq!(take.spent_from, None);
+    assert_eq!(take.renew_millitokens, None);
+    assert_eq!(held.returning("k"), 4_000);
+    assert_eq!(held.sweep(101, 60_000).len(), 1);
+    assert_eq!(
+        held.take("k", &owner(), 1, 1_000, 5_000, 102)
+            .renew_millitokens,
+        Some(5_000)
+    );
 }
 
 #[test]
@@ -175,6 +250,7 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     /// Tokens are conserved: every granted millitoken is spent, held, or
     /// handed back — never spent twice, never created; a key never holds
+    /// (in its leases, in requests in flight and waiting to be given back)
     /// more than 1.2 × the largest block asked; the table stays bounded.
     #[test]
     fn granted_tokens_are_spent_held_or_returned_and_held_stays_bounded(
@@ -236,7 +312,7 @@ proptest! {
                 Step::Advance { ms } => now += ms,
             }
             for key in ["k0", "k1", "k2"] {
-                let unspent = held.held(key) + held.reserved(key);
+                let unspent = held.held(key) + held.reserved(key) + held.returning(key);
                 prop_assert!(unspent * 10 <= max_block * 12, "{key}: {unspent} unspent");
             }
             prop_assert!(held.keys() <= 2);
