@@ -245,3 +245,111 @@ fn a_key_of_another_type_fails_its_own_call_only() {
         Err(wrong_type())
     );
 }
+
+/// The scripts the server ran since `SLOWLOG` was reset: the SHA1 of each
+/// EVALSHA, in order.
+fn evalsha_log(h: &mut Harness) -> Vec<String> {
+    type Entry = (i64, i64, i64, Vec<String>, String, String);
+    let mut entries: Vec<Entry> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(1_000)
+        .query(&mut h.conn)
+        .expect("slowlog");
+    // Newest first in the log.
+    entries.reverse();
+    entries
+        .into_iter()
+        .filter(|e| {
+            e.3.first()
+                .is_some_and(|c| c.eq_ignore_ascii_case("evalsha"))
+        })
+        .filter_map(|e| e.3.get(1).cloned())
+        .collect()
+}
+
+fn log_every_command(h: &mut Harness) {
+    for (name, value) in [
+        ("slowlog-max-len", "1000"),
+        ("slowlog-log-slower-than", "0"),
+    ] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .exec(&mut h.conn)
+            .expect("config set");
+    }
+    redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .exec(&mut h.conn)
+        .expect("slowlog reset");
+}
+
+/// The store sends what it can as bucket_pack: a pack of plain single-rule
+/// calls as one bucket_pack call, a lone one too; a pack with any other
+/// call stays a multi_decision call. Each call gets multi_rule's reply.
+#[test]
+fn the_redis_store_sends_eligible_packs_as_bucket_pack() {
+    use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+    use leasehold_region_agent::store::BucketStore;
+
+    let mut h = Harness::start();
+    let store = RedisStore::new(RedisStoreConfig::new(h.server.url())).expect("store");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // A millitoken per 1,000 s: nothing refills while the test runs.
+    let still = (10_000, 1, 1_000_000);
+    let plain: Vec<ScriptCall> = BUCKETS.iter().map(|b| single(b, still, 1_000, 0)).collect();
+    // Not plain: it keeps a decision record for 60 s.
+    let mut recorded = single(BUCKETS[0], still, 1_000, 0);
+    recorded.args[1] = "60000".into();
+    let bucket_pack = ScriptKind::BucketPack.script().get_hash().to_string();
+    let multi_decision = ScriptKind::MultiDecision.script().get_hash().to_string();
+
+    // Scripts load on first use: run everything once before logging.
+    let deadline = || tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    runtime.block_on(async {
+        store
+            .run_packs_asking(
+                &[plain.clone(), vec![plain[0].clone(), recorded.clone()]],
+                deadline(),
+                false,
+            )
+            .await;
+        store.run_batch(&plain[..1]).await;
+    });
+    h.flushall();
+    log_every_command(&mut h);
+
+    let packs =
+        runtime.block_on(store.run_packs_asking(std::slice::from_ref(&plain), deadline(), false));
+    assert_eq!(evalsha_log(&mut h), vec![bucket_pack.clone()]);
+    let replies: Vec<Vec<i64>> = packs[0]
+        .iter()
+        .map(|r| r.as_ref().expect("answered").values.clone())
+        .collect();
+    assert_eq!(replies.len(), 3);
+    for reply in &replies {
+        // multi_rule's reply: allowed, denied_by, retry, remaining, replayed, now.
+        assert_eq!(&reply[..5], &[1, 0, 0, 9_000, 0]);
+    }
+
+    log_every_command(&mut h);
+    let lone = runtime.block_on(store.run_batch(&plain[..1]));
+    assert_eq!(evalsha_log(&mut h), vec![bucket_pack.clone()]);
+    assert_eq!(
+        &lone[0].as_ref().expect("answered").values[..5],
+        &[1, 0, 0, 8_000, 0]
+    );
+
+    log_every_command(&mut h);
+    let mixed = runtime.block_on(store.run_packs_asking(
+        &[vec![plain[1].clone(), recorded]],
+        deadline(),
+        false,
+    ));
+    assert_eq!(evalsha_log(&mut h), vec![multi_decision]);
+    assert!(mixed[0].iter().all(Result::is_ok), "{mixed:?}");
+}
