@@ -144,15 +144,11 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let refusal = if self.layer.enabled {
-            self.layer.refusal(
-                request.uri().path(),
-                request.extensions().get::<PeerInfo>(),
-                SystemTime::now(),
-            )
-        } else {
-            None
-        };
+        let refusal = self.layer.refusal(
+            request.uri().path(),
+            request.extensions().get::<PeerInfo>(),
+            SystemTime::now(),
+        );
         match refusal {
             // The request (and its body, never polled) is dropped here.
             Some(status) => Either::Left(futures_util::future::ready(Ok(status.into_http()))),

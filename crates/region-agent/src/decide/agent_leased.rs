@@ -449,14 +449,9 @@ impl Decider {
                 };
             }
         };
+        // A cached refusal of any of these buckets was answered before the
+        // split (`check_enforcing`): this call goes to the store.
         let denial_key = self.denial_key(bundle, &plan, &call, target, cost);
-        if let Some(decision) = self.cached_refusal(denial_key.as_ref(), &plan, bundle, decision_id)
-        {
-            self.settle_taken(&taken, false);
-            self.drop_asks(&asks);
-            self.count_pool_outcome(enforcing, false, None);
-            return Ok(Enforced::Decided(decision, Vec::new()));
-        }
         let mut calls = Vec::with_capacity(1 + ask_calls.len());
         calls.push(call);
         calls.extend(ask_calls);

@@ -1,66 +1,68 @@
-//! The Check path's side of [`crate::denial`]: which store calls a
-//! refusal may be repeated for from memory, under what key, and the
-//! decision a repeat answers.
+//! The Check path's side of [`crate::denial`]: which store refusals may
+//! be repeated from memory, under what key, and the decision a repeat
+//! answers.
 //!
-//! Two kinds of entry, looked up the same way:
-//! - **per call**: the call's enforcing bucket keys together (a
-//!   single-rule call's key is its bucket key);
-//! - **per bucket**: a token bucket that refused a call of several rules
-//!   is also remembered alone, under its own key, so any request on that
-//!   bucket with at least that cost is refused from memory until the
-//!   retry time, whatever its other rules (another route of the same
-//!   client, a rule answered from the agent's blocks). Such a request
-//!   would be refused by the store too: a multi-rule call admits only
-//!   when every bucket does. Looked up before anything else is done for
-//!   the request ([`Decider::cached_bucket_refusal`]): no block is taken,
-//!   no key is counted hot.
+//! An entry is one bucket: the rule whose bucket refused a call, under
+//! that bucket's key (tag, rule, peppered principal: no raw id), with
+//! the refused cost and a fingerprint of the bundle version and the
+//! bucket's room (capacity, refill and period, which for a pool rule
+//! follow the Region's share), so a reload or a new share misses. Any
+//! later request that charges that bucket at least that cost is refused
+//! until the retry time, whatever its other rules (another route of the
+//! same client, rules answered from the agent's blocks): the store would
+//! refuse it too, since a call of several rules admits only when every
+//! bucket does. It is looked up before anything else is done for the
+//! request ([`Decider::cached_refusal`]): no block taken, no key counted
+//! hot, no store call.
 //!
-//! A call is cached when its refusal is a pure function of its buckets'
-//! room: not a call that keeps a decision record (a replay of an admitted
-//! request id must still be answered from its record), not a window-pool
-//! chunk spend (a new chunk adds room at any time). The key is the call's
-//! enforcing bucket keys (tag, rule, peppered principal: no raw id); the
-//! fingerprint digests the bundle version and each rule's room (its
-//! capacity, refill and period, which for a pool rule follow the
-//! Region's share), so a reload or a new share misses.
+//! A refusal is remembered when it is a pure function of its bucket's
+//! room: not from a call that keeps a decision record (a replay of an
+//! admitted request id must still be answered from its record), not a
+//! window-pool chunk spend (a new chunk adds room at any time), not a
+//! concurrency cap, not a cost over the capacity (the store answers
+//! "never", not a retry time).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use leasehold_proto::agent::v1 as pb;
 
+use crate::algorithm::bucket::BucketParams;
 use crate::denial::Denial;
 use crate::request::RequestTarget;
 use crate::store::script::{ScriptCall, ScriptKind};
 
 use super::*;
 
-/// What a call's refusal is remembered under.
+/// Where each rule of a planned call would be remembered if it refused.
 pub(super) struct DenialKey {
-    key: String,
-    fingerprint: u64,
-    costs: Vec<u64>,
-    /// Per rule of the plan: its token bucket's own entry (key,
-    /// fingerprint), for a call of several rules.
-    buckets: Vec<Option<(String, u64)>>,
+    /// Per rule of the plan, in order: its entry, or None when its
+    /// refusal is not repeated (a cost over its capacity).
+    rules: Vec<Option<BucketEntry>>,
 }
 
-/// Digest of the room a refusal depends on: the bundle version and each
-/// bucket's capacity, refill and period, in order.
-fn room_fingerprint<'p>(
-    version: u64,
-    params: impl IntoIterator<Item = &'p crate::algorithm::bucket::BucketParams>,
-) -> u64 {
+/// One bucket's entry in the denial cache.
+struct BucketEntry {
+    key: String,
+    fingerprint: u64,
+    cost_millitokens: u64,
+}
+
+/// Digest of the room a bucket's refusal depends on.
+fn room_fingerprint(version: u64, params: &BucketParams) -> u64 {
     let mut hasher = DefaultHasher::new();
     version.hash(&mut hasher);
-    for p in params {
-        (p.capacity_millitokens, p.refill_millitokens, p.period_ms).hash(&mut hasher);
-    }
+    (
+        params.capacity_millitokens,
+        params.refill_millitokens,
+        params.period_ms,
+    )
+        .hash(&mut hasher);
     hasher.finish()
 }
 
 impl Decider {
-    /// The key of `plan`'s refusals, or None when they may not be repeated
-    /// from memory (see the module doc) or the cache is off.
+    /// Where `plan`'s refusal is remembered, or None when it may not be
+    /// repeated from memory (see the module doc) or the cache is off.
     pub(super) fn denial_key(
         &self,
         bundle: &Bundle,
@@ -72,95 +74,74 @@ impl Decider {
         if plan.idempotent || plan.chunk_cost_millitokens.is_some() || !self.denials.enabled() {
             return None;
         }
-        let mut key = String::new();
-        let mut costs = Vec::with_capacity(plan.rules.len());
-        let mut rooms = Vec::with_capacity(plan.rules.len());
-        let mut buckets = Vec::with_capacity(plan.rules.len());
         // A multi_rule call already holds the enforcing bucket keys, in
         // plan order, after its decision key: not built a second time.
         let planned_keys = (call.kind == ScriptKind::MultiRule)
             .then(|| call.keys.get(1..))
             .flatten();
-        let several = plan.rules.len() > 1;
+        let mut rules = Vec::with_capacity(plan.rules.len());
         for (i, rule) in plan.rules.iter().enumerate() {
-            if rule.algorithm == Algorithm::Concurrency {
-                return None;
-            }
-            if !key.is_empty() {
-                key.push('\n');
-            }
-            let bucket_key = match planned_keys.and_then(|keys| keys.get(i)) {
+            let key = match planned_keys.and_then(|keys| keys.get(i)) {
                 Some(planned) => planned.clone(),
                 None => self.bucket_key(rule, target).ok()?,
             };
-            key.push_str(&bucket_key);
-            let params = self.bucket_params(rule)?;
-            let cost_millitokens = rule_cost_millitokens(rule, cost).ok()?;
-            if cost_millitokens > params.capacity_millitokens {
-                // The store answers "never" (-1), not a retry time.
-                return None;
-            }
-            costs.push(cost_millitokens);
-            rooms.push(params);
-            buckets.push(
-                (several && rule.algorithm == Algorithm::TokenBucket)
-                    .then(|| (bucket_key, room_fingerprint(bundle.version, [&params]))),
-            );
+            rules.push(self.bucket_entry(bundle, rule, key, cost));
         }
-        Some(DenialKey {
+        Some(DenialKey { rules })
+    }
+
+    /// `rule`'s entry under `key` for a request of `cost`, if its refusal
+    /// may be repeated.
+    fn bucket_entry(
+        &self,
+        bundle: &Bundle,
+        rule: &Rule,
+        key: String,
+        cost: u64,
+    ) -> Option<BucketEntry> {
+        if rule.algorithm == Algorithm::Concurrency {
+            return None;
+        }
+        let params = self.bucket_params(rule)?;
+        let cost_millitokens = rule_cost_millitokens(rule, cost).ok()?;
+        (cost_millitokens <= params.capacity_millitokens).then(|| BucketEntry {
             key,
-            fingerprint: room_fingerprint(bundle.version, &rooms),
-            costs,
-            buckets,
+            fingerprint: room_fingerprint(bundle.version, &params),
+            cost_millitokens,
         })
     }
 
-    /// A refusal repeated from memory because one of the request's token
-    /// buckets refused it, alone or with other rules, and its retry time
-    /// has not come (see the module doc). Not for a look, nor for a Check
-    /// that keeps a decision record (a replay is answered from it).
-    pub(super) fn cached_bucket_refusal(
+    /// A refusal repeated from memory: one of `rules`' buckets refused
+    /// lately and its retry time has not come (see the module doc). Not
+    /// for a Check that keeps a decision record (a replay is answered
+    /// from it).
+    pub(super) fn cached_refusal(
         &self,
-        enforcing: &[&Rule],
+        rules: &[&Rule],
         request: &Request<'_>,
     ) -> Option<pb::Decision> {
         if !self.denials.enabled()
-            || request.look
-            || (request.record && enforcing.iter().any(|r| r.idempotent_ttl_ms.is_some()))
+            || (request.record && rules.iter().any(|r| r.idempotent_ttl_ms.is_some()))
         {
             return None;
         }
         let now_ms = self.clock.now_ms();
-        for rule in enforcing {
-            if rule.algorithm != Algorithm::TokenBucket {
-                continue;
-            }
-            let Some(params) = self.bucket_params(rule) else {
-                continue;
-            };
-            let (Ok(key), Ok(cost_millitokens)) = (
-                self.bucket_key(rule, request.target),
-                rule_cost_millitokens(rule, request.cost),
-            ) else {
-                continue;
-            };
-            if cost_millitokens > params.capacity_millitokens {
-                // The store answers "never" (-1), not a retry time.
-                continue;
-            }
-            let fingerprint = room_fingerprint(request.bundle.version, [&params]);
-            let Some(hit) = self
-                .denials
-                .refused(&key, fingerprint, &[cost_millitokens], now_ms)
-            else {
-                continue;
-            };
+        rules.iter().find_map(|rule| {
+            let key = self.bucket_key(rule, request.target).ok()?;
+            let entry = self.bucket_entry(request.bundle, rule, key, request.cost)?;
+            let hit = self.denials.refused(
+                &entry.key,
+                entry.fingerprint,
+                &[entry.cost_millitokens],
+                now_ms,
+            )?;
             self.metrics
                 .denial_cache_answers
                 .with_label_values(&[rule.id.as_str()])
                 .inc();
+            // At least 1 ms: the cache answers only while now < until.
             let retry_ms = (hit.until_ms - now_ms).max(1);
-            return Some(self.decision(
+            Some(self.decision(
                 request.bundle,
                 rule,
                 request.decision_id,
@@ -168,40 +149,8 @@ impl Decider {
                 hit.remaining,
                 retry_ms,
                 false,
-            ));
-        }
-        None
-    }
-
-    /// A refusal repeated from memory for `plan`, if one holds now.
-    pub(super) fn cached_refusal(
-        &self,
-        key: Option<&DenialKey>,
-        plan: &Planned<'_>,
-        bundle: &Bundle,
-        decision_id: &str,
-    ) -> Option<pb::Decision> {
-        let key = key?;
-        let now_ms = self.clock.now_ms();
-        let hit = self
-            .denials
-            .refused(&key.key, key.fingerprint, &key.costs, now_ms)?;
-        let rule = plan.rules.get(hit.rule_index)?;
-        self.metrics
-            .denial_cache_answers
-            .with_label_values(&[rule.id.as_str()])
-            .inc();
-        // At least 1 ms: the cache answers only while now < until.
-        let retry_ms = (hit.until_ms - now_ms).max(1);
-        Some(self.decision(
-            bundle,
-            rule,
-            decision_id,
-            false,
-            hit.remaining,
-            retry_ms,
-            false,
-        ))
+            ))
+        })
     }
 
     /// Remembers the store's refusal of `plan` (sent at `sent_ms` on the
@@ -230,31 +179,18 @@ impl Decider {
         else {
             return;
         };
-        let until_ms = sent_ms.saturating_add(decision.retry_after_ms);
-        let now_ms = self.clock.now_ms();
+        let Some(entry) = key.rules.get(rule_index).and_then(Option::as_ref) else {
+            return;
+        };
         let denial = Denial {
             since_ms: sent_ms,
-            until_ms,
-            costs: key.costs.clone(),
-            fingerprint: key.fingerprint,
-            rule_index,
+            until_ms: sent_ms.saturating_add(decision.retry_after_ms),
+            costs: vec![entry.cost_millitokens],
+            fingerprint: entry.fingerprint,
+            rule_index: 0,
             remaining: decision.remaining,
         };
-        self.denials.insert(&key.key, denial, now_ms);
-        // The refusing bucket alone: any request on it is refused until then.
-        if let (Some(Some((bucket_key, fingerprint))), Some(cost)) =
-            (key.buckets.get(rule_index), key.costs.get(rule_index))
-        {
-            let alone = Denial {
-                since_ms: sent_ms,
-                until_ms,
-                costs: vec![*cost],
-                fingerprint: *fingerprint,
-                rule_index: 0,
-                remaining: decision.remaining,
-            };
-            self.denials.insert(bucket_key, alone, now_ms);
-        }
+        self.denials.insert(&entry.key, denial, self.clock.now_ms());
         self.metrics
             .denial_cache_entries
             .set(i64::try_from(self.denials.len()).unwrap_or(i64::MAX));

@@ -304,6 +304,10 @@ impl Decider {
             self.drop_asks(&asks);
             Ok(Some(decision))
         };
+        if let Some(refused) = self.cached_refusal(&rest, request) {
+            // Nothing is charged: a refused request takes no room.
+            return refuse(refused);
+        }
         let mut plans = Vec::new();
         let mut calls = Vec::new();
         let mut denial_keys = Vec::new();
@@ -319,15 +323,6 @@ impl Decider {
                 Ok((plan, call)) => {
                     let key =
                         self.denial_key(request.bundle, &plan, &call, request.target, request.cost);
-                    if let Some(refused) = self.cached_refusal(
-                        key.as_ref(),
-                        &plan,
-                        request.bundle,
-                        request.decision_id,
-                    ) {
-                        // Nothing is charged: a refused request takes no room.
-                        return refuse(refused);
-                    }
                     denial_keys.push(key);
                     plans.push(plan);
                     calls.push(call);
@@ -508,7 +503,7 @@ impl Decider {
             cost,
             ..
         } = *request;
-        if let Some(decision) = self.cached_bucket_refusal(enforcing, request) {
+        if let Some(decision) = self.cached_refusal(enforcing, request) {
             // One of its buckets refused lately: no block taken, nothing
             // counted hot, no store call, no shadow rule evaluated.
             self.count_pool_outcome(enforcing, false, None);
@@ -537,12 +532,6 @@ impl Decider {
             }
         };
         let denial_key = self.denial_key(bundle, &plan, &call, target, cost);
-        if let Some(decision) = self.cached_refusal(denial_key.as_ref(), &plan, bundle, decision_id)
-        {
-            // Repeated from memory: no store call, no shadow rule evaluated.
-            self.count_pool_outcome(enforcing, false, None);
-            return Ok(Enforced::Decided(decision, Vec::new()));
-        }
         let mut calls = vec![call];
         let mut detached_plans = Vec::new();
         let mut no_room = plan.shadow_no_room.clone();

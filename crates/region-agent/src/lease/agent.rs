@@ -7,9 +7,10 @@
 //! - **Which keys** ([`hot`]): those whose observed rate (a bounded,
 //!   decaying top-K) is at least `hot_rate_tokens_per_s`; the rest stay
 //!   exact, one script per decision.
-//! - **Which rules**: token buckets that are neither `security`, `exact`,
-//!   shadow nor idempotent (a replay must be answered from its record);
-//!   never concurrency caps or window pools. A request with shadow rules
+//! - **Which rules**: token buckets that are neither `security`, `exact`
+//!   nor shadow, and not idempotent on a Check or CheckBatch (a replay
+//!   must be answered from its record; an RLS call keeps none); never
+//!   concurrency caps or window pools. A request with shadow rules
 //!   is decided exactly (they are evaluated per request anyway).
 //! - **Block size** ([`AgentLeasingSettings::block_millitokens`]): what
 //!   the key asks over `block_span_ms` (1 s: a hot key renews about once
@@ -72,8 +73,9 @@ pub const MAX_MAX_KEYS: usize = 1_000_000;
 /// for their lease, so it stays exact.
 pub const DEFAULT_HOT_RATE_TOKENS_PER_S: u64 = 4;
 pub const DEFAULT_BLOCK_WINDOW_MS: u64 = 250;
-/// One lease a second per hot key: a lease costs the store about what
-/// 1.6 cold decisions do (it also writes the lease record).
+/// One lease a second per hot key: a lease runs five commands in the
+/// store (the bucket's three and the lease record's GET and SET) where a
+/// cold decision runs three.
 pub const DEFAULT_BLOCK_SPAN_MS: u64 = 1_000;
 pub const MAX_BLOCK_SPAN_MS: u64 = 10_000;
 pub const MAX_BLOCK_WINDOW_MS: u64 = 10_000;

@@ -27,11 +27,12 @@ pub const RETURNS_MAX: usize = 4_096;
 
 /// A renewal still unanswered this long after it was asked is given up
 /// (the request that asked was cancelled, so its answer is never
-/// applied), and the key may lease again. Longer than the longest store
-/// call deadline (`store.call_deadline_ms`, at most 60 s) plus a block's
-/// life: no answer to it can arrive after this, and one that did would be
-/// past its own expiry, never spent.
-pub const RENEWAL_LOST_MS: i64 = 60_000 + crate::lease::expiry::BLOCK_EXPIRES_IN_MS;
+/// applied), and the key may lease again. The longest store call
+/// deadline (`store.call_deadline_ms` is bounded by `MAX_TIMEOUT_MS`)
+/// plus a block's life: no answer to it can arrive after this, and one
+/// that did would be past its own expiry, never spent.
+pub const RENEWAL_LOST_MS: i64 = leasehold_allocator_client::config_file::MAX_TIMEOUT_MS as i64
+    + crate::lease::expiry::BLOCK_EXPIRES_IN_MS;
 
 /// One lease of a block, recorded in the store under `lease_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]

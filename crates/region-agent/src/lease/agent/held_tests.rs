@@ -127,15 +127,6 @@ fn a_renewal_never_answered_is_given_up_once_its_grant_would_have_expired() {
     );
 }
 
-#[test]
-fn a_renewal_is_given_up_only_after_any_store_call_has_answered() {
-    let longest_call_deadline_ms =
-        i64::try_from(leasehold_allocator_client::config_file::MAX_TIMEOUT_MS).unwrap();
-    assert!(
-        RENEWAL_LOST_MS >= longest_call_deadline_ms + crate::lease::expiry::BLOCK_EXPIRES_IN_MS
-    );
-}
-
 /// The regression the differential test found: an expired lease's tokens
 /// go back to the bucket only when the sweep sends them, so until then
 /// they are unspent room of the key, and a new block on top of them would
