@@ -257,6 +257,21 @@ impl KeyBuilder {
         format!("lh:v1:{{g-{pool}}}:_pool:{what}")
     }
 
+    /// A meter's senders under the tenant's tag (issue 30):
+    /// `lh:v1:{tenant}:_meter:<meter>:senders`, one field per sender
+    /// incarnation holding its running totals. `meter` is a validated meter
+    /// name (`[a-z0-9_-]{1,64}`).
+    pub fn meter_senders(&self, tenant: &Tenant, meter: &str) -> String {
+        format!("lh:v1:{{{}}}:_meter:{meter}:senders", tenant.0)
+    }
+
+    /// The Region's total of a meter in one calendar period:
+    /// `lh:v1:{tenant}:_meter:<meter>:p:<label>` (`2026-12`, `2026-W49`,
+    /// `2026-12-06`), in the senders' slot so one script writes both.
+    pub fn meter_total(&self, tenant: &Tenant, meter: &str, period_label: &str) -> String {
+        format!("lh:v1:{{{}}}:_meter:{meter}:p:{period_label}", tenant.0)
+    }
+
     /// The Region's syncer lease and its token counter (one Redis per
     /// Region: no Region in the name). `_region` cannot be a tenant tag.
     pub fn syncer_lease(&self) -> [String; 2] {

@@ -61,6 +61,7 @@ pub mod insecure;
 pub mod key;
 pub mod lease;
 pub mod listener_bounds;
+pub mod meter;
 pub mod metrics;
 pub mod policy;
 pub mod request;

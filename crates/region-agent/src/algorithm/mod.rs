@@ -24,6 +24,7 @@ pub mod sliding_counter;
 pub mod sliding_log;
 pub mod syncer_lease;
 pub mod token_bucket;
+pub mod usage_record;
 
 use crate::store::keyspace::Keyspace;
 use crate::store::script::{ScriptCall, ScriptError, ScriptKind};
@@ -55,6 +56,7 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::MultiDecision => Err(ScriptError::InvalidArgument("calls".into())),
         ScriptKind::Look => look::eval(space, keys, argv, now_ms),
         ScriptKind::BucketPack => bucket_pack::eval(space, keys, argv, now_ms),
+        ScriptKind::UsageRecord => usage_record::eval(space, keys, argv, now_ms),
     }
 }
 

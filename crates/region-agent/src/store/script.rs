@@ -46,10 +46,13 @@ pub enum ScriptKind {
     /// without record or shadow, each rule's parameters sent once
     /// ([`pack::bucket_pack_call`]): the cold path of a Check.
     BucketPack,
+    /// A sender's running usage totals of one (tenant, meter), larger-wins
+    /// (`crate::meter::record`).
+    UsageRecord,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 21] = [
+    pub const ALL: [ScriptKind; 22] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -71,6 +74,7 @@ impl ScriptKind {
         ScriptKind::MultiDecision,
         ScriptKind::Look,
         ScriptKind::BucketPack,
+        ScriptKind::UsageRecord,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -97,6 +101,7 @@ impl ScriptKind {
             ScriptKind::MultiDecision => "multi_decision",
             ScriptKind::Look => "look",
             ScriptKind::BucketPack => "bucket_pack",
+            ScriptKind::UsageRecord => "usage_record",
         }
     }
 
@@ -123,6 +128,7 @@ impl ScriptKind {
             ScriptKind::MultiDecision => include_str!("../../../../lua/multi_decision.lua"),
             ScriptKind::Look => include_str!("../../../../lua/look.lua"),
             ScriptKind::BucketPack => include_str!("../../../../lua/bucket_pack.lua"),
+            ScriptKind::UsageRecord => include_str!("../../../../lua/usage_record.lua"),
         }
     }
 

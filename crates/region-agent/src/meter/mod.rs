@@ -1,0 +1,10 @@
+//! Metering (issue 30, ARCHITECTURE §9): admitted requests counted once,
+//! whatever decided them, as running totals per (tenant, meter) that
+//! senders report and the Region keeps larger-wins.
+//!
+//! - [`period`]: the calendar periods a meter's totals fall in (day, ISO
+//!   week, month in an IANA zone).
+//! - [`record`]: a usage record's store call (`lua/usage_record.lua`:
+//!   larger-wins per sender, what grew added to the period's total).
+pub mod period;
+pub mod record;
