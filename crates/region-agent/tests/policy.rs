@@ -1508,3 +1508,106 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------- meters (issue 30)
+
+/// `[[meter]]` tables before the domain, then `rules`.
+fn metered_text(meters: &str, rules: &str) -> String {
+    format!("version = 3\n{meters}\n[[domain]]\nname = \"api\"\n{rules}")
+}
+
+#[test]
+fn a_rule_counts_toward_a_declared_meter_in_its_zone() {
+    let text = metered_text(
+        "[[meter]]\nname = \"api-calls\"\nperiod = \"month\"\ntime_zone = \"America/New_York\"\n\
+         [[meter]]\nname = \"daily\"\nperiod = \"day\"\n",
+        &bucket("p-read", "user", "meter = \"api-calls\""),
+    );
+    let bundle = ok(&text);
+    assert_eq!(bundle.meters.len(), 2);
+    let meter = &bundle.meters["api-calls"];
+    assert_eq!(meter.time_zone, "America/New_York");
+    assert_eq!(meter.calendar().unwrap().zone_name(), "America/New_York");
+    assert_eq!(bundle.meters["daily"].time_zone, "UTC", "the default zone");
+    let rule = bundle.rule("api", "p-read").unwrap();
+    assert_eq!(rule.meter.as_deref(), Some("api-calls"));
+}
+
+#[test]
+fn a_rule_naming_an_undeclared_meter_is_refused_at_its_line() {
+    let text = metered_text("", &bucket("p-read", "user", "meter = \"nope\""));
+    rejected(
+        &text,
+        line_of(&text, "meter = \"nope\""),
+        "p-read",
+        "meter",
+        "not declared",
+    );
+    let text = metered_text("", &bucket("p-read", "user", "meter = \"Bad Name\""));
+    rejected(
+        &text,
+        line_of(&text, "Bad Name"),
+        "p-read",
+        "meter",
+        "[a-z0-9_-]{1,64}",
+    );
+}
+
+#[test]
+fn a_bad_meter_is_refused_naming_file_line_and_field() {
+    let cases = [
+        (
+            "[[meter]]\nname = \"m\"\nperiod = \"month\"\ntime_zone = \"Mars/Olympus\"\n",
+            "Mars/Olympus",
+            "meter.time_zone",
+            "IANA",
+        ),
+        (
+            "[[meter]]\nname = \"m\"\nperiod = \"fortnight\"\n",
+            "fortnight",
+            "meter.period",
+            "\"day\", \"week\", \"month\"",
+        ),
+        (
+            "[[meter]]\nname = \"M!\"\nperiod = \"day\"\n",
+            "M!",
+            "meter.name",
+            "[a-z0-9_-]{1,64}",
+        ),
+        (
+            "[[meter]]\nname = \"m\"\nperiod = \"day\"\nreset = 3\n",
+            "reset",
+            "meter.reset",
+            "unknown field",
+        ),
+    ];
+    for (meters, marker, field, needle) in cases {
+        let text = metered_text(meters, &bucket("p-read", "user", ""));
+        let errors = errors_of(&text);
+        let error = errors
+            .errors()
+            .iter()
+            .find(|e| e.field.as_deref() == Some(field))
+            .unwrap_or_else(|| panic!("no error for {field} in:\n{errors}"));
+        assert_eq!(error.line, Some(line_of(&text, marker)), "{error}");
+        let message = error.to_string();
+        assert!(message.starts_with(&format!("{FILE}:")), "{message}");
+        assert!(
+            message.contains(needle),
+            "{message:?} should contain {needle:?}"
+        );
+    }
+    // The same name twice: the second is refused, naming the first's line.
+    let text = metered_text(
+        "[[meter]]\nname = \"m\"\nperiod = \"day\"\n[[meter]]\nname = \"m\" # again\nperiod = \"week\"\n",
+        &bucket("p-read", "user", ""),
+    );
+    let errors = errors_of(&text);
+    let error = errors
+        .errors()
+        .iter()
+        .find(|e| e.field.as_deref() == Some("meter.name"))
+        .unwrap();
+    assert_eq!(error.line, Some(line_of(&text, "# again")));
+    assert!(error.to_string().contains("duplicate"), "{error}");
+}

@@ -64,6 +64,10 @@ pub enum Problem {
     Duplicate { first_line: Option<usize> },
     #[error("{count} entries, at most {max}")]
     TooMany { count: usize, max: usize },
+    #[error("{0:?} is not an IANA time zone name")]
+    UnknownTimeZone(String),
+    #[error("meter {0} is not declared: add a [[meter]] with this name")]
+    UndeclaredMeter(String),
     /// `[domain.envoy]` names one entry key for two fields.
     #[error("entry key {key} is also {first}: one entry fills one field")]
     EntryKeyTwice { key: String, first: &'static str },

@@ -126,6 +126,7 @@ mod tests {
             checksum: checksum.to_string(),
             source: "test".into(),
             domains: BTreeMap::new(),
+            meters: BTreeMap::new(),
         }
     }
 

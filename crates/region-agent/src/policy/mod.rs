@@ -21,6 +21,11 @@
 //! ```toml
 //! version = 42                   # required, ≥ 1; agents accept only a higher one
 //!
+//! [[meter]]                      # optional (issue 30): at most 64
+//! name = "api-calls"             # [a-z0-9_-]{1,64}, unique
+//! period = "month"               # day | week (ISO, Monday first) | month
+//! time_zone = "Europe/Berlin"    # an IANA name, default "UTC"
+//!
 //! [[domain]]
 //! name = "api"                   # [a-z0-9-]{1,30}, unique; global hash tag g-<name>
 //!
@@ -39,6 +44,7 @@
 //! shadow = false                 # default false: decide and record, never refuse
 //! security = false               # default false: security rules are never leased
 //! slack_ms = 5000                # default 1000: key TTL beyond the full-refill time
+//! meter = "api-calls"            # optional: admitted requests count toward this meter
 //!
 //! [[domain.rule]]
 //! id = "p-export-inflight"
@@ -74,6 +80,7 @@
 //! | `slack_ms` | no (1000) | [0, 2^40] |
 //! | `shadow`, `security` | no (false) | booleans |
 //! | `leased` | no | `{ gateways = [1, 1024] }`; token_bucket only, not security, not shadow; the block must fit the capacity |
+//! | `meter` | no | a `[[meter]]`'s name: the rule's admitted requests (and their cost) count toward it, per tenant and period |
 //! | `concurrency` | iff algorithm = concurrency | `{ max_in_flight = [1, 100000], lease_ttl_ms = [1, 2^40] }` |
 //!
 //! A concurrency rule's [`Rate`] mirrors its cap (capacity =
@@ -158,5 +165,8 @@ mod tests {
         assert_eq!(bundle.domains["api"].rules.len(), 3);
         let global = bundle.rule("api", "p-global").unwrap();
         assert_eq!(global.block_tokens(), Some(100));
+        assert_eq!(bundle.meters["api-calls"].time_zone, "Europe/Berlin");
+        let read = bundle.rule("api", "p-read").unwrap();
+        assert_eq!(read.meter.as_deref(), Some("api-calls"));
     }
 }

@@ -16,6 +16,30 @@ pub struct Bundle {
     pub source: String,
     /// Domains by name.
     pub domains: BTreeMap<String, Domain>,
+    /// Meters by name (`[[meter]]`, issue 30): what admitted requests of
+    /// rules naming them count toward, per tenant and calendar period.
+    pub meters: BTreeMap<String, Meter>,
+}
+
+/// A meter: admitted requests and their cost counted per (tenant, period)
+/// for usage reads and calendar quotas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meter {
+    /// `[a-z0-9_-]{1,64}`, unique in the bundle.
+    pub name: String,
+    pub period: crate::meter::period::PeriodKind,
+    /// An IANA time zone name the bundled database knows (default "UTC").
+    pub time_zone: String,
+}
+
+impl Meter {
+    /// The meter's calendar. Its zone was checked at parse time, so this
+    /// fails only for a Meter built by hand with an unknown zone.
+    pub fn calendar(
+        &self,
+    ) -> Result<crate::meter::period::Calendar, crate::meter::period::PeriodError> {
+        crate::meter::period::Calendar::new(self.period, &self.time_zone)
+    }
 }
 
 /// A domain: a namespace of rules (Envoy's "domain").
@@ -169,6 +193,8 @@ pub struct Rule {
     /// `token_bucket` rule names a rate pool, a `fixed_window` rule a window
     /// pool. Its `rate` is then [`POOL_RATE`], never charged against.
     pub pool: Option<String>,
+    /// The meter (`[[meter]]`) this rule's admitted requests count toward.
+    pub meter: Option<String>,
 }
 
 /// The placeholder rate of a pool rule: wide enough that the static checks

@@ -624,6 +624,7 @@ mod tests {
             exact: false,
             leased: None,
             concurrency: None,
+            meter: None,
             slack_ms: DEFAULT_SLACK_MS,
             pool: None,
         }

@@ -15,12 +15,13 @@ use leasehold_logging::{cap_message, quote};
 use sha2::{Digest, Sha256};
 
 use super::error::{Collector, PolicyError, PolicyErrors, Problem};
-use super::model::{Bundle, Domain, EnvoyMapping, Rule, MAX_ENVOY_PRINCIPAL_KEYS};
+use super::model::{Bundle, Domain, EnvoyMapping, Meter, Rule, MAX_ENVOY_PRINCIPAL_KEYS};
 use super::validate::{
     domain_findings, domain_name, duplicate_ids, rule_findings, MAX_DOMAINS, MAX_RULES_PER_DOMAIN,
     VERSION_MAX,
 };
 use crate::key::{RuleId, Tenant};
+use crate::meter::period::PeriodKind;
 
 mod rule;
 
@@ -34,7 +35,21 @@ pub const MAX_SYNTAX_MESSAGE_BYTES: usize = 256;
 
 type Table = BTreeMap<String, Node>;
 
-const TOP_FIELDS: &[&str] = &["version", "domain"];
+const TOP_FIELDS: &[&str] = &["version", "domain", "meter"];
+const METER_FIELDS: &[&str] = &["name", "period", "time_zone"];
+const PERIODS: &str = "\"day\", \"week\", \"month\"";
+/// What a meter's name may be.
+pub const METER_NAME_PATTERN: &str = "[a-z0-9_-]{1,64}";
+/// Most meters in a bundle.
+pub const MAX_METERS: usize = 64;
+
+/// Whether `name` is a meter name ([`METER_NAME_PATTERN`]).
+pub fn valid_meter_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
 const DOMAIN_FIELDS: &[&str] = &["name", "rule", "envoy"];
 const ENVOY_FIELDS: &[&str] = &[
     "tenant_key",
@@ -63,6 +78,7 @@ const RULE_FIELDS: &[&str] = &[
     "concurrency",
     "slack_ms",
     "pool",
+    "meter",
 ];
 const MATCH_FIELDS: &[&str] = &["route_group", "method", "descriptors"];
 const LOCAL_FIELDS: &[&str] = &["capacity", "refill", "period_ms"];
@@ -102,14 +118,16 @@ pub fn parse(
         file: file_name,
         lines: &lines,
         errors: Collector::default(),
+        meter_names: std::collections::BTreeSet::new(),
     };
-    let (version, domains) = parser.document(&root);
+    let (version, domains, meters) = parser.document(&root);
     parser.errors.finish()?;
     let bundle = Bundle {
         version,
         checksum,
         source: file_name.to_string(),
         domains,
+        meters,
     };
     debug_assert_eq!(bundle.check(), Ok(()), "parse built an invalid bundle");
     Ok(bundle)
@@ -175,6 +193,8 @@ struct Parser<'a> {
     file: &'a str,
     lines: &'a Lines,
     errors: Collector,
+    /// The names of the bundle's meters, read before its rules.
+    meter_names: std::collections::BTreeSet<String>,
 }
 
 /// One rule as read: its label for messages, its id when valid, and the
@@ -198,7 +218,10 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn document(&mut self, root: &Node) -> (u64, BTreeMap<String, Domain>) {
+    fn document(
+        &mut self,
+        root: &Node,
+    ) -> (u64, BTreeMap<String, Domain>, BTreeMap<String, Meter>) {
         let empty = Table::new();
         let table = match &root.value {
             Value::Table(table) => table,
@@ -227,6 +250,11 @@ impl<'a> Parser<'a> {
                 0
             }
         };
+        let meters = match table.get("meter") {
+            Some(node) => self.meters(node),
+            None => BTreeMap::new(),
+        };
+        self.meter_names = meters.keys().cloned().collect();
         let domains = match table.get("domain") {
             Some(node) => self.domains(node),
             None => {
@@ -235,7 +263,123 @@ impl<'a> Parser<'a> {
                 BTreeMap::new()
             }
         };
-        (version, domains)
+        (version, domains, meters)
+    }
+
+    /// `[[meter]]`: name, period, time_zone (default "UTC").
+    fn meters(&mut self, node: &Node) -> BTreeMap<String, Meter> {
+        let Value::Array(items) = &node.value else {
+            let expected = "an array of tables ([[meter]])";
+            let problem = Problem::WrongType { expected };
+            self.errors.push(self.error(Some(node), "meter", problem));
+            return BTreeMap::new();
+        };
+        if items.len() > MAX_METERS {
+            let problem = Problem::TooMany {
+                count: items.len(),
+                max: MAX_METERS,
+            };
+            let at = items.get(MAX_METERS);
+            self.errors.push(self.error(at, "meter", problem));
+        }
+        let mut meters = BTreeMap::new();
+        let mut first_lines: BTreeMap<String, Option<usize>> = BTreeMap::new();
+        for item in items.iter().take(MAX_METERS) {
+            let Some(meter) = self.meter(item) else {
+                continue;
+            };
+            if let Some(&first_line) = first_lines.get(&meter.name) {
+                let problem = Problem::Duplicate { first_line };
+                let at = match &item.value {
+                    Value::Table(table) => table.get("name"),
+                    _ => None,
+                };
+                self.errors
+                    .push(self.error(at.or(Some(item)), "meter.name", problem));
+                continue;
+            }
+            first_lines.insert(meter.name.clone(), self.lines.of(item));
+            meters.insert(meter.name.clone(), meter);
+        }
+        meters
+    }
+
+    /// One `[[meter]]`, or None after reporting its problems.
+    fn meter(&mut self, item: &Node) -> Option<Meter> {
+        let Value::Table(table) = &item.value else {
+            let problem = Problem::WrongType {
+                expected: "a table",
+            };
+            self.errors.push(self.error(Some(item), "meter", problem));
+            return None;
+        };
+        let mut ok = true;
+        for (key, node) in table
+            .iter()
+            .filter(|(k, _)| !METER_FIELDS.contains(&k.as_str()))
+        {
+            let field = format!("meter.{}", quote(key));
+            self.errors
+                .push(self.error(Some(node), &field, Problem::UnknownField));
+            ok = false;
+        }
+        let text = |this: &mut Self, key: &str, required: bool| -> Option<String> {
+            let field = format!("meter.{key}");
+            match table.get(key) {
+                None if required => {
+                    this.errors
+                        .push(this.error(Some(item), &field, Problem::Missing));
+                    None
+                }
+                None => None,
+                Some(node) => match &node.value {
+                    Value::String(text) => Some(text.clone()),
+                    _ => {
+                        let problem = Problem::WrongType {
+                            expected: "a string",
+                        };
+                        this.errors.push(this.error(Some(node), &field, problem));
+                        None
+                    }
+                },
+            }
+        };
+        let name = text(self, "name", true);
+        let period = text(self, "period", true);
+        let zone = text(self, "time_zone", false);
+        let (name, period) = (name?, period?);
+        if table.contains_key("time_zone") && zone.is_none() {
+            return None;
+        }
+        let at = |key: &str| table.get(key).or(Some(item));
+        if !valid_meter_name(&name) {
+            let problem = Problem::Charset {
+                pattern: METER_NAME_PATTERN,
+            };
+            self.errors
+                .push(self.error(at("name"), "meter.name", problem));
+            ok = false;
+        }
+        let kind = PeriodKind::from_name(&period);
+        if kind.is_none() {
+            let problem = Problem::OneOf { allowed: PERIODS };
+            self.errors
+                .push(self.error(at("period"), "meter.period", problem));
+        }
+        let time_zone = zone.unwrap_or_else(|| "UTC".to_string());
+        let zone_ok = time_zone.len() <= 64
+            && crate::meter::period::Calendar::new(PeriodKind::Day, &time_zone).is_ok();
+        if !zone_ok {
+            let problem = Problem::UnknownTimeZone(cap_message(&time_zone, 64));
+            self.errors
+                .push(self.error(at("time_zone"), "meter.time_zone", problem));
+        }
+        (ok && zone_ok).then_some(())?;
+        Some(Meter {
+            name,
+            period: kind?,
+            time_zone,
+        })
     }
 
     fn domains(&mut self, node: &Node) -> BTreeMap<String, Domain> {
@@ -450,6 +594,7 @@ impl<'a> Parser<'a> {
                 rule_line: self.lines.of(item),
                 fields: BTreeMap::new(),
             },
+            meters: &self.meter_names,
         };
         let (id, rule) = match &item.value {
             Value::Table(table) => reader.rule(table),

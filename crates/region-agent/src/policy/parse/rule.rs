@@ -23,6 +23,8 @@ pub(super) struct RuleReader<'a> {
     pub(super) lines: &'a Lines,
     pub(super) problems: Vec<(String, Problem)>,
     pub(super) places: Places,
+    /// The bundle's declared meter names.
+    pub(super) meters: &'a std::collections::BTreeSet<String>,
 }
 
 impl RuleReader<'_> {
@@ -174,6 +176,7 @@ impl RuleReader<'_> {
         let concurrency = self.concurrency(table, algorithm);
         let slack_ms = self.int(table, "", "slack_ms", (0, DURATION_MS_MAX), false);
         let pool = self.pool(table);
+        let meter = self.meter(table);
         let rate = match &pool {
             Some(Some(_)) => self.pool_rate(table),
             _ => self.rate(table, algorithm, concurrency.flatten()),
@@ -198,6 +201,7 @@ impl RuleReader<'_> {
                 concurrency: concurrency?,
                 slack_ms: slack_ms.unwrap_or(DEFAULT_SLACK_MS),
                 pool: pool?,
+                meter: meter?,
             })
         })();
         debug_assert!(rule.is_some(), "no problem reported, yet a field is unset");
@@ -333,6 +337,30 @@ impl RuleReader<'_> {
                     pattern: "[a-z0-9-]{1,64}",
                 },
             );
+            return None;
+        }
+        Some(Some(raw.to_string()))
+    }
+
+    /// Optional `meter = "name"`: a meter declared in `[[meter]]`. Some(None)
+    /// when absent.
+    pub(super) fn meter(&mut self, table: &Table) -> Option<Option<String>> {
+        if !table.contains_key("meter") {
+            return Some(None);
+        }
+        let raw = self.string(table, "", "meter", true)?;
+        if !valid_meter_name(raw) {
+            self.fail(
+                "",
+                "meter",
+                Problem::Charset {
+                    pattern: METER_NAME_PATTERN,
+                },
+            );
+            return None;
+        }
+        if !self.meters.contains(raw) {
+            self.fail("", "meter", Problem::UndeclaredMeter(raw.to_string()));
             return None;
         }
         Some(Some(raw.to_string()))
