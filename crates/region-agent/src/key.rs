@@ -272,6 +272,12 @@ impl KeyBuilder {
         format!("lh:v1:{{{}}}:_meter:{meter}:p:{period_label}", tenant.0)
     }
 
+    /// The Region's usage senders and their liveness (issue 30), one hash
+    /// for the Region like the syncer lease: `_region` is no tenant tag.
+    pub fn usage_senders(&self) -> String {
+        "lh:v1:{_region}:_meter:senders".to_string()
+    }
+
     /// The Region's syncer lease and its token counter (one Redis per
     /// Region: no Region in the name). `_region` cannot be a tenant tag.
     pub fn syncer_lease(&self) -> [String; 2] {

@@ -239,3 +239,85 @@ proptest! {
         prop_assert_eq!(total, PeriodTotal { requests: expected, cost: 3 * expected });
     }
 }
+
+#[test]
+fn the_region_flags_senders_silent_without_an_end_record() {
+    use leasehold_region_agent::meter::record::{read, read_call, sender_call, senders, Senders};
+    let mut h = Harness::start();
+    let twin = MemoryStore::default();
+    let bounds = LedgerBounds::default();
+    let mut last = 0;
+    let beat = |h: &mut Harness,
+                last: &mut i64,
+                sender: Option<&str>,
+                seq: u64,
+                end: bool,
+                silent_after: u64| {
+        let c = sender_call(&keys(), sender, seq, end, &bounds, silent_after);
+        senders(&ScriptReply {
+            values: differential(h, &twin, &c, last).unwrap(),
+        })
+        .unwrap()
+    };
+    let (a, b) = (
+        sender_field("gateway/eu", 1).unwrap(),
+        sender_field("gateway/eu", 2).unwrap(),
+    );
+    assert_eq!(
+        beat(&mut h, &mut last, Some(&a), 1, false, 3_600_000).0,
+        Some(true)
+    );
+    assert_eq!(
+        beat(&mut h, &mut last, Some(&b), 1, false, 3_600_000).0,
+        Some(true)
+    );
+    assert_eq!(
+        beat(&mut h, &mut last, Some(&a), 2, true, 3_600_000),
+        (
+            Some(true),
+            Senders {
+                known: 2,
+                ended: 1,
+                silent: 0
+            }
+        )
+    );
+    // b said nothing for longer than 1 ms, once the store's clock moved.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (taken, state) = beat(&mut h, &mut last, None, 0, false, 1);
+        assert_eq!(taken, None, "a read beats nobody");
+        if state.silent == 1 {
+            assert_eq!((state.known, state.ended), (2, 1));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b never read as silent"
+        );
+        std::thread::yield_now();
+    }
+    // The period's total, read without changing it.
+    let c = call(&mut h, &a, 4, 1, false, &bounds);
+    differential(&mut h, &twin, &c, &mut last).unwrap();
+    let (s, _): (i64, i64) = redis::cmd("TIME").query(&mut h.conn).unwrap();
+    let period = Calendar::new(PeriodKind::Month, "UTC")
+        .unwrap()
+        .period_at(s * 1_000)
+        .unwrap();
+    let tenant = Tenant::parse("acme").unwrap();
+    for _ in 0..2 {
+        let c = read_call(&keys(), &tenant, "api-calls", &period);
+        let (total, _) = read(&ScriptReply {
+            values: differential(&mut h, &twin, &c, &mut last).unwrap(),
+        })
+        .unwrap();
+        assert_eq!(
+            total,
+            PeriodTotal {
+                requests: 4,
+                cost: 12
+            }
+        );
+    }
+}

@@ -24,7 +24,9 @@ pub mod sliding_counter;
 pub mod sliding_log;
 pub mod syncer_lease;
 pub mod token_bucket;
+pub mod usage_read;
 pub mod usage_record;
+pub mod usage_sender;
 
 use crate::store::keyspace::Keyspace;
 use crate::store::script::{ScriptCall, ScriptError, ScriptKind};
@@ -57,6 +59,8 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::Look => look::eval(space, keys, argv, now_ms),
         ScriptKind::BucketPack => bucket_pack::eval(space, keys, argv, now_ms),
         ScriptKind::UsageRecord => usage_record::eval(space, keys, argv, now_ms),
+        ScriptKind::UsageRead => usage_read::eval(space, keys, argv, now_ms),
+        ScriptKind::UsageSender => usage_sender::eval(space, keys, argv, now_ms),
     }
 }
 

@@ -6,5 +6,7 @@
 //!   week, month in an IANA zone).
 //! - [`record`]: a usage record's store call (`lua/usage_record.lua`:
 //!   larger-wins per sender, what grew added to the period's total).
+//! - [`tally`]: a sender's running totals in memory, bounded.
 pub mod period;
 pub mod record;
+pub mod tally;

@@ -141,6 +141,88 @@ pub fn recorded(reply: &ScriptReply) -> Result<(Recorded, PeriodTotal), ScriptEr
     Ok((outcome, total))
 }
 
+/// The call that reads a meter's Region total in `period`.
+pub fn read_call(keys: &KeyBuilder, tenant: &Tenant, meter: &str, period: &Period) -> ScriptCall {
+    ScriptCall::new(ScriptKind::UsageRead).key(keys.meter_total(tenant, meter, &period.label))
+}
+
+/// A meter's Region total in one period, as read, and the store's clock
+/// when it was read.
+pub fn read(reply: &ScriptReply) -> Result<(PeriodTotal, i64), ScriptError> {
+    let v = &reply.values;
+    if v.len() != 3 || v.iter().any(|x| *x < 0) {
+        return Err(ScriptError::MalformedReply {
+            script: ScriptKind::UsageRead.name(),
+            detail: "unexpected shape".into(),
+        });
+    }
+    Ok((
+        PeriodTotal {
+            requests: v[0] as u64,
+            cost: v[1] as u64,
+        },
+        v[2],
+    ))
+}
+
+/// The Region's senders, as `usage_sender` counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Senders {
+    /// Senders the Region holds a record of.
+    pub known: u64,
+    /// Of them, those that sent their end record.
+    pub ended: u64,
+    /// Those that neither ended nor sent a record lately: each may have
+    /// died without its end record (at most one flush under-counted).
+    pub silent: u64,
+}
+
+/// The call that beats `sender` (None: only reads the senders' state).
+pub fn sender_call(
+    keys: &KeyBuilder,
+    sender: Option<&str>,
+    sequence: u64,
+    ended: bool,
+    bounds: &LedgerBounds,
+    silent_after_ms: u64,
+) -> ScriptCall {
+    ScriptCall::new(ScriptKind::UsageSender)
+        .key(keys.usage_senders())
+        .arg(sender.unwrap_or(""))
+        .arg(sequence.min(crate::args::MAX_ARG))
+        .arg(u8::from(ended))
+        .arg(bounds.senders_ttl_ms)
+        .arg(bounds.max_senders)
+        .arg(bounds.ended_retention_ms)
+        .arg(silent_after_ms.clamp(1, crate::args::MAX_ARG))
+}
+
+/// `usage_sender`'s answer: whether the beat was taken (false: refused,
+/// the Region holds its most senders; also false for a read) and the
+/// senders' state.
+pub fn senders(reply: &ScriptReply) -> Result<(Option<bool>, Senders), ScriptError> {
+    let v = &reply.values;
+    if v.len() != 5 || v[1..].iter().any(|x| *x < 0) || !(-1..=1).contains(&v[0]) {
+        return Err(ScriptError::MalformedReply {
+            script: ScriptKind::UsageSender.name(),
+            detail: "unexpected shape".into(),
+        });
+    }
+    let beat = match v[0] {
+        1 => Some(true),
+        -1 => Some(false),
+        _ => None,
+    };
+    Ok((
+        beat,
+        Senders {
+            known: v[1] as u64,
+            ended: v[2] as u64,
+            silent: v[3] as u64,
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

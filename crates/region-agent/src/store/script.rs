@@ -49,10 +49,14 @@ pub enum ScriptKind {
     /// A sender's running usage totals of one (tenant, meter), larger-wins
     /// (`crate::meter::record`).
     UsageRecord,
+    /// A meter's Region total in one period and its senders' state, read-only.
+    UsageRead,
+    /// The Region's usage senders: a beat per record, and who is silent.
+    UsageSender,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 22] = [
+    pub const ALL: [ScriptKind; 24] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -75,6 +79,8 @@ impl ScriptKind {
         ScriptKind::Look,
         ScriptKind::BucketPack,
         ScriptKind::UsageRecord,
+        ScriptKind::UsageRead,
+        ScriptKind::UsageSender,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -102,6 +108,8 @@ impl ScriptKind {
             ScriptKind::Look => "look",
             ScriptKind::BucketPack => "bucket_pack",
             ScriptKind::UsageRecord => "usage_record",
+            ScriptKind::UsageRead => "usage_read",
+            ScriptKind::UsageSender => "usage_sender",
         }
     }
 
@@ -129,6 +137,8 @@ impl ScriptKind {
             ScriptKind::Look => include_str!("../../../../lua/look.lua"),
             ScriptKind::BucketPack => include_str!("../../../../lua/bucket_pack.lua"),
             ScriptKind::UsageRecord => include_str!("../../../../lua/usage_record.lua"),
+            ScriptKind::UsageRead => include_str!("../../../../lua/usage_read.lua"),
+            ScriptKind::UsageSender => include_str!("../../../../lua/usage_sender.lua"),
         }
     }
 
