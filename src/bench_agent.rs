@@ -104,6 +104,7 @@ pub(crate) fn spec_with(
         denials_max_keys,
         // Every decision reaches the store: what these benches compare.
         agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
+        metering: Default::default(),
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,

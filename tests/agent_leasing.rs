@@ -72,6 +72,7 @@ async fn start(policy: &str) -> Leasing {
     });
     let agent = server::start(AgentSpec {
         agent_leasing: leasing(),
+        metering: Default::default(),
         // Every refusal reaches the store: this file counts leasing alone.
         denials_max_keys: 0,
         ..spec_on(store.clone(), policy)

@@ -74,6 +74,7 @@ async fn start_agent(store: Arc<dyn BucketStore>, limits: ListenerLimits) -> Run
         fallback_max_keys: 1_000,
         denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
         agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
+        metering: Default::default(),
         clock: Arc::new(SystemClock),
         global: None,
         connector: None,

@@ -267,6 +267,7 @@ async fn a_region_cut_off_from_every_node_syncs_within_one_interval_and_a_second
         fallback_max_keys: 1_000,
         denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
         agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
+        metering: Default::default(),
         clock: Arc::new(SystemClock),
         global: Some(GlobalSettings {
             allocators: cluster.addresses(),

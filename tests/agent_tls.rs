@@ -538,3 +538,59 @@ async fn rpc_latency_and_give_backs_are_counted_by_method_and_code() {
     );
     s.agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_records_come_from_the_regions_gateways_and_reads_from_operators() {
+    let s = secured_agent().await;
+    let beat = pb::RecordUsageRequest {
+        incarnation: 9,
+        sequence: 1,
+        end: false,
+        entries: vec![],
+    };
+    // The sender is the certificate's identity, not a field of the record.
+    let reply = s
+        .client("gateway-eu")
+        .await
+        .record_usage(beat.clone())
+        .await
+        .expect("eu's gateway records usage")
+        .into_inner();
+    assert_eq!(reply.sender, "gateway/eu#0000000000000009");
+    for (stem, identity) in [
+        ("gateway-us", "/gateway/us"),
+        ("region-eu", "/region/eu"),
+        ("sre", "/sre"),
+        ("admin", "/admin"),
+    ] {
+        assert_denied(
+            s.client(stem).await.record_usage(beat.clone()).await,
+            identity,
+            "RecordUsage",
+        );
+    }
+    let read = pb::ReadUsageRequest {
+        tenant: "atlas".into(),
+        meter: "api-calls".into(),
+        period: String::new(),
+    };
+    for (stem, identity) in [("gateway-eu", "/gateway/eu"), ("region-eu", "/region/eu")] {
+        assert_denied(
+            s.client(stem).await.read_usage(read.clone()).await,
+            identity,
+            "ReadUsage",
+        );
+    }
+    // Operators pass the gate; this policy declares no meter.
+    for stem in ["sre", "admin"] {
+        let status = s
+            .client(stem)
+            .await
+            .read_usage(read.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{stem}: {status}");
+        assert!(status.message().contains("meter"), "{status}");
+    }
+    s.agent.stop().await;
+}

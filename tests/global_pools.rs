@@ -204,6 +204,7 @@ impl World {
             fallback_max_keys: 1_000,
             denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
             agent_leasing: leasehold_region_agent::lease::agent::AgentLeasingSettings::off(),
+            metering: Default::default(),
             clock: Arc::new(SystemClock),
             global: Some(GlobalSettings {
                 allocators,

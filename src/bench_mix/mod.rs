@@ -115,6 +115,7 @@ pub(crate) fn with_agent_leasing(spec: AgentSpec, on: bool) -> AgentSpec {
         } else {
             AgentLeasingSettings::off()
         },
+        metering: Default::default(),
         ..spec
     }
 }

@@ -79,6 +79,14 @@ pub const AGENT_BOUNDS: &[Bound] = &[
         crate::lease::agent::MAX_BLOCK_SPAN_MS,
     ),
     Bound::new("agent_leasing.max_capacity_percent", 1, 50),
+    Bound::new("metering.flush_ms", 100, 60_000),
+    Bound::new("metering.max_keys", 1, 1_000_000),
+    Bound::new(
+        "metering.max_senders",
+        1,
+        crate::algorithm::usage_record::MAX_SENDERS,
+    ),
+    Bound::new("metering.silent_after_ms", 1_000, 86_400_000),
     Bound::new("agent_leasing.idle_ms", 100, 60_000),
     Bound::new("agent_leasing.sweep_ms", 10, 10_000),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
@@ -168,6 +176,9 @@ pub struct AgentConfig {
     /// `[agent_leasing]`: blocks of hot keys the agent holds itself.
     #[serde(default)]
     pub agent_leasing: AgentLeasingConfig,
+    /// `[metering]`: usage records and the agent's own counts (issue 30).
+    #[serde(default)]
+    pub metering: MeteringConfig,
     /// envoyproxy/ratelimit YAML configs (`[ratelimit]`): absent, none.
     #[serde(default)]
     pub ratelimit: Option<RatelimitSettings>,
@@ -353,6 +364,51 @@ impl AgentLeasingConfig {
             idle_ms: self.idle_ms,
             sweep_ms: self.sweep_ms,
             sim_seed: None,
+        }
+    }
+}
+
+/// `[metering]` ([`crate::meter`]): how usage records are kept. Meters
+/// themselves are declared in the policy (`[[meter]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MeteringConfig {
+    /// How often the agent writes its own running totals.
+    pub flush_ms: u64,
+    /// (tenant, meter) pairs the agent's own tally holds; past it an
+    /// admitted request of a new pair is not counted (and is counted in
+    /// `leasehold_agent_usage_uncounted_total`).
+    pub max_keys: usize,
+    /// Senders one (tenant, meter), and the Region, hold records of.
+    pub max_senders: u64,
+    /// A sender neither ended nor heard from this long is silent.
+    pub silent_after_ms: u64,
+}
+
+impl Default for MeteringConfig {
+    fn default() -> Self {
+        let d = crate::meter::ledger::MeteringSettings::default();
+        MeteringConfig {
+            flush_ms: d.flush_ms,
+            max_keys: d.max_keys,
+            max_senders: d.bounds.max_senders,
+            silent_after_ms: d.silent_after_ms,
+        }
+    }
+}
+
+impl MeteringConfig {
+    pub fn settings(&self) -> crate::meter::ledger::MeteringSettings {
+        let d = crate::meter::ledger::MeteringSettings::default();
+        crate::meter::ledger::MeteringSettings {
+            flush_ms: self.flush_ms,
+            max_keys: self.max_keys,
+            silent_after_ms: self.silent_after_ms,
+            bounds: crate::meter::record::LedgerBounds {
+                max_senders: self.max_senders,
+                ..d.bounds
+            },
+            incarnation: None,
         }
     }
 }

@@ -22,6 +22,8 @@ const AGENT_METHODS: &[Method] = &[
     Method::Status,
     Method::ReloadPolicy,
     Method::ListLeases,
+    Method::RecordUsage,
+    Method::ReadUsage,
 ];
 
 const GUARDED: [GuardedService; 2] = [

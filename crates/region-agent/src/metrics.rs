@@ -99,6 +99,20 @@ pub struct AgentMetrics {
     /// `CLUSTER SLOTS` refreshes by outcome: ok | failed.
     pub store_cluster_refreshes: IntCounterVec,
     pub invalid_requests: IntCounterVec,
+    /// The agent's own usage flushes by outcome: written | failed.
+    pub usage_flushes: IntCounterVec,
+    /// Usage record entries applied, by outcome: raised | stale |
+    /// refused (the meter holds its most senders).
+    pub usage_records: IntCounterVec,
+    /// Admitted requests not counted toward a meter: the agent's tally
+    /// held its most (tenant, meter) pairs.
+    pub usage_uncounted: prometheus::IntCounter,
+    /// The Region's usage senders by state: known | ended | silent (not
+    /// ended, not heard from within `silent_after_ms`), as of the agent's
+    /// last flush.
+    pub usage_senders: IntGaugeVec,
+    /// Seconds since the agent's own totals were last written.
+    pub usage_lag_seconds: prometheus::Gauge,
     /// Per global pool: the rate the Region enforces (rate pools) or the
     /// tokens its chunks still hold (window pools), and its mode.
     pub global_room: IntGaugeVec,
@@ -145,6 +159,8 @@ pub const AGENT_RPC_METHODS: &[&str] = &[
     "Status",
     "ReloadPolicy",
     "ListLeases",
+    "RecordUsage",
+    "ReadUsage",
     "ShouldRateLimit",
 ];
 
@@ -182,6 +198,11 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_give_backs_total",
     "leasehold_given_back_tokens_total",
     "leasehold_concurrency_total",
+    "leasehold_usage_flushes_total",
+    "leasehold_usage_records_total",
+    "leasehold_usage_uncounted_total",
+    "leasehold_usage_senders",
+    "leasehold_usage_lag_seconds",
 ];
 
 /// RPC and sync latency buckets, seconds.
@@ -285,6 +306,35 @@ impl AgentMetrics {
                 "Requests refused as invalid, by field",
             ),
             &["field"],
+        )?;
+        let usage_flushes = IntCounterVec::new(
+            Opts::new(
+                "usage_flushes_total",
+                "The agent's own usage flushes by outcome",
+            ),
+            &["outcome"],
+        )?;
+        let usage_records = IntCounterVec::new(
+            Opts::new(
+                "usage_records_total",
+                "Usage record entries applied, by outcome (raised, stale, refused)",
+            ),
+            &["outcome"],
+        )?;
+        let usage_uncounted = prometheus::IntCounter::new(
+            "usage_uncounted_total",
+            "Admitted requests not counted toward a meter: the tally was full",
+        )?;
+        let usage_senders = IntGaugeVec::new(
+            Opts::new(
+                "usage_senders",
+                "The Region's usage senders by state (known, ended, silent)",
+            ),
+            &["state"],
+        )?;
+        let usage_lag_seconds = prometheus::Gauge::new(
+            "usage_lag_seconds",
+            "Seconds since the agent's own usage totals were last written",
         )?;
         let global_room = IntGaugeVec::new(
             Opts::new(
@@ -392,6 +442,11 @@ impl AgentMetrics {
         registry.register(Box::new(store_cluster_redirects.clone()))?;
         registry.register(Box::new(store_cluster_refreshes.clone()))?;
         registry.register(Box::new(invalid_requests.clone()))?;
+        registry.register(Box::new(usage_flushes.clone()))?;
+        registry.register(Box::new(usage_records.clone()))?;
+        registry.register(Box::new(usage_uncounted.clone()))?;
+        registry.register(Box::new(usage_senders.clone()))?;
+        registry.register(Box::new(usage_lag_seconds.clone()))?;
         Ok(AgentMetrics {
             registry,
             decisions,
@@ -412,6 +467,11 @@ impl AgentMetrics {
             store_cluster_redirects,
             store_cluster_refreshes,
             invalid_requests,
+            usage_flushes,
+            usage_records,
+            usage_uncounted,
+            usage_senders,
+            usage_lag_seconds,
             global_room,
             global_mode,
             allocator_reachable,
@@ -636,6 +696,9 @@ mod names_tests {
         m.concurrency
             .with_label_values(&["acquire", "acquired"])
             .inc();
+        m.usage_flushes.with_label_values(&["written"]).inc();
+        m.usage_records.with_label_values(&["raised"]).inc();
+        m.usage_senders.with_label_values(&["silent"]).set(1);
         let mut names = m.registered_names();
         names.sort();
         let mut listed: Vec<String> = METRIC_NAMES.iter().map(|n| n.to_string()).collect();

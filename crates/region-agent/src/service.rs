@@ -255,6 +255,34 @@ impl Agent for AgentService {
         Ok(Response::new(self.decider.status()))
     }
 
+    async fn record_usage(
+        &self,
+        request: Request<pb::RecordUsageRequest>,
+    ) -> Result<Response<pb::RecordUsageResponse>, Status> {
+        let caller = self.allow(&request, Method::RecordUsage)?;
+        let span = tracing::info_span!("record_usage", region = %self.decider.region);
+        let reply = self
+            .decider
+            .record_usage(caller.as_ref(), request.into_inner())
+            .instrument(span)
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn read_usage(
+        &self,
+        request: Request<pb::ReadUsageRequest>,
+    ) -> Result<Response<pb::ReadUsageResponse>, Status> {
+        self.allow(&request, Method::ReadUsage)?;
+        let span = tracing::info_span!("read_usage", region = %self.decider.region);
+        let reply = self
+            .decider
+            .read_usage(request.into_inner())
+            .instrument(span)
+            .await?;
+        Ok(Response::new(reply))
+    }
+
     async fn list_leases(
         &self,
         request: Request<pb::ListLeasesRequest>,

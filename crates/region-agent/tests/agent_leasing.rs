@@ -141,6 +141,10 @@ fn decider(
         global: Arc::new(GlobalRoom::new(["rate".to_string()])),
         denials,
         agent_leases: leases,
+        metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
+            "eu",
+            Default::default(),
+        )),
     }
 }
 

@@ -110,6 +110,10 @@ fn decider_with(
         global: Arc::new(GlobalRoom::new(Vec::<String>::new())),
         denials,
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
+        metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
+            "eu",
+            Default::default(),
+        )),
     }
 }
 

@@ -97,6 +97,10 @@ fn agent_on(clock: Arc<dyn Clock>) -> Agent {
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
+        metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
+            "eu",
+            Default::default(),
+        )),
     };
     Agent { decider, store }
 }

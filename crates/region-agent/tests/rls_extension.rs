@@ -167,6 +167,10 @@ fn decider(store: Arc<dyn BucketStore>, clock: Arc<ManualClock>) -> Decider {
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
+        metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
+            "eu",
+            Default::default(),
+        )),
     }
 }
 

@@ -75,6 +75,10 @@ fn setup_with(policy_text: &str) -> (Decider, RlsEngine, Arc<ManualClock>) {
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
+        metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
+            "eu",
+            Default::default(),
+        )),
     };
     let config = parse_files([("edge.yaml", YAML)]).unwrap();
     let engine = RlsEngine::new(Arc::new(RlsHolder::new(config)), Default::default());

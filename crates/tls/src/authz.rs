@@ -13,13 +13,13 @@
 //! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
 //! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver); the allocator binds all but NodeStatus further to the payload's sender and its membership (`leasehold_allocator::raft::senders`) |
 //! | prober | HealthReport |
-//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, Status, the agent's ListLeases, Health, NodeStatus, `/metrics` |
-//! | sre | Inspect, ListRevoked, Status, the agent's ListLeases, Health, NodeStatus, `/metrics` (read-only) |
+//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` |
+//! | sre | Inspect, ListRevoked, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` (read-only) |
 //!
 //! On the allocator a call this table allows is then checked against the
 //! replicated deny list (`leasehold identity revoke`): a revoked identity
 //! is refused PERMISSION_DENIED whatever the table says.
-//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, Health, HTTP `/health` — on r's agent |
+//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, RecordUsage, Health, HTTP `/health` — on r's agent |
 //!
 //! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
 //! for the prober (it runs on the leader node, so `node/id` and `prober`),
@@ -84,6 +84,10 @@ pub enum Method {
     /// The Region's outstanding block leases (`leasehold lease list`): an
     /// operator's read; gateways may not list each other's leases.
     ListLeases,
+    /// A gateway's usage record (issue 30): its running totals.
+    RecordUsage,
+    /// A meter's Region total (`leasehold usage show`): an operator's read.
+    ReadUsage,
     // Agent: the HTTPS listener.
     HttpHealth,
     HttpMetrics,
@@ -91,7 +95,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 35] = [
+    pub const ALL: [Method; 37] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -125,6 +129,8 @@ impl Method {
         Method::Status,
         Method::ReloadPolicy,
         Method::ListLeases,
+        Method::RecordUsage,
+        Method::ReadUsage,
         Method::HttpHealth,
         Method::HttpMetrics,
     ];
@@ -164,6 +170,8 @@ impl Method {
             Method::Status => "Status",
             Method::ReloadPolicy => "ReloadPolicy",
             Method::ListLeases => "ListLeases",
+            Method::RecordUsage => "RecordUsage",
+            Method::ReadUsage => "ReadUsage",
             Method::HttpHealth => "GET /health",
             Method::HttpMetrics => "GET /metrics",
         }
@@ -285,17 +293,18 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
             Identity::Admin,
             CreatePool | UpdatePool | Freeze | Reclaim | AddNode | RemoveNode | RemoveRegion
             | ReadmitRegion | RevokeIdentity | RestoreIdentity | ListRevoked | ReloadPolicy
-            | Inspect | Status | ListLeases | Health | NodeStatus | HttpHealth | HttpMetrics,
+            | Inspect | Status | ListLeases | ReadUsage | Health | NodeStatus | HttpHealth
+            | HttpMetrics,
         ) => Ok(()),
         (
             Identity::Sre,
-            Inspect | ListRevoked | Status | ListLeases | Health | NodeStatus | HttpHealth
-            | HttpMetrics,
+            Inspect | ListRevoked | Status | ListLeases | ReadUsage | Health | NodeStatus
+            | HttpHealth | HttpMetrics,
         ) => Ok(()),
         (
             Identity::Gateway(own),
             Check | CheckBatch | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
-            | ShouldRateLimit | Health | HttpHealth,
+            | ShouldRateLimit | RecordUsage | Health | HttpHealth,
         ) => match call.region {
             Some(region) if region == own.as_str() => Ok(()),
             _ => deny("a gateway calls only its own Region's agent"),
@@ -393,7 +402,7 @@ mod tests {
         Method::RestoreIdentity,
         Method::ReloadPolicy,
     ];
-    const GATEWAY_CALLS: [Method; 9] = [
+    const GATEWAY_CALLS: [Method; 10] = [
         Method::Check,
         Method::CheckBatch,
         Method::LeaseBlock,
@@ -401,6 +410,7 @@ mod tests {
         Method::AcquireConcurrency,
         Method::ReleaseConcurrency,
         Method::ShouldRateLimit,
+        Method::RecordUsage,
         Method::Health,
         Method::HttpHealth,
     ];
@@ -555,6 +565,7 @@ mod tests {
                     | Method::ListRevoked
                     | Method::Status
                     | Method::ListLeases
+                    | Method::ReadUsage
                     | Method::Health
                     | Method::NodeStatus
                     | Method::HttpHealth

@@ -317,4 +317,18 @@ impl Agent for FakeAgent {
     ) -> Result<Response<ListLeasesResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
+
+    async fn record_usage(
+        &self,
+        _: Request<leasehold_proto::agent::v1::RecordUsageRequest>,
+    ) -> Result<Response<leasehold_proto::agent::v1::RecordUsageResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn read_usage(
+        &self,
+        _: Request<leasehold_proto::agent::v1::ReadUsageRequest>,
+    ) -> Result<Response<leasehold_proto::agent::v1::ReadUsageResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
 }

@@ -118,6 +118,9 @@ pub struct Decider {
     /// Blocks of hot keys the agent leased for its own callers
     /// ([`crate::lease::agent`]; `[agent_leasing]`).
     pub agent_leases: crate::lease::agent::AgentLeases,
+    /// Usage records and the agent's own counts of what it admitted
+    /// ([`crate::meter`], `[metering]`).
+    pub metering: Arc<crate::meter::ledger::Metering>,
 }
 
 /// Retry hint when a pool rule's Region holds no room right now.
@@ -462,6 +465,19 @@ impl Decider {
             decision.leased = self.leased_rules(&resolved.leased, &target)?;
             decision.leased_only = enforcing.is_empty() && !decision.leased.is_empty();
         }
+        // Admitted in full here (nothing left for a gateway's blocks):
+        // counted once, toward each meter its rules name.
+        if decision.allowed && !decision.replayed && decision.leased.is_empty() {
+            let meters = resolved
+                .checked
+                .iter()
+                .chain(&resolved.leased)
+                .filter_map(|rule| rule.meter.as_deref());
+            let uncounted = self.metering.count(&target.tenant, meters, cost);
+            if uncounted > 0 {
+                self.metrics.usage_uncounted.inc_by(uncounted);
+            }
+        }
         self.count(&decision, &bundle);
         tracing::debug!(
             decision_id = %decision.decision_id,
@@ -703,6 +719,69 @@ impl Decider {
                 self.counters.shadow_denials.fetch_add(1, Ordering::Relaxed);
                 decision.shadow_denied.push(rule.clone());
             }
+        }
+    }
+
+    /// Writes the agent's own usage totals (`end`: all of them, as its end
+    /// record). Failures are logged and counted; the totals stay for the
+    /// next flush.
+    pub async fn flush_usage(&self, end: bool) {
+        let bundle = self.policy.current();
+        if !self.metering.has_work(&bundle) {
+            return;
+        }
+        let now_ms = self.clock.now_ms();
+        match self
+            .metering
+            .flush(self.store.as_ref(), &self.keys, &bundle, now_ms, end)
+            .await
+        {
+            Ok(applied) => {
+                self.metrics
+                    .usage_flushes
+                    .with_label_values(&["written"])
+                    .inc();
+                self.count_usage(&applied);
+                if end {
+                    let entries = applied.outcomes.len();
+                    tracing::info!(region = %self.region, entries, "usage end record written");
+                }
+            }
+            Err(error) => {
+                self.metrics
+                    .usage_flushes
+                    .with_label_values(&["failed"])
+                    .inc();
+                tracing::warn!(region = %self.region, %error, end, "usage flush failed: the totals wait for the next");
+            }
+        }
+        if let Some(written) = self.metering.last_written_ms() {
+            let lag_ms = (now_ms - written).max(0);
+            self.metrics.usage_lag_seconds.set(lag_ms as f64 / 1_000.0);
+        }
+    }
+
+    /// Metrics of one applied usage record.
+    pub fn count_usage(&self, applied: &crate::meter::ledger::Applied) {
+        use crate::meter::record::Recorded;
+        for outcome in &applied.outcomes {
+            let label = match outcome {
+                Recorded::Raised { .. } => "raised",
+                Recorded::Stale => "stale",
+                Recorded::TooManySenders => "refused",
+            };
+            self.metrics.usage_records.with_label_values(&[label]).inc();
+        }
+        let senders = &applied.senders;
+        for (state, n) in [
+            ("known", senders.known),
+            ("ended", senders.ended),
+            ("silent", senders.silent),
+        ] {
+            self.metrics
+                .usage_senders
+                .with_label_values(&[state])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

@@ -76,6 +76,8 @@ pub struct AgentSpec {
     pub denials_max_keys: usize,
     /// `[agent_leasing]`: blocks of hot keys the agent holds itself.
     pub agent_leasing: crate::lease::agent::AgentLeasingSettings,
+    /// `[metering]`: usage records and the agent's own counts (issue 30).
+    pub metering: crate::meter::ledger::MeteringSettings,
     pub clock: Arc<dyn Clock>,
     /// Global pools to sync with the allocator (none without `[global]`).
     pub global: Option<GlobalSettings>,
@@ -229,6 +231,7 @@ impl AgentSpec {
             fallback_max_keys: config.fallback.max_keys,
             denials_max_keys: config.denials.max_keys,
             agent_leasing: config.agent_leasing.settings(),
+            metering: config.metering.settings(),
             clock: Arc::new(SystemClock),
             global: config.global.clone(),
             connector: allocator_connector(config)?,
@@ -338,6 +341,8 @@ impl RunningAgent {
         if returned > 0 {
             tracing::info!(region = %self.decider.region, tokens = returned / 1_000, "agent blocks given back at shutdown");
         }
+        // The agent's own usage totals, as its end record.
+        self.decider.flush_usage(true).await;
         for task in servers.into_iter().chain(self.background) {
             // A finished server task was awaited above: awaiting it again
             // would panic.
@@ -378,6 +383,30 @@ fn spawn_agent_block_sweep(
     })
 }
 
+/// Writes the agent's own usage totals every `[metering] flush_ms` until
+/// `stop` turns true (the end record is written by the graceful stop). A
+/// failed flush leaves its totals to the next one.
+fn spawn_usage_flush(decider: Arc<Decider>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    let every = Duration::from_millis(decider.metering.settings.flush_ms.max(10));
+    tokio::spawn(async move {
+        // The first flush one interval after start: nothing is counted yet.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    decider.flush_usage(false).await;
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// An agent built but not running: nothing bound, no task spawned.
 pub struct Built {
     pub decider: Arc<Decider>,
@@ -406,6 +435,7 @@ impl Built {
         if self.decider.agent_leases.enabled() {
             tasks.push(spawn_agent_block_sweep(self.decider.clone(), stop.clone()));
         }
+        tasks.push(spawn_usage_flush(self.decider.clone(), stop.clone()));
         if let Some(sync) = &self.sync {
             tasks.extend(sync.clone().spawn(stop));
         }
@@ -489,6 +519,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
             tracing::info!(region = %spec.region, agent = sync.settings.agent_id.as_deref().unwrap_or(""), "several agents serve this Region: its room lives in its Redis");
         }
     }
+    let region_name = spec.region.clone();
     let decider = Arc::new(Decider {
         region: spec.region,
         store: spec.store,
@@ -501,6 +532,10 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         global,
         denials: crate::denial::SharedDenials::new(spec.denials_max_keys),
         agent_leases,
+        metering: Arc::new(crate::meter::ledger::Metering::new(
+            &region_name,
+            spec.metering,
+        )),
     });
     let (engine, ratelimit_watch) = match spec.ratelimit {
         Some(ratelimit) => {

@@ -136,6 +136,7 @@ async fn built_agent_syncs_through_its_connector_and_tells_its_observer() {
         fallback_max_keys: 100,
         denials_max_keys: crate::denial::DEFAULT_MAX_KEYS,
         agent_leasing: crate::lease::agent::AgentLeasingSettings::off(),
+        metering: Default::default(),
         clock,
         global: Some(GlobalSettings {
             allocators: vec![node.address.to_string()],

@@ -234,6 +234,10 @@ pub(super) async fn run_agent(
         fallback_max_keys: 1_000,
         denials_max_keys: leasehold_region_agent::denial::DEFAULT_MAX_KEYS,
         agent_leasing: agent_leasing_settings(&scenario, r, a, seed),
+        metering: leasehold_region_agent::meter::ledger::MeteringSettings {
+            incarnation: Some(seed ^ (r as u64) << 8 ^ a as u64),
+            ..Default::default()
+        },
         clock,
         global: Some(global),
         connector: Some(sim_net::connector()),

@@ -1,0 +1,358 @@
+//! The agent's side of metering (issue 30): records applied to the
+//! Region's store, the agent's own tally of what it admitted, and reads of
+//! a meter's Region total.
+//!
+//! - **Records** ([`Metering::apply`]): one `usage_record` call per entry
+//!   (tenant, meter) and one `usage_sender` beat, in one batch. The period
+//!   an entry's growth falls in is the meter's period at the agent's clock
+//!   when it applies the record, so a record sent just before a period's
+//!   end may count in the next one (by at most a flush interval plus the
+//!   call's time); the period's end is stated with each read.
+//! - **The agent as a sender**: requests it admits in full (Check,
+//!   CheckBatch, Envoy RLS, `/json`) count in its own tally, flushed every
+//!   `flush_ms` as `agent/<region>#<incarnation>`, with an end record at
+//!   shutdown. A request a gateway finishes from its own blocks is the
+//!   gateway's to count, so each admitted request counts once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rand::RngCore;
+
+use super::period::{Period, PeriodError};
+use super::record::{
+    read, read_call, record_call, recorded, sender_call, sender_field, senders, LedgerBounds,
+    PeriodTotal, Recorded, Senders, UsageEntry,
+};
+use super::tally::{Tally, DEFAULT_MAX_KEYS};
+use crate::key::{KeyBuilder, Tenant};
+use crate::policy::Bundle;
+use crate::store::{BucketStore, StoreError};
+
+/// `[metering]`: see the module doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeteringSettings {
+    /// How often a sender's running totals are written.
+    pub flush_ms: u64,
+    /// (tenant, meter) pairs the agent's own tally holds.
+    pub max_keys: usize,
+    /// A sender that has not ended and sent nothing this long is silent.
+    pub silent_after_ms: u64,
+    pub bounds: LedgerBounds,
+    /// This agent's incarnation as a sender; None: drawn from the OS at
+    /// start (the simulation sets one from its seed).
+    pub incarnation: Option<u64>,
+}
+
+pub const DEFAULT_FLUSH_MS: u64 = 5_000;
+/// Entries one record (an RPC's or a flush's batch) carries at most.
+pub const MAX_ENTRIES_PER_RECORD: usize = 1_000;
+
+impl Default for MeteringSettings {
+    fn default() -> Self {
+        MeteringSettings {
+            flush_ms: DEFAULT_FLUSH_MS,
+            max_keys: DEFAULT_MAX_KEYS,
+            // Three flushes missed.
+            silent_after_ms: 3 * DEFAULT_FLUSH_MS,
+            bounds: LedgerBounds::default(),
+            incarnation: None,
+        }
+    }
+}
+
+/// Why a record was not applied. Nothing was written for the entry named.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The entry names a meter the policy in force does not declare.
+    #[error("entries[{index}].meter: {meter:?} is not a meter of the policy in force")]
+    UnknownMeter { index: usize, meter: String },
+    #[error("entries[{index}]: {error}")]
+    Period { index: usize, error: PeriodError },
+    /// The store could not take a call: retry the record (it is idempotent).
+    #[error("store: {0}")]
+    Store(StoreError),
+}
+
+/// What one applied record did, entry by entry (in the record's order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub outcomes: Vec<Recorded>,
+    /// False when the Region holds its most senders and refused this one's beat.
+    pub beat_taken: bool,
+    /// The Region's senders after the beat.
+    pub senders: Senders,
+}
+
+/// A meter's Region usage in one period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionUsage {
+    pub period: Period,
+    pub total: PeriodTotal,
+    pub senders: Senders,
+    /// The store's clock when it was read.
+    pub read_at_ms: i64,
+}
+
+/// One usage record as applied.
+#[derive(Debug, Clone, Copy)]
+pub struct UsageRecord<'a> {
+    /// `identity#incarnation` ([`sender_field`]).
+    pub sender: &'a str,
+    pub sequence: u64,
+    /// The sender's end record.
+    pub ended: bool,
+    pub entries: &'a [UsageEntry],
+}
+
+/// What a read asks: a meter of a tenant, in the period `period` names or
+/// (None) the one holding `at_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct UsageQuery<'a> {
+    pub tenant: &'a Tenant,
+    pub meter: &'a str,
+    pub period: Option<&'a str>,
+    pub at_ms: i64,
+}
+
+pub struct Metering {
+    pub settings: MeteringSettings,
+    /// `agent/<region>#<incarnation>`: this agent as a sender.
+    own_sender: String,
+    sequence: AtomicU64,
+    tally: Mutex<Tally>,
+    /// The agent's clock when its totals were last written (0: never).
+    last_written_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Metering {
+    pub fn new(region: &str, settings: MeteringSettings) -> Metering {
+        let incarnation = settings
+            .incarnation
+            .unwrap_or_else(|| rand::rngs::OsRng.next_u64());
+        let own_sender = sender_field(&format!("agent/{region}"), incarnation)
+            // A Region id is [a-z0-9-]{1,32}: the field always fits.
+            .unwrap_or_else(|| format!("agent/region#{incarnation:016x}"));
+        Metering {
+            settings,
+            own_sender,
+            sequence: AtomicU64::new(0),
+            tally: Mutex::new(Tally::new(settings.max_keys)),
+            last_written_ms: std::sync::atomic::AtomicI64::new(0),
+        }
+    }
+
+    pub fn own_sender(&self) -> &str {
+        &self.own_sender
+    }
+
+    /// One request the agent admitted in full, of `cost`, toward `meters`
+    /// (each counted once).
+    /// Returns how many meters it could not count (the tally was full).
+    pub fn count<'m>(
+        &self,
+        tenant: &Tenant,
+        meters: impl Iterator<Item = &'m str>,
+        cost: u64,
+    ) -> u64 {
+        let mut uncounted = 0;
+        let mut seen: Vec<&str> = Vec::new();
+        // A poisoned lock means a panic mid-add: the counts stay usable.
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        for meter in meters {
+            if seen.contains(&meter) {
+                continue;
+            }
+            seen.push(meter);
+            if tally.add(tenant, meter, cost).is_err() {
+                uncounted += 1;
+            }
+        }
+        uncounted
+    }
+
+    /// Applies one record at the agent's clock `now_ms`.
+    pub async fn apply(
+        &self,
+        store: &dyn BucketStore,
+        keys: &KeyBuilder,
+        bundle: &Bundle,
+        record: &UsageRecord<'_>,
+        now_ms: i64,
+    ) -> Result<Applied, ApplyError> {
+        let UsageRecord {
+            sender,
+            sequence,
+            ended,
+            entries,
+        } = *record;
+        let mut calls = Vec::with_capacity(entries.len() + 1);
+        for (index, entry) in entries.iter().enumerate() {
+            let meter =
+                bundle
+                    .meters
+                    .get(&entry.meter)
+                    .ok_or_else(|| ApplyError::UnknownMeter {
+                        index,
+                        meter: entry.meter.clone(),
+                    })?;
+            let period = meter
+                .calendar()
+                .and_then(|calendar| calendar.period_at(now_ms))
+                .map_err(|error| ApplyError::Period { index, error })?;
+            calls.push(record_call(
+                keys,
+                sender,
+                entry,
+                sequence,
+                ended,
+                &period,
+                &self.settings.bounds,
+            ));
+        }
+        calls.push(sender_call(
+            keys,
+            Some(sender),
+            sequence,
+            ended,
+            &self.settings.bounds,
+            self.settings.silent_after_ms,
+        ));
+        let replies = store.run_batch(&calls).await;
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut beat_taken = false;
+        let mut region_senders = Senders::default();
+        for (i, reply) in replies.into_iter().enumerate() {
+            let reply = reply.map_err(ApplyError::Store)?;
+            if i < entries.len() {
+                let (outcome, _) = recorded(&reply).map_err(|e| ApplyError::Store(e.into()))?;
+                outcomes.push(outcome);
+            } else {
+                let (beat, state) = senders(&reply).map_err(|e| ApplyError::Store(e.into()))?;
+                beat_taken = beat == Some(true);
+                region_senders = state;
+            }
+        }
+        Ok(Applied {
+            outcomes,
+            beat_taken,
+            senders: region_senders,
+        })
+    }
+
+    /// Whether a flush has anything to do: a meter in `bundle`, or counts
+    /// held (an agent without meters sends nothing, not even a beat).
+    pub fn has_work(&self, bundle: &Bundle) -> bool {
+        !bundle.meters.is_empty()
+            || !self
+                .tally
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+    }
+
+    /// Writes the agent's own dirty totals (`end`: every total, as its end
+    /// record). Pairs written are clean; the rest stay dirty for the next
+    /// flush. Returns how many entries were sent.
+    pub async fn flush(
+        &self,
+        store: &dyn BucketStore,
+        keys: &KeyBuilder,
+        bundle: &Bundle,
+        now_ms: i64,
+        end: bool,
+    ) -> Result<Applied, ApplyError> {
+        let pending = {
+            let tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+            tally.pending(end, MAX_ENTRIES_PER_RECORD)
+        };
+        // Meters a new bundle dropped cannot be written: forget them here
+        // (their counts so far were written while they existed).
+        let entries: Vec<UsageEntry> = pending
+            .into_iter()
+            .filter(|entry| bundle.meters.contains_key(&entry.meter))
+            .collect();
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        let record = UsageRecord {
+            sender: &self.own_sender,
+            sequence,
+            ended: end,
+            entries: &entries,
+        };
+        let applied = self.apply(store, keys, bundle, &record, now_ms).await?;
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        for (entry, outcome) in entries.iter().zip(&applied.outcomes) {
+            if *outcome != Recorded::TooManySenders {
+                tally.written(entry);
+            }
+        }
+        self.last_written_ms.store(now_ms, Ordering::Relaxed);
+        Ok(applied)
+    }
+
+    /// The agent's clock when its totals were last written (None: never).
+    pub fn last_written_ms(&self) -> Option<i64> {
+        Some(self.last_written_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
+    }
+
+    /// A meter's Region total in the period holding `at_ms` (or the one
+    /// `period_label` names) and the Region's senders.
+    pub async fn read(
+        &self,
+        store: &dyn BucketStore,
+        keys: &KeyBuilder,
+        bundle: &Bundle,
+        query: &UsageQuery<'_>,
+    ) -> Result<RegionUsage, ApplyError> {
+        let UsageQuery {
+            tenant,
+            meter,
+            period: period_label,
+            at_ms,
+        } = *query;
+        let unknown = || ApplyError::UnknownMeter {
+            index: 0,
+            meter: meter.to_string(),
+        };
+        let definition = bundle.meters.get(meter).ok_or_else(unknown)?;
+        let calendar = definition
+            .calendar()
+            .map_err(|error| ApplyError::Period { index: 0, error })?;
+        let period = match period_label {
+            Some(label) => calendar.period_named(label),
+            None => calendar.period_at(at_ms),
+        }
+        .map_err(|error| ApplyError::Period { index: 0, error })?;
+        let calls = [
+            read_call(keys, tenant, meter, &period),
+            sender_call(
+                keys,
+                None,
+                0,
+                false,
+                &self.settings.bounds,
+                self.settings.silent_after_ms,
+            ),
+        ];
+        let mut replies = store.run_batch(&calls).await.into_iter();
+        let mut next = || {
+            replies
+                .next()
+                .unwrap_or(Err(StoreError::Script(
+                    crate::store::script::ScriptError::MalformedReply {
+                        script: "usage_read",
+                        detail: "missing reply".into(),
+                    },
+                )))
+                .map_err(ApplyError::Store)
+        };
+        let (total, read_at_ms) = read(&next()?).map_err(|e| ApplyError::Store(e.into()))?;
+        let (_, senders) = senders(&next()?).map_err(|e| ApplyError::Store(e.into()))?;
+        Ok(RegionUsage {
+            period,
+            total,
+            senders,
+            read_at_ms,
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! The agent's usage RPCs (issue 30): RecordUsage (a gateway's running
+//! totals) and ReadUsage (a meter's Region total). Bad input is
+//! INVALID_ARGUMENT naming the field and writes nothing; a store that
+//! cannot take the record is UNAVAILABLE, and the sender sends it again
+//! (records are idempotent).
+
+use std::collections::BTreeSet;
+
+use leasehold_proto::agent::v1 as pb;
+use leasehold_tls::Identity;
+
+use super::ledger::{ApplyError, UsageQuery, UsageRecord, MAX_ENTRIES_PER_RECORD};
+use super::record::{sender_field, Recorded, UsageEntry};
+use crate::decide::Decider;
+use crate::key::Tenant;
+use crate::lease::holder::Holder;
+use crate::request::InvalidField;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UsageRpcError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+    /// The store could not take or give the figures: UNAVAILABLE (retry).
+    #[error("usage store: {0}")]
+    Store(String),
+}
+
+impl From<UsageRpcError> for tonic::Status {
+    fn from(error: UsageRpcError) -> Self {
+        match error {
+            UsageRpcError::Invalid(invalid) => invalid.into(),
+            UsageRpcError::Store(e) => tonic::Status::unavailable(e),
+        }
+    }
+}
+
+fn apply_error(error: ApplyError) -> UsageRpcError {
+    match error {
+        ApplyError::UnknownMeter { index, meter } => InvalidField::new(
+            format!("entries[{index}].meter"),
+            format!(
+                "{} is not a meter of the policy in force",
+                leasehold_logging::quote(&meter)
+            ),
+        )
+        .into(),
+        ApplyError::Period { index, error } => {
+            InvalidField::new(format!("entries[{index}]"), error.to_string()).into()
+        }
+        ApplyError::Store(e) => UsageRpcError::Store(e.to_string()),
+    }
+}
+
+/// A meter name as the policy writes them (checked before any lookup).
+fn meter_name(field: &str, raw: &str) -> Result<String, InvalidField> {
+    if crate::policy::parse::valid_meter_name(raw) {
+        Ok(raw.to_string())
+    } else {
+        Err(InvalidField::new(field, "must match [a-z0-9_-]{1,64}"))
+    }
+}
+
+fn tenant(field: &str, raw: &str) -> Result<Tenant, InvalidField> {
+    Tenant::parse(raw).map_err(|e| InvalidField::new(field, e.to_string()))
+}
+
+impl Decider {
+    /// RecordUsage from `caller` (its verified identity; None on a
+    /// plaintext listener: `anonymous`).
+    pub async fn record_usage(
+        &self,
+        caller: Option<&Identity>,
+        req: pb::RecordUsageRequest,
+    ) -> Result<pb::RecordUsageResponse, UsageRpcError> {
+        if req.incarnation == 0 {
+            return Err(InvalidField::new("incarnation", "must not be 0").into());
+        }
+        if req.entries.len() > MAX_ENTRIES_PER_RECORD {
+            let reason = format!(
+                "{} entries, at most {MAX_ENTRIES_PER_RECORD}",
+                req.entries.len()
+            );
+            return Err(InvalidField::new("entries", reason).into());
+        }
+        let bundle = self.policy.current();
+        let mut seen = BTreeSet::new();
+        let mut entries = Vec::with_capacity(req.entries.len());
+        for (index, entry) in req.entries.iter().enumerate() {
+            let tenant = tenant(&format!("entries[{index}].tenant"), &entry.tenant)?;
+            let meter = meter_name(&format!("entries[{index}].meter"), &entry.meter)?;
+            if !bundle.meters.contains_key(&meter) {
+                return Err(apply_error(ApplyError::UnknownMeter { index, meter }));
+            }
+            if !seen.insert((tenant.clone(), meter.clone())) {
+                let reason = "names a (tenant, meter) an earlier entry named";
+                return Err(InvalidField::new(format!("entries[{index}]"), reason).into());
+            }
+            entries.push(UsageEntry {
+                tenant,
+                meter,
+                requests: entry.requests.min(crate::args::MAX_ARG),
+                cost: entry.cost.min(crate::args::MAX_ARG),
+            });
+        }
+        let holder = Holder::of_caller(caller);
+        let sender = sender_field(holder.as_str(), req.incarnation)
+            .ok_or_else(|| InvalidField::new("incarnation", "the caller's identity is too long"))?;
+        let applied = self
+            .metering
+            .apply(
+                self.store.as_ref(),
+                &self.keys,
+                &bundle,
+                &UsageRecord {
+                    sender: &sender,
+                    sequence: req.sequence,
+                    ended: req.end,
+                    entries: &entries,
+                },
+                self.clock.now_ms(),
+            )
+            .await
+            .map_err(apply_error)?;
+        self.count_usage(&applied);
+        let mut reply = pb::RecordUsageResponse {
+            sender,
+            ..Default::default()
+        };
+        for (index, outcome) in applied.outcomes.iter().enumerate() {
+            match outcome {
+                Recorded::Raised { .. } => reply.raised += 1,
+                Recorded::Stale => reply.stale += 1,
+                Recorded::TooManySenders => reply.refused.push(index as u32),
+            }
+        }
+        if !reply.refused.is_empty() || !applied.beat_taken {
+            tracing::warn!(region = %self.region, refused = reply.refused.len(), "usage record refused in part: a meter or the Region holds its most senders");
+        }
+        Ok(reply)
+    }
+
+    /// ReadUsage: a meter's Region total for a tenant in one period.
+    pub async fn read_usage(
+        &self,
+        req: pb::ReadUsageRequest,
+    ) -> Result<pb::ReadUsageResponse, UsageRpcError> {
+        let tenant = tenant("tenant", &req.tenant)?;
+        let meter = meter_name("meter", &req.meter)?;
+        let bundle = self.policy.current();
+        let Some(definition) = bundle.meters.get(&meter) else {
+            let reason = format!("{meter} is not a meter of the policy in force");
+            return Err(InvalidField::new("meter", reason).into());
+        };
+        let label = (!req.period.is_empty()).then_some(req.period.as_str());
+        if let Some(label) = label {
+            if label.len() > 16 {
+                return Err(InvalidField::new("period", "at most 16 bytes").into());
+            }
+        }
+        let now_ms = self.clock.now_ms();
+        let usage = self
+            .metering
+            .read(
+                self.store.as_ref(),
+                &self.keys,
+                &bundle,
+                &UsageQuery {
+                    tenant: &tenant,
+                    meter: &meter,
+                    period: label,
+                    at_ms: now_ms,
+                },
+            )
+            .await
+            .map_err(|error| match error {
+                ApplyError::Period { error, .. } => {
+                    InvalidField::new("period", error.to_string()).into()
+                }
+                other => apply_error(other),
+            })?;
+        let agent_lag_ms = self
+            .metering
+            .last_written_ms()
+            .map_or(-1, |written| (now_ms - written).max(0));
+        Ok(pb::ReadUsageResponse {
+            tenant: tenant.as_str().to_string(),
+            meter,
+            period: usage.period.label.clone(),
+            period_start_ms: usage.period.start_ms,
+            period_end_ms: usage.period.end_ms,
+            time_zone: definition.time_zone.clone(),
+            requests: usage.total.requests,
+            cost: usage.total.cost,
+            senders: usage.senders.known,
+            senders_ended: usage.senders.ended,
+            senders_silent: usage.senders.silent,
+            read_at_ms: usage.read_at_ms,
+            agent_lag_ms,
+        })
+    }
+}

@@ -1,0 +1,334 @@
+//! Metering on real agents and a real redis-server (issue 30): admitted
+//! requests counted once, usage records larger-wins per sender (twice,
+//! late, after a restart: exact), the agent's end record at a graceful
+//! stop, totals that outlive the agent, and bad records refused by field.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{check, spec_on, target};
+use leasehold_proto::agent::v1 as pb;
+use leasehold_proto::agent::v1::agent_client::AgentClient;
+use leasehold_region_agent::meter::ledger::MeteringSettings;
+use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
+use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::testing::RedisServer;
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// p-search (5 tokens, no refill in a test) counts toward api-calls; p-free
+/// counts toward nothing.
+const POLICY: &str = r#"
+version = 1
+
+[[meter]]
+name = "api-calls"
+period = "month"
+time_zone = "America/New_York"
+
+[[domain]]
+name = "api"
+
+[[domain.rule]]
+id = "p-search"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "search" }
+capacity = 5
+refill = 1
+period_ms = 100000000
+fail_mode = "closed"
+meter = "api-calls"
+
+[[domain.rule]]
+id = "p-free"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "free" }
+capacity = 100
+refill = 1
+period_ms = 100000000
+fail_mode = "closed"
+"#;
+
+fn store(redis: &RedisServer) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::new(RedisStoreConfig {
+            call_deadline: common::PATIENT_DEADLINE,
+            connect_timeout: common::PATIENT_DEADLINE,
+            ..RedisStoreConfig::new(redis.url())
+        })
+        .unwrap(),
+    )
+}
+
+async fn agent_on(redis: &RedisServer, flush_ms: u64) -> (RunningAgent, AgentClient<Channel>) {
+    let agent = server::start(AgentSpec {
+        metering: MeteringSettings {
+            flush_ms,
+            ..MeteringSettings::default()
+        },
+        ..spec_on(store(redis), POLICY)
+    })
+    .await
+    .expect("agent starts");
+    let client = AgentClient::connect(format!("http://{}", agent.grpc_addr))
+        .await
+        .expect("connect");
+    (agent, client)
+}
+
+async fn read(client: &mut AgentClient<Channel>, tenant: &str) -> pb::ReadUsageResponse {
+    client
+        .read_usage(pb::ReadUsageRequest {
+            tenant: tenant.into(),
+            meter: "api-calls".into(),
+            period: String::new(),
+        })
+        .await
+        .expect("read usage")
+        .into_inner()
+}
+
+/// Reads until the total is `requests`, within a bounded wait.
+async fn read_until(
+    client: &mut AgentClient<Channel>,
+    tenant: &str,
+    requests: u64,
+) -> pb::ReadUsageResponse {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let usage = read(client, tenant).await;
+        if usage.requests == requests {
+            return usage;
+        }
+        assert!(usage.requests < requests, "over-counted: {usage:?}");
+        assert!(
+            Instant::now() < deadline,
+            "never reached {requests}: {usage:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn record(incarnation: u64, sequence: u64, end: bool, requests: u64) -> pb::RecordUsageRequest {
+    pb::RecordUsageRequest {
+        incarnation,
+        sequence,
+        end,
+        entries: vec![pb::UsageEntry {
+            tenant: "acme".into(),
+            meter: "api-calls".into(),
+            requests,
+            cost: requests * 2,
+        }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_checks_count_once_and_refusals_never() {
+    let redis = RedisServer::start().expect("redis-server");
+    let (agent, mut client) = agent_on(&redis, 100).await;
+    // 8 checks of 1 on a 5-token bucket: 5 admitted, 3 refused.
+    let mut admitted = 0;
+    for i in 0..8 {
+        let decision = client
+            .check(check(&format!("c{i}"), target("acme", "dora", "search"), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        admitted += u64::from(decision.allowed);
+    }
+    assert_eq!(admitted, 5);
+    // A retry of an admitted request is a replay: not counted again.
+    client
+        .check(check("c0", target("acme", "dora", "search"), 1))
+        .await
+        .unwrap();
+    // A rule with no meter counts toward none.
+    client
+        .check(check("f1", target("acme", "dora", "free"), 1))
+        .await
+        .unwrap();
+    let usage = read_until(&mut client, "acme", 5).await;
+    assert_eq!(usage.cost, 5);
+    assert_eq!(usage.time_zone, "America/New_York");
+    assert!(usage.period_start_ms <= usage.read_at_ms && usage.read_at_ms < usage.period_end_ms);
+    assert!(
+        usage.agent_lag_ms >= 0,
+        "the agent wrote its totals: {usage:?}"
+    );
+    // Several flushes later, still exactly 5: reads and flushes add nothing.
+    let wrote = agent.decider.metrics.render();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent.decider.metrics.render() == wrote {
+        assert!(Instant::now() < deadline, "no further flush");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(read(&mut client, "acme").await.requests, 5);
+    assert_eq!(read(&mut client, "other").await.requests, 0);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_twice_late_and_after_a_restart_leaves_the_total_exact() {
+    let redis = RedisServer::start().expect("redis-server");
+    let (agent, mut client) = agent_on(&redis, 60_000).await;
+    let sent = |request| {
+        let mut client = client.clone();
+        async move {
+            client
+                .record_usage(request)
+                .await
+                .expect("record")
+                .into_inner()
+        }
+    };
+    let first = sent(record(7, 1, false, 10)).await;
+    assert_eq!((first.raised, first.stale), (1, 0));
+    assert!(
+        first.sender.starts_with("anonymous#"),
+        "plaintext: {}",
+        first.sender
+    );
+    assert_eq!(
+        sent(record(7, 1, false, 10)).await.stale,
+        1,
+        "the same record again"
+    );
+    sent(record(7, 3, false, 30)).await;
+    assert_eq!(
+        sent(record(7, 2, false, 20)).await.stale,
+        1,
+        "a late record"
+    );
+    // The sender restarted: a new incarnation, counting from zero.
+    sent(record(8, 1, false, 4)).await;
+    sent(record(8, 2, true, 5)).await;
+    let usage = read(&mut client, "acme").await;
+    assert_eq!((usage.requests, usage.cost), (35, 70));
+    assert_eq!((usage.senders, usage.senders_ended), (2, 1));
+    // The agent restarted on the same store: nothing lost.
+    agent.stop().await;
+    let (agent, mut client) = agent_on(&redis, 60_000).await;
+    assert_eq!(read(&mut client, "acme").await.requests, 35);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_writes_the_agents_own_totals_as_its_end_record() {
+    let redis = RedisServer::start().expect("redis-server");
+    // No periodic flush within the test: only the end record writes.
+    let (agent, mut client) = agent_on(&redis, 60_000).await;
+    for i in 0..3 {
+        let decision = client
+            .check(check(&format!("c{i}"), target("acme", "dora", "search"), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(decision.allowed);
+    }
+    assert_eq!(
+        read(&mut client, "acme").await.requests,
+        0,
+        "not flushed yet"
+    );
+    agent.stop_gracefully().await;
+    let (agent, mut client) = agent_on(&redis, 60_000).await;
+    let usage = read(&mut client, "acme").await;
+    assert_eq!(usage.requests, 3);
+    assert_eq!(
+        usage.senders_ended, 1,
+        "the first agent ended cleanly: {usage:?}"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_record_is_refused_by_field_and_changes_nothing() {
+    let redis = RedisServer::start().expect("redis-server");
+    let (agent, mut client) = agent_on(&redis, 60_000).await;
+    client.record_usage(record(1, 1, false, 3)).await.unwrap();
+    let mut unknown = record(1, 2, false, 9);
+    unknown.entries.push(pb::UsageEntry {
+        tenant: "acme".into(),
+        meter: "nope".into(),
+        requests: 1,
+        cost: 1,
+    });
+    let mut twice = record(1, 2, false, 9);
+    twice.entries.push(twice.entries[0].clone());
+    let mut bad_tenant = record(1, 2, false, 9);
+    bad_tenant.entries[0].tenant = "Acme Corp".into();
+    let too_many = pb::RecordUsageRequest {
+        entries: (0..1_001)
+            .map(|i| pb::UsageEntry {
+                tenant: format!("t{i}"),
+                meter: "api-calls".into(),
+                requests: 1,
+                cost: 1,
+            })
+            .collect(),
+        ..record(1, 2, false, 9)
+    };
+    for (request, field) in [
+        (record(0, 2, false, 9), "incarnation"),
+        (unknown, "entries[1].meter"),
+        (twice, "entries[1]"),
+        (bad_tenant, "entries[0].tenant"),
+        (too_many, "entries"),
+    ] {
+        let status = client.record_usage(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+        assert!(status.message().contains(field), "{field}: {status}");
+    }
+    assert_eq!(
+        read(&mut client, "acme").await.requests,
+        3,
+        "nothing written"
+    );
+    for (request, field) in [
+        (
+            pb::ReadUsageRequest {
+                tenant: "acme".into(),
+                meter: "nope".into(),
+                period: String::new(),
+            },
+            "meter",
+        ),
+        (
+            pb::ReadUsageRequest {
+                tenant: "acme".into(),
+                meter: "api-calls".into(),
+                period: "2026-13".into(),
+            },
+            "period",
+        ),
+        (
+            pb::ReadUsageRequest {
+                tenant: "".into(),
+                meter: "api-calls".into(),
+                period: String::new(),
+            },
+            "tenant",
+        ),
+    ] {
+        let status = client.read_usage(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+        assert!(status.message().contains(field), "{field}: {status}");
+    }
+    // A named past period reads its own (empty) total.
+    let past = client
+        .read_usage(pb::ReadUsageRequest {
+            tenant: "acme".into(),
+            meter: "api-calls".into(),
+            period: "2020-01".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((past.period.as_str(), past.requests), ("2020-01", 0));
+    agent.stop().await;
+}
