@@ -332,3 +332,98 @@ async fn a_bad_record_is_refused_by_field_and_changes_nothing() {
     assert_eq!((past.period.as_str(), past.requests), ("2020-01", 0));
     agent.stop().await;
 }
+
+/// A leased rule counting toward api-calls, beside the checked p-search.
+const LEASED_POLICY: &str = r#"
+version = 1
+
+[[meter]]
+name = "api-calls"
+period = "day"
+
+[[domain]]
+name = "api"
+
+[[domain.rule]]
+id = "p-hot"
+scope = "tenant"
+algorithm = "token_bucket"
+match = { route_group = "hot" }
+capacity = 40
+refill = 1
+period_ms = 100000000
+fail_mode = "closed"
+leased = { gateways = 1 }
+meter = "api-calls"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_counts_what_it_admits_from_blocks_and_a_restart_adds_to_it() {
+    use leasehold_client::{AdmitRequest, Limiter, LimiterConfig};
+    let redis = RedisServer::start().expect("redis-server");
+    let agent = server::start(spec_on(store(&redis), LEASED_POLICY))
+        .await
+        .expect("agent starts");
+    let mut client = AgentClient::connect(format!("http://{}", agent.grpc_addr))
+        .await
+        .unwrap();
+    let gateway = |seed: u64| {
+        Limiter::connect_lazy(
+            format!("http://{}", agent.grpc_addr),
+            LimiterConfig {
+                deadline_ms: 30_000,
+                random_seed: Some(seed),
+                // Records are sent by hand in this test.
+                usage_flush_ms: 3_600_000,
+                ..LimiterConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let admit = |limiter: &Limiter, n: u64| {
+        let limiter = limiter.clone();
+        async move {
+            let mut admitted = 0;
+            for _ in 0..n {
+                let decision = limiter
+                    .admit(AdmitRequest::new(target("acme", "dora", "hot"), 1))
+                    .await;
+                admitted += u64::from(decision.allowed);
+            }
+            admitted
+        }
+    };
+    let first = gateway(1);
+    assert_eq!(admit(&first, 12).await, 12);
+    assert!(first.stats().block_only_admissions > 0, "spent from blocks");
+    assert_eq!(
+        read(&mut client, "acme").await.requests,
+        0,
+        "nothing sent yet"
+    );
+    assert!(first.record_usage(false).await);
+    assert_eq!(
+        read(&mut client, "acme").await.requests,
+        12,
+        "the agent counted none of them"
+    );
+    // Sent again unchanged: nothing added.
+    assert!(first.record_usage(false).await);
+    assert_eq!(read(&mut client, "acme").await.requests, 12);
+    // The end record, then a new gateway process (a new incarnation).
+    assert_eq!(admit(&first, 3).await, 3);
+    assert!(first.record_usage(true).await);
+    first.give_back_all().await;
+    let second = gateway(2);
+    let more = admit(&second, 30).await;
+    assert!(more < 30, "the 40-token bucket refuses some: {more}");
+    assert!(second.record_usage(false).await);
+    let usage = read(&mut client, "acme").await;
+    assert_eq!(
+        usage.requests,
+        15 + more,
+        "refusals are never counted: {usage:?}"
+    );
+    assert_eq!(usage.senders_ended, 1);
+    agent.stop().await;
+}

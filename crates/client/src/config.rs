@@ -29,6 +29,10 @@ pub const CHECK_QUEUE_MAX: usize = 4_096;
 /// Default most CheckBatch calls awaiting their answer at once.
 pub const CHECK_BATCHES_IN_FLIGHT: usize = 4;
 const SHARDS_MAX: usize = 1_024;
+/// Default period of the usage records sent to the agent (issue 30).
+pub const USAGE_FLUSH_MS: u64 = 5_000;
+/// Default cap on (tenant, meter) pairs counted for usage records.
+pub const USAGE_KEYS_MAX: usize = 100_000;
 
 /// How a [`crate::Limiter`] behaves. Every map it keeps is capped; the caps
 /// are totals, split evenly over `shards`.
@@ -67,6 +71,12 @@ pub struct LimiterConfig {
     /// Most CheckBatch calls awaiting their answer at once; Checks arriving
     /// meanwhile queue and go together in the next call.
     pub check_batches_in_flight: usize,
+    /// Period of the usage records (what the gateway admitted from its
+    /// blocks, as running totals) sent to the agent.
+    pub usage_flush_ms: u64,
+    /// Cap on (tenant, meter) pairs counted; past it a new pair's
+    /// admissions are not counted (an under-count).
+    pub usage_keys_max: usize,
 }
 
 impl Default for LimiterConfig {
@@ -86,6 +96,8 @@ impl Default for LimiterConfig {
             check_batch_max: CHECK_BATCH_MAX,
             check_queue_max: CHECK_QUEUE_MAX,
             check_batches_in_flight: CHECK_BATCHES_IN_FLIGHT,
+            usage_flush_ms: USAGE_FLUSH_MS,
+            usage_keys_max: USAGE_KEYS_MAX,
         }
     }
 }
@@ -111,6 +123,8 @@ impl fmt::Debug for LimiterConfig {
             .field("check_batch_max", &self.check_batch_max)
             .field("check_queue_max", &self.check_queue_max)
             .field("check_batches_in_flight", &self.check_batches_in_flight)
+            .field("usage_flush_ms", &self.usage_flush_ms)
+            .field("usage_keys_max", &self.usage_keys_max)
             .finish()
     }
 }
@@ -145,6 +159,8 @@ impl LimiterConfig {
                 "local_fallback_keys_max",
                 self.local_fallback_keys_max as u64,
             ),
+            ("usage_flush_ms", self.usage_flush_ms),
+            ("usage_keys_max", self.usage_keys_max as u64),
         ];
         match at_least_one.iter().find(|(_, value)| *value == 0) {
             Some((field, _)) => Err(ConfigError::Zero { field }),

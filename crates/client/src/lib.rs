@@ -27,6 +27,8 @@
 //! - [`clock`], [`random`]: injected monotonic time and seedable randomness.
 //! - [`lru`]: the bounded LRU map behind the caps.
 //! - [`metrics`]: the counters, through the `metrics` facade (no recorder installed).
+//! - [`usage`]: what the gateway admitted from its blocks, per (tenant,
+//!   meter), sent to the agent as usage records every `usage_flush_ms`.
 //!
 //! Under mTLS (the agent's default with `[tls]`), make the limiter with
 //! [`Limiter::connect_mtls`]: it presents the `/gateway/<region>`
@@ -58,6 +60,7 @@ pub mod metrics;
 pub mod negative_cache;
 pub mod random;
 pub mod target_key;
+pub mod usage;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{ConfigError, LimiterConfig};

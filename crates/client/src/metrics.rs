@@ -22,11 +22,14 @@
 //! | `leasehold_client_fail_mode_decisions_total` | decisions made by a rule's fail mode |
 //! | `leasehold_client_negative_cache_full_total` | denials not cached: the cache was full |
 //! | `leasehold_client_check_queue_full_total` | Checks refused unsent: the check queue was full (fail modes applied) |
+//! | `leasehold_client_usage_records_total` | usage records the agent took |
+//! | `leasehold_client_usage_record_failures_total` | usage records not taken (their totals go with the next) |
+//! | `leasehold_client_usage_uncounted_total` | admissions from blocks not counted toward a meter: the usage tally was full |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Every counter name the library emits.
-pub const COUNTER_NAMES: [&str; 14] = [
+pub const COUNTER_NAMES: [&str; 17] = [
     "leasehold_client_admissions_total",
     "leasehold_client_negative_cache_hits_total",
     "leasehold_client_block_only_admissions_total",
@@ -41,6 +44,9 @@ pub const COUNTER_NAMES: [&str; 14] = [
     "leasehold_client_fail_mode_decisions_total",
     "leasehold_client_negative_cache_full_total",
     "leasehold_client_check_queue_full_total",
+    "leasehold_client_usage_records_total",
+    "leasehold_client_usage_record_failures_total",
+    "leasehold_client_usage_uncounted_total",
 ];
 
 /// A count kept in the limiter (for [`crate::LimiterStats`]) and sent to

@@ -27,6 +27,8 @@ impl Admission<'_> {
                     .stats
                     .block_only_admissions
                     .fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .count_usage(&self.target.tenant, &profile.meters, self.cost);
                 return profile.allowed_from_blocks(self.request_id);
             }
         }
@@ -56,7 +58,14 @@ impl Admission<'_> {
             .collect();
         self.refund_rules_not_in(&mut reservation, &decision.leased);
         match self.spend_rules(&missing, &mut reservation).await {
-            Ok(()) => decision,
+            Ok(()) => {
+                // Finished here from blocks: the agent left it to us to count.
+                if !decision.leased.is_empty() && !decision.replayed {
+                    self.shared
+                        .count_usage(&self.target.tenant, &decision.meters, self.cost);
+                }
+                decision
+            }
             Err(miss) => self.settle_miss(miss, &profile, &reservation),
         }
     }

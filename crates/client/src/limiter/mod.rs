@@ -166,6 +166,11 @@ pub struct LimiterStats {
     pub negative_cache_full: u64,
     /// Checks refused before sending: the check queue was full.
     pub check_queue_full: u64,
+    /// Usage records the agent took, and those it did not (sent again later).
+    pub usage_records: u64,
+    pub usage_record_failures: u64,
+    /// Admissions not counted toward a meter: the usage tally was full.
+    pub usage_uncounted: u64,
     /// Block states now kept: one per leased (bucket, rule) in use (per
     /// target and rule when the agent names no bucket).
     pub block_states: u64,
@@ -255,6 +260,7 @@ impl Limiter {
             Arc::downgrade(&shared),
             Duration::from_millis(config.sweep_interval_ms),
         );
+        spawn_usage_records(Arc::downgrade(&shared), shared.usage_flush);
         Ok(Self { shared })
     }
 
@@ -281,6 +287,15 @@ impl Limiter {
             deadline_at,
         };
         admission.run(profile).await
+    }
+
+    /// Sends the usage totals counted since the last record (`end`: all of
+    /// them, as this gateway's end record, before shutdown). Each record
+    /// has a deadline of [`USAGE_RECORD_DEADLINE`]; totals the agent did
+    /// not take are sent again with the next record. Returns whether every
+    /// record was taken.
+    pub async fn record_usage(&self, end: bool) -> bool {
+        self.shared.record_usage(end).await
     }
 
     /// Counters since the limiter was made.
@@ -337,6 +352,8 @@ enum FrontDoor {
 #[derive(Debug)]
 struct Profile {
     leased: Vec<LeasedRule>,
+    /// Meters an admission from blocks counts toward (`Decision.meters`).
+    meters: Vec<String>,
     leased_only: bool,
     policy_version: u64,
     /// Trusted until then (learned + `profile_ttl_ms`).
@@ -351,6 +368,7 @@ impl Profile {
     fn learn(decision: &Decision, now_ms: u64, ttl_ms: u64) -> Self {
         Self {
             leased: decision.leased.clone(),
+            meters: decision.meters.clone(),
             leased_only: decision.leased_only,
             policy_version: decision.policy_version,
             expires_at_ms: now_ms.saturating_add(ttl_ms),
@@ -442,6 +460,9 @@ struct Counters {
     fail_mode_decisions: Counter,
     negative_cache_full: Counter,
     check_queue_full: Counter,
+    usage_records: Counter,
+    usage_record_failures: Counter,
+    usage_uncounted: Counter,
 }
 
 impl Default for Counters {
@@ -461,6 +482,9 @@ impl Default for Counters {
             fail_mode_decisions: Counter::new("leasehold_client_fail_mode_decisions_total"),
             negative_cache_full: Counter::new("leasehold_client_negative_cache_full_total"),
             check_queue_full: Counter::new("leasehold_client_check_queue_full_total"),
+            usage_records: Counter::new("leasehold_client_usage_records_total"),
+            usage_record_failures: Counter::new("leasehold_client_usage_record_failures_total"),
+            usage_uncounted: Counter::new("leasehold_client_usage_uncounted_total"),
         }
     }
 }
@@ -477,6 +501,13 @@ struct Shared {
     policy_version_seen: AtomicU64,
     block_generations: AtomicU64,
     stats: Counters,
+    /// What this gateway admitted from its blocks, per (tenant, meter).
+    usage: Mutex<crate::usage::UsageTally>,
+    /// Drawn when the limiter is made (never 0): with the gateway's
+    /// identity it names this sender to the Region.
+    usage_incarnation: u64,
+    usage_sequence: AtomicU64,
+    usage_flush: Duration,
 }
 
 /// A renewal in flight. Its answer always reaches the block machine: if the
@@ -586,6 +617,25 @@ where
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(future);
     }
+}
+
+/// Deadline of one RecordUsage call (a background call, not a request's).
+pub const USAGE_RECORD_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Sends usage records every `interval` while a `Limiter` lives.
+fn spawn_usage_records(shared: Weak<Shared>, interval: Duration) {
+    spawn_if_running(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            shared.record_usage(false).await;
+        }
+    });
 }
 
 fn spawn_sweeper(shared: Weak<Shared>, interval: Duration) {

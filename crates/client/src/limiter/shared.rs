@@ -45,6 +45,8 @@ impl Shared {
             })
             .collect();
         let checks = CheckBatcher::start(client.clone(), config.check_batching());
+        // Never 0 (the agent refuses 0).
+        let usage_incarnation = crate::random::RandomSource::next_u64(&mut seeds).max(1);
         Self {
             client,
             checks,
@@ -56,7 +58,88 @@ impl Shared {
             policy_version_seen: AtomicU64::new(0),
             block_generations: AtomicU64::new(0),
             stats: Counters::default(),
+            usage: Mutex::new(crate::usage::UsageTally::new(config.usage_keys_max)),
+            usage_incarnation,
+            usage_sequence: AtomicU64::new(0),
+            usage_flush: Duration::from_millis(config.usage_flush_ms),
         }
+    }
+
+    /// One request this gateway admitted from its blocks, toward `meters`.
+    pub(super) fn count_usage(&self, tenant: &str, meters: &[String], cost: u64) {
+        if meters.is_empty() {
+            return;
+        }
+        let uncounted = lock(&self.usage).add(tenant, meters, cost);
+        if uncounted > 0 {
+            self.stats
+                .usage_uncounted
+                .fetch_add(uncounted, Ordering::Relaxed);
+        }
+    }
+
+    /// See [`Limiter::record_usage`].
+    pub(super) async fn record_usage(&self, end: bool) -> bool {
+        use crate::usage::ENTRIES_PER_RECORD_MAX;
+        use leasehold_proto::agent::v1::{RecordUsageRequest, UsageEntry};
+        let pending = lock(&self.usage).pending(end, usize::MAX);
+        if pending.is_empty() && !end {
+            return true;
+        }
+        let chunks: Vec<&[crate::usage::UsageTotals]> = if pending.is_empty() {
+            vec![&[]]
+        } else {
+            pending.chunks(ENTRIES_PER_RECORD_MAX).collect()
+        };
+        let last = chunks.len() - 1;
+        let mut all_taken = true;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let request = RecordUsageRequest {
+                incarnation: self.usage_incarnation,
+                sequence: self.usage_sequence.fetch_add(1, Ordering::Relaxed) + 1,
+                end: end && i == last,
+                entries: chunk
+                    .iter()
+                    .map(|totals| UsageEntry {
+                        tenant: totals.tenant.clone(),
+                        meter: totals.meter.clone(),
+                        requests: totals.requests,
+                        cost: totals.cost,
+                    })
+                    .collect(),
+            };
+            let mut client = self.client.clone();
+            let sent =
+                tokio::time::timeout(super::USAGE_RECORD_DEADLINE, client.record_usage(request))
+                    .await;
+            match sent {
+                Ok(Ok(reply)) => {
+                    let refused = reply.into_inner().refused;
+                    let mut usage = lock(&self.usage);
+                    for (index, totals) in chunk.iter().enumerate() {
+                        if !refused.contains(&(index as u32)) {
+                            usage.written(totals);
+                        }
+                    }
+                    self.stats.usage_records.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(status)) => {
+                    all_taken = false;
+                    self.stats
+                        .usage_record_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(code = ?status.code(), "usage record not taken: sent again with the next");
+                }
+                Err(_) => {
+                    all_taken = false;
+                    self.stats
+                        .usage_record_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("usage record not answered in time: sent again with the next");
+                }
+            }
+        }
+        all_taken
     }
 
     /// The shard of a target's own state: profile, negative cache, fallback
@@ -351,6 +434,9 @@ impl Shared {
             fail_mode_decisions: read(&stats.fail_mode_decisions),
             negative_cache_full: read(&stats.negative_cache_full),
             check_queue_full: read(&stats.check_queue_full),
+            usage_records: read(&stats.usage_records),
+            usage_record_failures: read(&stats.usage_record_failures),
+            usage_uncounted: read(&stats.usage_uncounted),
             block_states,
             blocks_held,
             fail_counts,

@@ -123,6 +123,17 @@ pub struct Decider {
     pub metering: Arc<crate::meter::ledger::Metering>,
 }
 
+/// The distinct meters `rules` name, in rule order.
+fn distinct_meters<'r>(rules: impl Iterator<Item = &'r &'r Rule>) -> Vec<String> {
+    let mut meters: Vec<String> = Vec::new();
+    for meter in rules.filter_map(|rule| rule.meter.as_deref()) {
+        if !meters.iter().any(|m| m == meter) {
+            meters.push(meter.to_string());
+        }
+    }
+    meters
+}
+
 /// Retry hint when a pool rule's Region holds no room right now.
 pub const NO_ROOM_RETRY_MS: i64 = 1_000;
 
@@ -464,6 +475,10 @@ impl Decider {
         } else {
             decision.leased = self.leased_rules(&resolved.leased, &target)?;
             decision.leased_only = enforcing.is_empty() && !decision.leased.is_empty();
+            if !decision.leased.is_empty() {
+                // The gateway finishes this request: it counts it.
+                decision.meters = distinct_meters(resolved.checked.iter().chain(&resolved.leased));
+            }
         }
         // Admitted in full here (nothing left for a gateway's blocks):
         // counted once, toward each meter its rules name.
