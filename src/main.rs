@@ -22,6 +22,7 @@ mod pinning;
 mod render;
 mod signals;
 mod sim_cli;
+mod usage_cli;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -69,6 +70,12 @@ enum Command {
     Lease {
         #[command(subcommand)]
         command: lease_cli::LeaseCommand,
+    },
+    /// A tenant's metered usage per Region and meter in a calendar period
+    /// (the agents' ReadUsage): `usage show TENANT`.
+    Usage {
+        #[command(subcommand)]
+        command: usage_cli::UsageCommand,
     },
     /// The allocator's raft membership: `node add|remove`.
     Node {
@@ -178,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Region { command } => allocator_cli::region(command).await,
         Command::Grant { command } => allocator_cli::grant(command).await,
         Command::Lease { command } => lease_cli::lease(command).await,
+        Command::Usage { command } => usage_cli::usage(command).await,
         Command::Node { command } => allocator_cli::node(command).await,
         Command::Identity { command } => identity_cli::identity(command).await,
         Command::Certs { command } => allocator_cli::certs(command),

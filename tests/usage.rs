@@ -80,24 +80,63 @@ async fn agent_on(redis: &RedisServer, flush_ms: u64) -> (RunningAgent, AgentCli
     (agent, client)
 }
 
-async fn read(client: &mut AgentClient<Channel>, tenant: &str) -> pb::ReadUsageResponse {
-    client
+/// The tenant's api-calls usage now, as one meter's figures with the
+/// reply's senders and times.
+struct Read {
+    requests: u64,
+    cost: u64,
+    time_zone: String,
+    period: String,
+    period_start_ms: i64,
+    period_end_ms: i64,
+    read_at_ms: i64,
+    agent_lag_ms: i64,
+    senders: u64,
+    senders_ended: u64,
+}
+
+impl std::fmt::Debug for Read {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests, {} cost, {} senders ({} ended)",
+            self.requests, self.cost, self.senders, self.senders_ended
+        )
+    }
+}
+
+async fn read_period(client: &mut AgentClient<Channel>, tenant: &str, period: &str) -> Read {
+    let reply = client
         .read_usage(pb::ReadUsageRequest {
             tenant: tenant.into(),
             meter: "api-calls".into(),
-            period: String::new(),
+            period: period.into(),
         })
         .await
         .expect("read usage")
-        .into_inner()
+        .into_inner();
+    assert_eq!(reply.meters.len(), 1);
+    let m = &reply.meters[0];
+    Read {
+        requests: m.requests,
+        cost: m.cost,
+        time_zone: m.time_zone.clone(),
+        period: m.period.clone(),
+        period_start_ms: m.period_start_ms,
+        period_end_ms: m.period_end_ms,
+        read_at_ms: reply.read_at_ms,
+        agent_lag_ms: reply.agent_lag_ms,
+        senders: reply.senders,
+        senders_ended: reply.senders_ended,
+    }
+}
+
+async fn read(client: &mut AgentClient<Channel>, tenant: &str) -> Read {
+    read_period(client, tenant, "").await
 }
 
 /// Reads until the total is `requests`, within a bounded wait.
-async fn read_until(
-    client: &mut AgentClient<Channel>,
-    tenant: &str,
-    requests: u64,
-) -> pb::ReadUsageResponse {
+async fn read_until(client: &mut AgentClient<Channel>, tenant: &str, requests: u64) -> Read {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let usage = read(client, tenant).await;
@@ -320,16 +359,21 @@ async fn a_bad_record_is_refused_by_field_and_changes_nothing() {
         assert!(status.message().contains(field), "{field}: {status}");
     }
     // A named past period reads its own (empty) total.
-    let past = client
+    let past = read_period(&mut client, "acme", "2020-01").await;
+    assert_eq!((past.period.as_str(), past.requests), ("2020-01", 0));
+    // Every meter of the policy when none is named.
+    let all = client
         .read_usage(pb::ReadUsageRequest {
             tenant: "acme".into(),
-            meter: "api-calls".into(),
-            period: "2020-01".into(),
+            meter: String::new(),
+            period: String::new(),
         })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((past.period.as_str(), past.requests), ("2020-01", 0));
+    assert_eq!(all.region, "eu");
+    assert_eq!(all.meters.len(), 1);
+    assert_eq!(all.meters[0].requests, 3);
     agent.stop().await;
 }
 
@@ -425,5 +469,55 @@ async fn a_gateway_counts_what_it_admits_from_blocks_and_a_restart_adds_to_it() 
         "refusals are never counted: {usage:?}"
     );
     assert_eq!(usage.senders_ended, 1);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_show_prints_the_table_json_and_csv() {
+    use std::process::Command;
+    let redis = RedisServer::start().expect("redis-server");
+    let (agent, mut client) = agent_on(&redis, 60_000).await;
+    client
+        .record_usage(record(5, 1, false, 1_234))
+        .await
+        .unwrap();
+    let address = agent.grpc_addr.to_string();
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["usage", "show", "acme", "--agent", &address])
+            .args(extra)
+            .env_remove("LEASEHOLD_TLS_DIR")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let errors = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), text, errors)
+    };
+    let (ok, table, errors) = run(&[]);
+    assert!(ok, "{errors}");
+    let eu = table.lines().find(|l| l.starts_with("eu ")).expect(&table);
+    assert!(
+        eu.contains("api-calls") && eu.contains("1,234") && eu.contains("2,468"),
+        "{table}"
+    );
+    assert!(eu.contains("America/New_York"), "{table}");
+    let (ok, json, _) = run(&["--json", "--meter", "api-calls"]);
+    assert!(ok);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["regions"][0]["meters"][0]["requests"], 1_234);
+    assert_eq!(json["total"][0]["cost"], 2_468);
+    let (ok, csv, _) = run(&["--csv"]);
+    assert!(ok);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    assert!(rows[1].starts_with("eu,acme,api-calls,"), "{csv}");
+    assert!(rows[1].contains(",1234,2468,"), "{csv}");
+    // A bad period is refused naming it, and reads nothing.
+    let (ok, text, errors) = run(&["--period", "2026-13"]);
+    assert!(!ok || text.contains("no answer"), "{text}{errors}");
+    assert!(
+        format!("{text}{errors}").contains("period"),
+        "{text}{errors}"
+    );
     agent.stop().await;
 }

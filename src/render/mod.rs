@@ -2,7 +2,8 @@
 //! (`leasehold pool list|show`, `region list`, `grant list`), of the admin
 //! calls' answers (`pool create|update|freeze|unfreeze|reclaim`, `node
 //! add|remove`, `region remove`), of the agents' outstanding leases
-//! (`lease list`) and Status (`agent status`), and the `--watch` frame. Pure: a reply and the time in, text out. One
+//! (`lease list`) and Status (`agent status`), a tenant's usage (`usage
+//! show`), and the `--watch` frame. Pure: a reply and the time in, text out. One
 //! module per command family, beside the shared table and formats here.
 //!
 //! Three formats ([`Format`]): human units by default (tokens with
@@ -16,6 +17,7 @@ mod leases;
 mod nodes;
 mod pools;
 mod regions;
+mod usage;
 
 pub use agents::*;
 pub use grants::*;
@@ -23,6 +25,7 @@ pub use leases::*;
 pub use nodes::*;
 pub use pools::*;
 pub use regions::*;
+pub use usage::*;
 
 use serde_json::{json, Value};
 

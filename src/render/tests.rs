@@ -679,3 +679,103 @@ fn watch_is_bounded_and_frames_say_when() {
     assert!(frame.contains("every 2 s · 1970-01-01 00:00:00 UTC · Ctrl-C to stop\n\nbody\n"));
     assert_eq!(watch_frame("{}\n", 2, 0, Format::Json), "{}\n");
 }
+
+fn usage_reply(region: &str, requests: u64, silent: u64) -> agent_pb::ReadUsageResponse {
+    agent_pb::ReadUsageResponse {
+        tenant: "acme".into(),
+        region: region.into(),
+        meters: vec![agent_pb::MeterUsage {
+            meter: "api-calls".into(),
+            period: "2026-12".into(),
+            period_start_ms: 1_764_565_200_000,
+            period_end_ms: 1_767_243_600_000,
+            time_zone: "America/New_York".into(),
+            requests,
+            cost: requests * 2,
+        }],
+        senders: 3,
+        senders_ended: 1,
+        senders_silent: silent,
+        read_at_ms: 1_765_000_000_000,
+        agent_lag_ms: 1_200,
+    }
+}
+
+fn usage_answers() -> Vec<UsageAnswer> {
+    vec![
+        AgentAnswer {
+            address: "region/eu@127.0.0.1:7101".into(),
+            answer: Ok(usage_reply("eu", 1_500, 0)),
+        },
+        // A second agent of eu reads the same store: not counted twice.
+        AgentAnswer {
+            address: "127.0.0.1:7201".into(),
+            answer: Ok(usage_reply("eu", 1_500, 0)),
+        },
+        AgentAnswer {
+            address: "region/us@127.0.0.1:7102".into(),
+            answer: Ok(usage_reply("us", 250, 1)),
+        },
+        AgentAnswer {
+            address: "region/ap@127.0.0.1:7103".into(),
+            answer: Err("unavailable".into()),
+        },
+    ]
+}
+
+#[test]
+fn usage_shows_each_region_and_the_total_with_reset_and_lateness() {
+    let text = usage_show(&usage_answers(), UsageFormat::Human, 0);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("REGION"), "{text}");
+    assert!(
+        lines[0].contains("RESETS") && lines[0].contains("LATE"),
+        "{text}"
+    );
+    let eu = lines.iter().find(|l| l.starts_with("eu ")).unwrap();
+    assert!(eu.contains("1,500") && eu.contains("3,000"), "{eu}");
+    assert!(
+        eu.contains("2026-12-01 05:00:00 UTC America/New_York") || eu.contains("America/New_York"),
+        "{eu}"
+    );
+    assert!(
+        eu.contains("≤ 5"),
+        "a sender's flush bounds the lateness: {eu}"
+    );
+    let all = lines.iter().find(|l| l.starts_with("ALL")).unwrap();
+    assert!(
+        all.contains("1,750") && all.contains("3,500"),
+        "eu once, plus us: {all}"
+    );
+    assert!(text.contains("us: 1 sender(s) silent"), "{text}");
+    assert!(
+        text.contains("agent region/ap@127.0.0.1:7103: no answer: unavailable"),
+        "{text}"
+    );
+}
+
+#[test]
+fn usage_json_and_csv_carry_every_figure() {
+    let json: serde_json::Value =
+        serde_json::from_str(&usage_show(&usage_answers(), UsageFormat::Json, 7)).unwrap();
+    assert_eq!(json["total"][0]["requests"], 1_750);
+    assert_eq!(json["regions"][2]["meters"][0]["requests"], 250);
+    assert_eq!(json["regions"][2]["senders"]["silent"], 1);
+    assert_eq!(
+        json["regions"][0]["meters"][0]["limit"],
+        serde_json::Value::Null
+    );
+    assert_eq!(json["regions"][3]["error"], "unavailable");
+    let csv = usage_show(&usage_answers(), UsageFormat::Csv, 0);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        rows.len(),
+        4,
+        "a header and one row per answering agent: {csv}"
+    );
+    assert!(rows[0].starts_with("region,tenant,meter,period,"));
+    assert_eq!(
+        rows[3],
+        "us,acme,api-calls,2026-12,1764565200000,1767243600000,America/New_York,250,500,3,1,1,1765000000000,5000"
+    );
+}

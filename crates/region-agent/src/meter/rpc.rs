@@ -139,63 +139,88 @@ impl Decider {
         Ok(reply)
     }
 
-    /// ReadUsage: a meter's Region total for a tenant in one period.
+    /// ReadUsage: a tenant's Region totals of one meter (or every meter of
+    /// the policy) in one period.
     pub async fn read_usage(
         &self,
         req: pb::ReadUsageRequest,
     ) -> Result<pb::ReadUsageResponse, UsageRpcError> {
         let tenant = tenant("tenant", &req.tenant)?;
-        let meter = meter_name("meter", &req.meter)?;
         let bundle = self.policy.current();
-        let Some(definition) = bundle.meters.get(&meter) else {
-            let reason = format!("{meter} is not a meter of the policy in force");
-            return Err(InvalidField::new("meter", reason).into());
+        let meters: Vec<String> = if req.meter.is_empty() {
+            bundle.meters.keys().cloned().collect()
+        } else {
+            let meter = meter_name("meter", &req.meter)?;
+            if !bundle.meters.contains_key(&meter) {
+                let reason = format!("{meter} is not a meter of the policy in force");
+                return Err(InvalidField::new("meter", reason).into());
+            }
+            vec![meter]
         };
         let label = (!req.period.is_empty()).then_some(req.period.as_str());
-        if let Some(label) = label {
-            if label.len() > 16 {
-                return Err(InvalidField::new("period", "at most 16 bytes").into());
-            }
+        if label.is_some_and(|label| label.len() > 16) {
+            return Err(InvalidField::new("period", "at most 16 bytes").into());
         }
         let now_ms = self.clock.now_ms();
-        let usage = self
-            .metering
-            .read(
-                self.store.as_ref(),
-                &self.keys,
-                &bundle,
-                &UsageQuery {
-                    tenant: &tenant,
-                    meter: &meter,
-                    period: label,
-                    at_ms: now_ms,
-                },
-            )
-            .await
-            .map_err(|error| match error {
-                ApplyError::Period { error, .. } => {
-                    InvalidField::new("period", error.to_string()).into()
-                }
-                other => apply_error(other),
-            })?;
-        let agent_lag_ms = self
-            .metering
-            .last_written_ms()
-            .map_or(-1, |written| (now_ms - written).max(0));
-        Ok(pb::ReadUsageResponse {
+        let mut reply = pb::ReadUsageResponse {
             tenant: tenant.as_str().to_string(),
-            meter,
-            period: usage.period.label.clone(),
-            period_start_ms: usage.period.start_ms,
-            period_end_ms: usage.period.end_ms,
-            time_zone: definition.time_zone.clone(),
-            requests: usage.total.requests,
-            cost: usage.total.cost,
-            senders: usage.senders.known,
-            senders_ended: usage.senders.ended,
-            senders_silent: usage.senders.silent,
-            read_at_ms: usage.read_at_ms,
-            agent_lag_ms,
-        })
+            region: self.region.clone(),
+            agent_lag_ms: self
+                .metering
+                .last_written_ms()
+                .map_or(-1, |written| (now_ms - written).max(0)),
+            ..Default::default()
+        };
+        for meter in &meters {
+            let definition = &bundle.meters[meter];
+            // With every meter asked, a label names the period of the
+            // meters of its kind; the others read their period now.
+            let period = label.filter(|label| {
+                !req.meter.is_empty()
+                    || definition
+                        .calendar()
+                        .is_ok_and(|calendar| calendar.period_named(label).is_ok())
+            });
+            let usage = self
+                .metering
+                .read(
+                    self.store.as_ref(),
+                    &self.keys,
+                    &bundle,
+                    &UsageQuery {
+                        tenant: &tenant,
+                        meter,
+                        period,
+                        at_ms: now_ms,
+                    },
+                )
+                .await
+                .map_err(|error| match error {
+                    ApplyError::Period { error, .. } => {
+                        InvalidField::new("period", error.to_string()).into()
+                    }
+                    other => apply_error(other),
+                })?;
+            reply.meters.push(pb::MeterUsage {
+                meter: meter.clone(),
+                period: usage.period.label.clone(),
+                period_start_ms: usage.period.start_ms,
+                period_end_ms: usage.period.end_ms,
+                time_zone: definition.time_zone.clone(),
+                requests: usage.total.requests,
+                cost: usage.total.cost,
+            });
+            reply.senders = usage.senders.known;
+            reply.senders_ended = usage.senders.ended;
+            reply.senders_silent = usage.senders.silent;
+            reply.read_at_ms = usage.read_at_ms;
+        }
+        if let Some(label) = label {
+            if !reply.meters.is_empty() && reply.meters.iter().all(|m| m.period != label) {
+                let reason = format!("{label:?} names a period of none of the meters read");
+                return Err(InvalidField::new("period", reason).into());
+            }
+        }
+        Ok(reply)
     }
 }
