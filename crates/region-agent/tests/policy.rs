@@ -1611,3 +1611,87 @@ fn a_bad_meter_is_refused_naming_file_line_and_field() {
     assert_eq!(error.line, Some(line_of(&text, "# again")));
     assert!(error.to_string().contains("duplicate"), "{error}");
 }
+
+// ---------------------------------------------------------------- placement (issue 30)
+
+/// A login rule of 5 a minute per user, with `extra` lines.
+fn login(extra: &str) -> String {
+    format!(
+        "\n[[domain.rule]]\nid = \"login\"\nscope = \"user\"\nalgorithm = \"token_bucket\"\n\
+         capacity = 5\nrefill = 5\nperiod_ms = 60000\nfail_mode = \"closed\"\n{extra}"
+    )
+}
+
+#[test]
+fn a_split_security_rule_enforces_its_share_of_the_limit_in_each_region() {
+    let text = format!(
+        "version = 1\nregions = [\"eu\", \"us\", \"ap\"]\n\n[[domain]]\nname = \"api\"\n{}",
+        login("security = true\nplacement = \"split\"")
+    );
+    let bundle = ok(&text);
+    assert_eq!(bundle.regions, ["eu", "us", "ap"]);
+    let rule = bundle.rule("api", "login").unwrap();
+    assert_eq!(
+        (rule.rate.capacity_tokens, rule.rate.refill_tokens),
+        (1, 1),
+        "⌊5/3⌋"
+    );
+    assert_eq!(rule.rate.period_ms, 60_000);
+    let Some(leasehold_region_agent::policy::Placement::Split { regions, written }) =
+        rule.placement
+    else {
+        panic!("split placement");
+    };
+    assert_eq!((regions, written.capacity_tokens), (3, 5));
+}
+
+#[test]
+fn a_split_is_refused_where_it_cannot_hold() {
+    let with = |regions: &str, extra: &str| {
+        format!(
+            "version = 1\n{regions}\n[[domain]]\nname = \"api\"\n{}",
+            login(extra)
+        )
+    };
+    let cases = [
+        (
+            with("regions = [\"eu\", \"us\"]", "placement = \"split\""),
+            "security rules",
+        ),
+        (
+            with("", "security = true\nplacement = \"split\""),
+            "regions = [...]",
+        ),
+        (
+            with(
+                "regions = [\"eu\", \"us\"]",
+                "security = true\nplacement = \"home\"",
+            ),
+            "\"split\"",
+        ),
+        (
+            with(
+                "regions = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\"]",
+                "security = true\nplacement = \"split\"",
+            ),
+            "leaves 0 of 5 tokens",
+        ),
+    ];
+    for (text, needle) in cases {
+        rejected(
+            &text,
+            line_of(&text, "placement ="),
+            "login",
+            "placement",
+            needle,
+        );
+    }
+    let text = with("regions = [\"eu\", \"eu\"]", "security = true");
+    let errors = errors_of(&text);
+    let error = errors
+        .errors()
+        .iter()
+        .find(|e| e.field.as_deref() == Some("regions"))
+        .unwrap();
+    assert_eq!(error.line, Some(line_of(&text, "regions =")), "{error}");
+}

@@ -68,6 +68,12 @@ pub enum Problem {
     UnknownTimeZone(String),
     #[error("meter {0} is not declared: add a [[meter]] with this name")]
     UndeclaredMeter(String),
+    #[error("split over {regions} Regions leaves {per_region} of {written} tokens per Region: no request could pass")]
+    SplitTooSmall {
+        written: u64,
+        regions: usize,
+        per_region: u64,
+    },
     /// `[domain.envoy]` names one entry key for two fields.
     #[error("entry key {key} is also {first}: one entry fills one field")]
     EntryKeyTwice { key: String, first: &'static str },

@@ -127,6 +127,7 @@ mod tests {
             source: "test".into(),
             domains: BTreeMap::new(),
             meters: BTreeMap::new(),
+            regions: Vec::new(),
         }
     }
 

@@ -81,6 +81,7 @@
 //! | `shadow`, `security` | no (false) | booleans |
 //! | `leased` | no | `{ gateways = [1, 1024] }`; token_bucket only, not security, not shadow; the block must fit the capacity |
 //! | `meter` | no | a `[[meter]]`'s name: the rule's admitted requests (and their cost) count toward it, per tenant and period |
+//! | `placement` | no | `"split"`, security rules only: each of the bundle's `regions = [...]` (2–64 Region ids, top level) enforces ⌊capacity/n⌋ and ⌊refill/n⌋, so the Regions together admit at most n × ⌊L/n⌋ ≤ L; refused when that is 0. Absent: each Region enforces the whole limit |
 //! | `concurrency` | iff algorithm = concurrency | `{ max_in_flight = [1, 100000], lease_ttl_ms = [1, 2^40] }` |
 //!
 //! A concurrency rule's [`Rate`] mirrors its cap (capacity =
@@ -131,8 +132,8 @@ pub use holder::{
     check_rpc_version_step, InstallError, Installed, PolicyHolder, MAX_RPC_VERSION_STEP,
 };
 pub use model::{
-    Algorithm, Bundle, ConcurrencyCap, Domain, EnvoyMapping, FailMode, Leased, Match, Rate, Rule,
-    Scope, MIN_BLOCK_TOKENS,
+    Algorithm, Bundle, ConcurrencyCap, Domain, EnvoyMapping, FailMode, Leased, Match, Placement,
+    Rate, Rule, Scope, MIN_BLOCK_TOKENS,
 };
 pub use parse::{checksum, parse, MAX_BUNDLE_BYTES};
 pub use resolve::{RequestView, ResolveError, Resolved};

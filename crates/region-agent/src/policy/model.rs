@@ -19,6 +19,18 @@ pub struct Bundle {
     /// Meters by name (`[[meter]]`, issue 30): what admitted requests of
     /// rules naming them count toward, per tenant and calendar period.
     pub meters: BTreeMap<String, Meter>,
+    /// The deployment's Regions (`regions = [...]`; empty when unset): what
+    /// a security rule's `placement = "split"` divides its limit by.
+    pub regions: Vec<String>,
+}
+
+/// How a security rule's limit is placed across Regions (issue 30).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Each of `regions` Regions enforces ⌊L/n⌋ of the written limit (lower
+    /// for an honest user who stays in one Region). The rule's `rate` is
+    /// that per-Region share; `written` is L as the bundle wrote it.
+    Split { regions: u32, written: Rate },
 }
 
 /// A meter: admitted requests and their cost counted per (tenant, period)
@@ -195,6 +207,9 @@ pub struct Rule {
     pub pool: Option<String>,
     /// The meter (`[[meter]]`) this rule's admitted requests count toward.
     pub meter: Option<String>,
+    /// A security rule's placement across Regions; None: each Region
+    /// enforces the whole limit.
+    pub placement: Option<Placement>,
 }
 
 /// The placeholder rate of a pool rule: wide enough that the static checks

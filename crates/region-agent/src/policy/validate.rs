@@ -625,6 +625,7 @@ mod tests {
             leased: None,
             concurrency: None,
             meter: None,
+            placement: None,
             slack_ms: DEFAULT_SLACK_MS,
             pool: None,
         }

@@ -35,7 +35,9 @@ pub const MAX_SYNTAX_MESSAGE_BYTES: usize = 256;
 
 type Table = BTreeMap<String, Node>;
 
-const TOP_FIELDS: &[&str] = &["version", "domain", "meter"];
+const TOP_FIELDS: &[&str] = &["version", "domain", "meter", "regions"];
+/// Most Regions `regions` lists.
+pub const MAX_REGIONS: usize = 64;
 const METER_FIELDS: &[&str] = &["name", "period", "time_zone"];
 const PERIODS: &str = "\"day\", \"week\", \"month\"";
 /// What a meter's name may be.
@@ -79,6 +81,7 @@ const RULE_FIELDS: &[&str] = &[
     "slack_ms",
     "pool",
     "meter",
+    "placement",
 ];
 const MATCH_FIELDS: &[&str] = &["route_group", "method", "descriptors"];
 const LOCAL_FIELDS: &[&str] = &["capacity", "refill", "period_ms"];
@@ -119,8 +122,10 @@ pub fn parse(
         lines: &lines,
         errors: Collector::default(),
         meter_names: std::collections::BTreeSet::new(),
+        regions: Vec::new(),
     };
     let (version, domains, meters) = parser.document(&root);
+    let regions = parser.regions.clone();
     parser.errors.finish()?;
     let bundle = Bundle {
         version,
@@ -128,6 +133,7 @@ pub fn parse(
         source: file_name.to_string(),
         domains,
         meters,
+        regions,
     };
     debug_assert_eq!(bundle.check(), Ok(()), "parse built an invalid bundle");
     Ok(bundle)
@@ -195,6 +201,8 @@ struct Parser<'a> {
     errors: Collector,
     /// The names of the bundle's meters, read before its rules.
     meter_names: std::collections::BTreeSet<String>,
+    /// The bundle's `regions`, read before its rules.
+    regions: Vec<String>,
 }
 
 /// One rule as read: its label for messages, its id when valid, and the
@@ -255,6 +263,9 @@ impl<'a> Parser<'a> {
             None => BTreeMap::new(),
         };
         self.meter_names = meters.keys().cloned().collect();
+        if let Some(node) = table.get("regions") {
+            self.regions = self.region_list(node);
+        }
         let domains = match table.get("domain") {
             Some(node) => self.domains(node),
             None => {
@@ -264,6 +275,39 @@ impl<'a> Parser<'a> {
             }
         };
         (version, domains, meters)
+    }
+
+    /// `regions = ["eu", "us", ...]`: 2 to 64 distinct Region ids.
+    fn region_list(&mut self, node: &Node) -> Vec<String> {
+        let expected = "an array of 2 to 64 distinct Region ids ([a-z0-9-]{1,32})";
+        let Value::Array(items) = &node.value else {
+            let problem = Problem::WrongType { expected };
+            self.errors.push(self.error(Some(node), "regions", problem));
+            return Vec::new();
+        };
+        let mut regions: Vec<String> = Vec::new();
+        for item in items {
+            let id = match &item.value {
+                Value::String(text)
+                    if leasehold_allocator_client::id::RegionId::parse(text).is_ok()
+                        && !regions.contains(text) =>
+                {
+                    text.clone()
+                }
+                _ => {
+                    let problem = Problem::WrongType { expected };
+                    self.errors.push(self.error(Some(item), "regions", problem));
+                    return Vec::new();
+                }
+            };
+            regions.push(id);
+        }
+        if !(2..=MAX_REGIONS).contains(&regions.len()) {
+            let problem = Problem::WrongType { expected };
+            self.errors.push(self.error(Some(node), "regions", problem));
+            return Vec::new();
+        }
+        regions
     }
 
     /// `[[meter]]`: name, period, time_zone (default "UTC").
@@ -595,6 +639,7 @@ impl<'a> Parser<'a> {
                 fields: BTreeMap::new(),
             },
             meters: &self.meter_names,
+            regions: self.regions.len(),
         };
         let (id, rule) = match &item.value {
             Value::Table(table) => reader.rule(table),

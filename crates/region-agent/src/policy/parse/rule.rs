@@ -25,6 +25,8 @@ pub(super) struct RuleReader<'a> {
     pub(super) places: Places,
     /// The bundle's declared meter names.
     pub(super) meters: &'a std::collections::BTreeSet<String>,
+    /// How many Regions the bundle's `regions` lists (0: unset).
+    pub(super) regions: usize,
 }
 
 impl RuleReader<'_> {
@@ -177,9 +179,16 @@ impl RuleReader<'_> {
         let slack_ms = self.int(table, "", "slack_ms", (0, DURATION_MS_MAX), false);
         let pool = self.pool(table);
         let meter = self.meter(table);
-        let rate = match &pool {
+        let written = match &pool {
             Some(Some(_)) => self.pool_rate(table),
             _ => self.rate(table, algorithm, concurrency.flatten()),
+        };
+        let placement = self.placement(table, security, algorithm, &pool, written);
+        let rate = match &placement {
+            Some(Some(crate::policy::model::Placement::Split { regions, written })) => {
+                Some(split_rate(*written, *regions))
+            }
+            _ => written,
         };
         if !self.problems.is_empty() {
             return (id, None);
@@ -202,6 +211,7 @@ impl RuleReader<'_> {
                 slack_ms: slack_ms.unwrap_or(DEFAULT_SLACK_MS),
                 pool: pool?,
                 meter: meter?,
+                placement: placement?,
             })
         })();
         debug_assert!(rule.is_some(), "no problem reported, yet a field is unset");
@@ -366,6 +376,62 @@ impl RuleReader<'_> {
         Some(Some(raw.to_string()))
     }
 
+    /// Optional `placement = "split"` of a security rule: each of the
+    /// bundle's `regions` enforces ⌊L/n⌋. Some(None) when absent.
+    pub(super) fn placement(
+        &mut self,
+        table: &Table,
+        security: Option<bool>,
+        algorithm: Option<Algorithm>,
+        pool: &Option<Option<String>>,
+        written: Option<Rate>,
+    ) -> Option<Option<crate::policy::model::Placement>> {
+        if !table.contains_key("placement") {
+            return Some(None);
+        }
+        let raw = self.string(table, "", "placement", true)?;
+        if raw != "split" {
+            self.fail(
+                "",
+                "placement",
+                Problem::OneOf {
+                    allowed: "\"split\"",
+                },
+            );
+            return None;
+        }
+        let refusal = if security != Some(true) {
+            Some("a placement is for security rules (security = true)")
+        } else if self.regions < 2 {
+            Some("placement = \"split\" needs the bundle's regions = [...] (two or more)")
+        } else if matches!(pool, Some(Some(_))) {
+            Some("a pool rule's room is placed by the allocator")
+        } else if algorithm == Some(Algorithm::Concurrency) {
+            Some("a concurrency cap is not split")
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            self.fail("", "placement", Problem::NotAllowed(reason));
+            return None;
+        }
+        let written = written?;
+        let per_region = split_rate(written, self.regions as u32);
+        if per_region.capacity_tokens == 0 || per_region.refill_tokens == 0 {
+            let problem = Problem::SplitTooSmall {
+                written: written.capacity_tokens.min(written.refill_tokens),
+                regions: self.regions,
+                per_region: per_region.capacity_tokens.min(per_region.refill_tokens),
+            };
+            self.fail("", "placement", problem);
+            return None;
+        }
+        Some(Some(crate::policy::model::Placement::Split {
+            regions: self.regions as u32,
+            written,
+        }))
+    }
+
     /// A pool rule's room comes from the allocator: capacity / refill /
     /// period_ms are refused, and the rule carries [`POOL_RATE`], which the
     /// decider never charges against.
@@ -416,5 +482,15 @@ impl RuleReader<'_> {
             },
             period_ms: period_ms?,
         })
+    }
+}
+
+/// ⌊capacity/n⌋ and ⌊refill/n⌋ over the same period: one Region's share.
+pub(super) fn split_rate(written: Rate, regions: u32) -> Rate {
+    let n = u64::from(regions.max(1));
+    Rate {
+        capacity_tokens: written.capacity_tokens / n,
+        refill_tokens: written.refill_tokens / n,
+        period_ms: written.period_ms,
     }
 }
