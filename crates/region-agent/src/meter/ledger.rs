@@ -264,7 +264,7 @@ impl Metering {
     ) -> Result<Applied, ApplyError> {
         let pending = {
             let tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-            tally.pending(end, MAX_ENTRIES_PER_RECORD)
+            tally.pending(end, usize::MAX)
         };
         // Meters a new bundle dropped cannot be written: forget them here
         // (their counts so far were written while they existed).
@@ -272,19 +272,37 @@ impl Metering {
             .into_iter()
             .filter(|entry| bundle.meters.contains_key(&entry.meter))
             .collect();
-        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        let record = UsageRecord {
-            sender: &self.own_sender,
-            sequence,
-            ended: end,
-            entries: &entries,
+        // Records of at most MAX_ENTRIES_PER_RECORD entries (at most
+        // max_keys / 1,000 of them); the end flag rides on the last.
+        let chunks: Vec<&[UsageEntry]> = if entries.is_empty() {
+            vec![&[]]
+        } else {
+            entries.chunks(MAX_ENTRIES_PER_RECORD).collect()
         };
-        let applied = self.apply(store, keys, bundle, &record, now_ms).await?;
-        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        for (entry, outcome) in entries.iter().zip(&applied.outcomes) {
-            if *outcome != Recorded::TooManySenders {
-                tally.written(entry);
+        let last = chunks.len() - 1;
+        let mut applied = Applied {
+            outcomes: Vec::with_capacity(entries.len()),
+            beat_taken: false,
+            senders: Senders::default(),
+        };
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+            let record = UsageRecord {
+                sender: &self.own_sender,
+                sequence,
+                ended: end && i == last,
+                entries: chunk,
+            };
+            let part = self.apply(store, keys, bundle, &record, now_ms).await?;
+            let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+            for (entry, outcome) in chunk.iter().zip(&part.outcomes) {
+                if *outcome != Recorded::TooManySenders {
+                    tally.written(entry);
+                }
             }
+            applied.outcomes.extend(part.outcomes);
+            applied.beat_taken = part.beat_taken;
+            applied.senders = part.senders;
         }
         self.last_written_ms.store(now_ms, Ordering::Relaxed);
         Ok(applied)
@@ -354,5 +372,79 @@ impl Metering {
             senders,
             read_at_ms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    const POLICY: &str = "version = 1\n[[meter]]\nname = \"calls\"\nperiod = \"day\"\n\
+        [[domain]]\nname = \"api\"\n[[domain.rule]]\nid = \"r\"\nscope = \"tenant\"\n\
+        algorithm = \"token_bucket\"\ncapacity = 5\nrefill = 1\nperiod_ms = 1000\n\
+        fail_mode = \"open\"\nmeter = \"calls\"\n";
+
+    #[tokio::test]
+    async fn an_end_record_writes_every_pair_in_records_of_a_thousand() {
+        let store = MemoryStore::default();
+        let keys = KeyBuilder::new(b"a pepper of sixteen bytes").unwrap();
+        let bundle = crate::policy::parse("t.toml", POLICY, None).unwrap();
+        let metering = Metering::new(
+            "eu",
+            MeteringSettings {
+                incarnation: Some(3),
+                ..MeteringSettings::default()
+            },
+        );
+        for t in 0..2_500 {
+            let tenant = Tenant::parse(&format!("t{t}")).unwrap();
+            assert_eq!(
+                metering.count(&tenant, ["calls", "calls"].into_iter(), 2),
+                0
+            );
+        }
+        // The twin store reads the wall clock, as Redis's TIME would.
+        let now_ms = crate::store::memory::Clock::now_ms(&crate::store::memory::SystemClock);
+        let applied = metering
+            .flush(&store, &keys, &bundle, now_ms, true)
+            .await
+            .unwrap();
+        assert_eq!(applied.outcomes.len(), 2_500, "every pair, once each");
+        assert!(applied.outcomes.iter().all(|o| matches!(
+            o,
+            Recorded::Raised {
+                added_requests: 1,
+                added_cost: 2
+            }
+        )));
+        assert_eq!((applied.senders.known, applied.senders.ended), (1, 1));
+        // Nothing left dirty: a second flush sends no entry.
+        let again = metering
+            .flush(&store, &keys, &bundle, now_ms, false)
+            .await
+            .unwrap();
+        assert!(again.outcomes.is_empty());
+        let read = metering
+            .read(
+                &store,
+                &keys,
+                &bundle,
+                &UsageQuery {
+                    tenant: &Tenant::parse("t2499").unwrap(),
+                    meter: "calls",
+                    period: None,
+                    at_ms: now_ms,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            read.total,
+            PeriodTotal {
+                requests: 1,
+                cost: 2
+            }
+        );
     }
 }
