@@ -39,6 +39,18 @@ pub fn div_ceil(a: u64, b: u64) -> u64 {
     a.div_ceil(b)
 }
 
+/// Longest usage sender name (`identity#incarnation`, issue 30).
+pub const MAX_SENDER_BYTES: usize = 200;
+
+/// A usage sender's name as `usage_record.lua` and `usage_sender.lua`
+/// accept it: 1–200 bytes of `[a-z0-9._/#:-]`.
+pub fn valid_sender(sender: &str) -> bool {
+    (1..=MAX_SENDER_BYTES).contains(&sender.len())
+        && sender
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._/#:-".contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -259,11 +259,11 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::RecordUsageRequest>,
     ) -> Result<Response<pb::RecordUsageResponse>, Status> {
-        let caller = self.allow(&request, Method::RecordUsage)?;
+        let holder = Holder::of_caller(self.allow(&request, Method::RecordUsage)?.as_ref());
         let span = tracing::info_span!("record_usage", region = %self.decider.region);
         let reply = self
             .decider
-            .record_usage(caller.as_ref(), request.into_inner())
+            .record_usage(holder.as_str(), request.into_inner())
             .instrument(span)
             .await?;
         Ok(Response::new(reply))

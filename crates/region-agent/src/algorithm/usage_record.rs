@@ -16,19 +16,10 @@ use crate::args::{self, MAX_ARG};
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
 
-/// Longest sender name (`identity#incarnation`).
-pub const MAX_SENDER_BYTES: usize = 200;
+pub use crate::args::{valid_sender, MAX_SENDER_BYTES};
 /// Most senders one (tenant, meter) may hold.
 pub const MAX_SENDERS: u64 = 65_536;
 const MAX_INSTANT_MS: u64 = (1 << 53) - 1;
-
-/// A sender's name as the script accepts it: 1–200 bytes of `[a-z0-9._/#:-]`.
-pub fn valid_sender(sender: &str) -> bool {
-    (1..=MAX_SENDER_BYTES).contains(&sender.len())
-        && sender
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._/#:-".contains(&b))
-}
 
 /// A sender's stored record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -57,6 +57,7 @@ mod answer;
 mod denials;
 mod look;
 mod plan;
+pub mod usage;
 
 pub(crate) use answer::refused_field;
 use answer::{read_reply, shadow_outcomes};
@@ -742,13 +743,13 @@ impl Decider {
     /// next flush.
     pub async fn flush_usage(&self, end: bool) {
         let bundle = self.policy.current();
-        if !self.metering.has_work(&bundle) {
+        if !self.metering.has_work(&bundle.meters) {
             return;
         }
         let now_ms = self.clock.now_ms();
         match self
             .metering
-            .flush(self.store.as_ref(), &self.keys, &bundle, now_ms, end)
+            .flush(self.store.as_ref(), &self.keys, &bundle.meters, now_ms, end)
             .await
         {
             Ok(applied) => {

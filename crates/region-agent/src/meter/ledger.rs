@@ -19,6 +19,7 @@ use std::sync::Mutex;
 
 use rand::RngCore;
 
+use super::definition::Meters;
 use super::period::{Period, PeriodError};
 use super::record::{
     read, read_call, record_call, recorded, sender_call, sender_field, senders, LedgerBounds,
@@ -26,7 +27,6 @@ use super::record::{
 };
 use super::tally::{Tally, DEFAULT_MAX_KEYS};
 use crate::key::{KeyBuilder, Tenant};
-use crate::policy::Bundle;
 use crate::store::{BucketStore, StoreError};
 
 /// `[metering]`: see the module doc.
@@ -176,7 +176,7 @@ impl Metering {
         &self,
         store: &dyn BucketStore,
         keys: &KeyBuilder,
-        bundle: &Bundle,
+        meters: &Meters,
         record: &UsageRecord<'_>,
         now_ms: i64,
     ) -> Result<Applied, ApplyError> {
@@ -188,14 +188,12 @@ impl Metering {
         } = *record;
         let mut calls = Vec::with_capacity(entries.len() + 1);
         for (index, entry) in entries.iter().enumerate() {
-            let meter =
-                bundle
-                    .meters
-                    .get(&entry.meter)
-                    .ok_or_else(|| ApplyError::UnknownMeter {
-                        index,
-                        meter: entry.meter.clone(),
-                    })?;
+            let meter = meters
+                .get(&entry.meter)
+                .ok_or_else(|| ApplyError::UnknownMeter {
+                    index,
+                    meter: entry.meter.clone(),
+                })?;
             let period = meter
                 .calendar()
                 .and_then(|calendar| calendar.period_at(now_ms))
@@ -242,8 +240,8 @@ impl Metering {
 
     /// Whether a flush has anything to do: a meter in `bundle`, or counts
     /// held (an agent without meters sends nothing, not even a beat).
-    pub fn has_work(&self, bundle: &Bundle) -> bool {
-        !bundle.meters.is_empty()
+    pub fn has_work(&self, meters: &Meters) -> bool {
+        !meters.is_empty()
             || !self
                 .tally
                 .lock()
@@ -258,7 +256,7 @@ impl Metering {
         &self,
         store: &dyn BucketStore,
         keys: &KeyBuilder,
-        bundle: &Bundle,
+        meters: &Meters,
         now_ms: i64,
         end: bool,
     ) -> Result<Applied, ApplyError> {
@@ -270,7 +268,7 @@ impl Metering {
         // (their counts so far were written while they existed).
         let entries: Vec<UsageEntry> = pending
             .into_iter()
-            .filter(|entry| bundle.meters.contains_key(&entry.meter))
+            .filter(|entry| meters.contains_key(&entry.meter))
             .collect();
         // Records of at most MAX_ENTRIES_PER_RECORD entries (at most
         // max_keys / 1,000 of them); the end flag rides on the last.
@@ -293,7 +291,7 @@ impl Metering {
                 ended: end && i == last,
                 entries: chunk,
             };
-            let part = self.apply(store, keys, bundle, &record, now_ms).await?;
+            let part = self.apply(store, keys, meters, &record, now_ms).await?;
             let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
             for (entry, outcome) in chunk.iter().zip(&part.outcomes) {
                 if *outcome != Recorded::TooManySenders {
@@ -319,7 +317,7 @@ impl Metering {
         &self,
         store: &dyn BucketStore,
         keys: &KeyBuilder,
-        bundle: &Bundle,
+        meters: &Meters,
         query: &UsageQuery<'_>,
     ) -> Result<RegionUsage, ApplyError> {
         let UsageQuery {
@@ -332,7 +330,7 @@ impl Metering {
             index: 0,
             meter: meter.to_string(),
         };
-        let definition = bundle.meters.get(meter).ok_or_else(unknown)?;
+        let definition = meters.get(meter).ok_or_else(unknown)?;
         let calendar = definition
             .calendar()
             .map_err(|error| ApplyError::Period { index: 0, error })?;
@@ -380,16 +378,16 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
 
-    const POLICY: &str = "version = 1\n[[meter]]\nname = \"calls\"\nperiod = \"day\"\n\
-        [[domain]]\nname = \"api\"\n[[domain.rule]]\nid = \"r\"\nscope = \"tenant\"\n\
-        algorithm = \"token_bucket\"\ncapacity = 5\nrefill = 1\nperiod_ms = 1000\n\
-        fail_mode = \"open\"\nmeter = \"calls\"\n";
-
     #[tokio::test]
     async fn an_end_record_writes_every_pair_in_records_of_a_thousand() {
         let store = MemoryStore::default();
         let keys = KeyBuilder::new(b"a pepper of sixteen bytes").unwrap();
-        let bundle = crate::policy::parse("t.toml", POLICY, None).unwrap();
+        let meter = super::super::definition::Meter {
+            name: "calls".into(),
+            period: super::super::period::PeriodKind::Day,
+            time_zone: "UTC".into(),
+        };
+        let meters = Meters::from([("calls".to_string(), meter)]);
         let metering = Metering::new(
             "eu",
             MeteringSettings {
@@ -407,7 +405,7 @@ mod tests {
         // The twin store reads the wall clock, as Redis's TIME would.
         let now_ms = crate::store::memory::Clock::now_ms(&crate::store::memory::SystemClock);
         let applied = metering
-            .flush(&store, &keys, &bundle, now_ms, true)
+            .flush(&store, &keys, &meters, now_ms, true)
             .await
             .unwrap();
         assert_eq!(applied.outcomes.len(), 2_500, "every pair, once each");
@@ -421,7 +419,7 @@ mod tests {
         assert_eq!((applied.senders.known, applied.senders.ended), (1, 1));
         // Nothing left dirty: a second flush sends no entry.
         let again = metering
-            .flush(&store, &keys, &bundle, now_ms, false)
+            .flush(&store, &keys, &meters, now_ms, false)
             .await
             .unwrap();
         assert!(again.outcomes.is_empty());
@@ -429,7 +427,7 @@ mod tests {
             .read(
                 &store,
                 &keys,
-                &bundle,
+                &meters,
                 &UsageQuery {
                     tenant: &Tenant::parse("t2499").unwrap(),
                     meter: "calls",

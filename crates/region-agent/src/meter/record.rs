@@ -8,7 +8,7 @@
 //! start, so a restarted sender's totals count from zero again without
 //! being mistaken for a duplicate.
 
-use crate::algorithm::usage_record::valid_sender;
+use crate::args::valid_sender;
 use crate::key::{KeyBuilder, Tenant};
 use crate::store::script::{ScriptCall, ScriptError, ScriptKind, ScriptReply};
 

@@ -33,26 +33,7 @@ pub enum Placement {
     Split { regions: u32, written: Rate },
 }
 
-/// A meter: admitted requests and their cost counted per (tenant, period)
-/// for usage reads and calendar quotas.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Meter {
-    /// `[a-z0-9_-]{1,64}`, unique in the bundle.
-    pub name: String,
-    pub period: crate::meter::period::PeriodKind,
-    /// An IANA time zone name the bundled database knows (default "UTC").
-    pub time_zone: String,
-}
-
-impl Meter {
-    /// The meter's calendar. Its zone was checked at parse time, so this
-    /// fails only for a Meter built by hand with an unknown zone.
-    pub fn calendar(
-        &self,
-    ) -> Result<crate::meter::period::Calendar, crate::meter::period::PeriodError> {
-        crate::meter::period::Calendar::new(self.period, &self.time_zone)
-    }
-}
+pub use crate::meter::definition::Meter;
 
 /// A domain: a namespace of rules (Envoy's "domain").
 #[derive(Debug, Clone, PartialEq, Eq)]

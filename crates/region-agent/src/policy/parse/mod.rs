@@ -40,18 +40,9 @@ const TOP_FIELDS: &[&str] = &["version", "domain", "meter", "regions"];
 pub const MAX_REGIONS: usize = 64;
 const METER_FIELDS: &[&str] = &["name", "period", "time_zone"];
 const PERIODS: &str = "\"day\", \"week\", \"month\"";
-/// What a meter's name may be.
-pub const METER_NAME_PATTERN: &str = "[a-z0-9_-]{1,64}";
+pub use crate::meter::definition::{valid_meter_name, METER_NAME_PATTERN};
 /// Most meters in a bundle.
 pub const MAX_METERS: usize = 64;
-
-/// Whether `name` is a meter name ([`METER_NAME_PATTERN`]).
-pub fn valid_meter_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
 const DOMAIN_FIELDS: &[&str] = &["name", "rule", "envoy"];
 const ENVOY_FIELDS: &[&str] = &[
     "tenant_key",

@@ -7,13 +7,12 @@
 use std::collections::BTreeSet;
 
 use leasehold_proto::agent::v1 as pb;
-use leasehold_tls::Identity;
 
-use super::ledger::{ApplyError, UsageQuery, UsageRecord, MAX_ENTRIES_PER_RECORD};
-use super::record::{sender_field, Recorded, UsageEntry};
-use crate::decide::Decider;
+use super::Decider;
 use crate::key::Tenant;
-use crate::lease::holder::Holder;
+use crate::meter::definition::valid_meter_name;
+use crate::meter::ledger::{ApplyError, UsageQuery, UsageRecord, MAX_ENTRIES_PER_RECORD};
+use crate::meter::record::{sender_field, Recorded, UsageEntry};
 use crate::request::InvalidField;
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +52,7 @@ fn apply_error(error: ApplyError) -> UsageRpcError {
 
 /// A meter name as the policy writes them (checked before any lookup).
 fn meter_name(field: &str, raw: &str) -> Result<String, InvalidField> {
-    if crate::policy::parse::valid_meter_name(raw) {
+    if valid_meter_name(raw) {
         Ok(raw.to_string())
     } else {
         Err(InvalidField::new(field, "must match [a-z0-9_-]{1,64}"))
@@ -65,11 +64,11 @@ fn tenant(field: &str, raw: &str) -> Result<Tenant, InvalidField> {
 }
 
 impl Decider {
-    /// RecordUsage from `caller` (its verified identity; None on a
-    /// plaintext listener: `anonymous`).
+    /// RecordUsage from `caller`: its verified identity as a path
+    /// (`gateway/eu`; `anonymous` on a plaintext listener).
     pub async fn record_usage(
         &self,
-        caller: Option<&Identity>,
+        caller: &str,
         req: pb::RecordUsageRequest,
     ) -> Result<pb::RecordUsageResponse, UsageRpcError> {
         if req.incarnation == 0 {
@@ -102,15 +101,14 @@ impl Decider {
                 cost: entry.cost.min(crate::args::MAX_ARG),
             });
         }
-        let holder = Holder::of_caller(caller);
-        let sender = sender_field(holder.as_str(), req.incarnation)
+        let sender = sender_field(caller, req.incarnation)
             .ok_or_else(|| InvalidField::new("incarnation", "the caller's identity is too long"))?;
         let applied = self
             .metering
             .apply(
                 self.store.as_ref(),
                 &self.keys,
-                &bundle,
+                &bundle.meters,
                 &UsageRecord {
                     sender: &sender,
                     sequence: req.sequence,
@@ -186,7 +184,7 @@ impl Decider {
                 .read(
                     self.store.as_ref(),
                     &self.keys,
-                    &bundle,
+                    &bundle.meters,
                     &UsageQuery {
                         tenant: &tenant,
                         meter,
