@@ -88,11 +88,12 @@ match = { route_group = "held" }
 fail_mode = "closed"
 "#;
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// A free port, held by the returned listener until the agent that will
+/// serve on it is started (dropped just before): nothing started in the
+/// meantime (a redis-server, another test's agent) can take it.
+fn free_port() -> (SocketAddr, std::net::TcpListener) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (listener.local_addr().unwrap(), listener)
 }
 
 fn rate_pool(reclaim: ReclaimPolicy) -> PoolConfig {
@@ -115,6 +116,8 @@ struct Region {
     name: &'static str,
     redis: RedisServer,
     http: SocketAddr,
+    /// Holds `http` until the Region's agent first starts.
+    http_reserved: Option<std::net::TcpListener>,
     agent: Option<RunningAgent>,
 }
 
@@ -131,11 +134,15 @@ impl World {
     async fn start(pools: &[(&str, PoolConfig, Option<u64>)]) -> World {
         let regions: Vec<Region> = REGIONS
             .iter()
-            .map(|name| Region {
-                name,
-                redis: RedisServer::start().expect("redis-server"),
-                http: free_port(),
-                agent: None,
+            .map(|name| {
+                let (http, reserved) = free_port();
+                Region {
+                    name,
+                    redis: RedisServer::start().expect("redis-server"),
+                    http,
+                    http_reserved: Some(reserved),
+                    agent: None,
+                }
             })
             .collect();
         let settings = ClusterSettings {
@@ -192,6 +199,7 @@ impl World {
             ..RedisStoreConfig::new(region.redis.url())
         })
         .unwrap();
+        drop(region.http_reserved.take());
         let agent = server::start(AgentSpec {
             region: region.name.to_string(),
             listen: "127.0.0.1:0".parse().unwrap(),
