@@ -132,6 +132,7 @@ pub(super) fn print_banner(layout: &Layout, dir: &Path, args: &DevArgs) {
          leasehold grant list {WINDOW_POOL}{target}\n  \
          leasehold lease list{agents}\n  \
          leasehold agent status{agents}\n  \
+         leasehold usage show demo{agents}   (after the Check below: counted within 5 s)\n  \
          {curl} {scheme}://{http}/health\n  \
          {curl} {scheme}://{http}/metrics | grep leasehold_global\n  \
          {grpcurl} -import-path crates/proto/proto -proto leasehold/agent/v1/agent.proto \\\n    \

@@ -687,8 +687,8 @@ fn usage_reply(region: &str, requests: u64, silent: u64) -> agent_pb::ReadUsageR
         meters: vec![agent_pb::MeterUsage {
             meter: "api-calls".into(),
             period: "2026-12".into(),
-            period_start_ms: 1_764_565_200_000,
-            period_end_ms: 1_767_243_600_000,
+            period_start_ms: 1_796_101_200_000,
+            period_end_ms: 1_798_779_600_000,
             time_zone: "America/New_York".into(),
             requests,
             cost: requests * 2,
@@ -696,7 +696,7 @@ fn usage_reply(region: &str, requests: u64, silent: u64) -> agent_pb::ReadUsageR
         senders: 3,
         senders_ended: 1,
         senders_silent: silent,
-        read_at_ms: 1_765_000_000_000,
+        read_at_ms: 1_796_580_000_000,
         agent_lag_ms: 1_200,
     }
 }
@@ -735,8 +735,8 @@ fn usage_shows_each_region_and_the_total_with_reset_and_lateness() {
     let eu = lines.iter().find(|l| l.starts_with("eu ")).unwrap();
     assert!(eu.contains("1,500") && eu.contains("3,000"), "{eu}");
     assert!(
-        eu.contains("2026-12-01 05:00:00 UTC America/New_York") || eu.contains("America/New_York"),
-        "{eu}"
+        eu.contains("2027-01-01 05:00:00 UTC (America/New_York)"),
+        "the reset and its zone: {eu}"
     );
     assert!(
         eu.contains("≤ 5"),
@@ -776,6 +776,6 @@ fn usage_json_and_csv_carry_every_figure() {
     assert!(rows[0].starts_with("region,tenant,meter,period,"));
     assert_eq!(
         rows[3],
-        "us,acme,api-calls,2026-12,1764565200000,1767243600000,America/New_York,250,500,3,1,1,1765000000000,5000"
+        "us,acme,api-calls,2026-12,1796101200000,1798779600000,America/New_York,250,500,3,1,1,1796580000000,5000"
     );
 }

@@ -181,7 +181,11 @@ fn usage_table(
                         count(format, m.cost),
                         "-".into(),
                         "-".into(),
-                        format!("{} {}", instant(format, m.period_end_ms), m.time_zone),
+                        match m.time_zone.as_str() {
+                            // A UTC instant says its zone already.
+                            "UTC" => instant(format, m.period_end_ms),
+                            zone => format!("{} ({zone})", instant(format, m.period_end_ms)),
+                        },
                         late(format, lateness_ms(reply)),
                     ]);
                 }
