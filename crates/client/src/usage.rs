@@ -28,6 +28,14 @@ struct Totals {
     dirty: bool,
 }
 
+impl Totals {
+    fn count(&mut self, cost: u64) {
+        self.requests = self.requests.saturating_add(1);
+        self.cost = self.cost.saturating_add(cost);
+        self.dirty = true;
+    }
+}
+
 /// One pair's running totals, as sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageTotals {
@@ -37,9 +45,13 @@ pub struct UsageTotals {
     pub cost: u64,
 }
 
+/// Per tenant, per meter: a pair already held is found by reference, so
+/// counting an admission allocates nothing.
 #[derive(Debug, Clone)]
 pub struct UsageTally {
-    totals: HashMap<(String, String), Totals>,
+    totals: HashMap<String, HashMap<String, Totals>>,
+    /// (tenant, meter) pairs held.
+    pairs: usize,
     max_keys: usize,
 }
 
@@ -47,6 +59,7 @@ impl UsageTally {
     pub fn new(max_keys: usize) -> Self {
         Self {
             totals: HashMap::new(),
+            pairs: 0,
             max_keys,
         }
     }
@@ -59,15 +72,25 @@ impl UsageTally {
             if meters[..i].contains(meter) {
                 continue;
             }
-            let key = (tenant.to_string(), meter.clone());
-            if !self.totals.contains_key(&key) && self.totals.len() >= self.max_keys {
+            if let Some(totals) = self
+                .totals
+                .get_mut(tenant)
+                .and_then(|meters| meters.get_mut(meter))
+            {
+                totals.count(cost);
+                continue;
+            }
+            if self.pairs >= self.max_keys {
                 uncounted += 1;
                 continue;
             }
-            let totals = self.totals.entry(key).or_default();
-            totals.requests = totals.requests.saturating_add(1);
-            totals.cost = totals.cost.saturating_add(cost);
-            totals.dirty = true;
+            self.pairs += 1;
+            let mut totals = Totals::default();
+            totals.count(cost);
+            self.totals
+                .entry(tenant.to_string())
+                .or_default()
+                .insert(meter.clone(), totals);
         }
         uncounted
     }
@@ -76,9 +99,10 @@ impl UsageTally {
     pub fn pending(&self, all: bool, max: usize) -> Vec<UsageTotals> {
         self.totals
             .iter()
-            .filter(|(_, totals)| all || totals.dirty)
+            .flat_map(|(tenant, meters)| meters.iter().map(move |(m, t)| (tenant, m, t)))
+            .filter(|(_, _, totals)| all || totals.dirty)
             .take(max)
-            .map(|((tenant, meter), totals)| UsageTotals {
+            .map(|(tenant, meter, totals)| UsageTotals {
                 tenant: tenant.clone(),
                 meter: meter.clone(),
                 requests: totals.requests,
@@ -91,7 +115,8 @@ impl UsageTally {
     pub fn written(&mut self, sent: &UsageTotals) {
         if let Some(totals) = self
             .totals
-            .get_mut(&(sent.tenant.clone(), sent.meter.clone()))
+            .get_mut(&sent.tenant)
+            .and_then(|meters| meters.get_mut(&sent.meter))
         {
             if totals.requests == sent.requests && totals.cost == sent.cost {
                 totals.dirty = false;
@@ -100,7 +125,7 @@ impl UsageTally {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.totals.is_empty()
+        self.pairs == 0
     }
 }
 

@@ -25,14 +25,26 @@ struct Totals {
     dirty: bool,
 }
 
+impl Totals {
+    fn count(&mut self, cost: u64) {
+        self.requests = self.requests.saturating_add(1);
+        self.cost = self.cost.saturating_add(cost);
+        self.dirty = true;
+    }
+}
+
 /// The add was not counted: the tally holds its most pairs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the usage tally holds its most (tenant, meter) pairs ({0}); this one was not counted")]
 pub struct TallyFull(pub usize);
 
+/// Per tenant, per meter: a pair already held is found by reference, so
+/// counting a request allocates nothing (it runs on the request path).
 #[derive(Debug, Clone)]
 pub struct Tally {
-    totals: HashMap<(Tenant, String), Totals>,
+    totals: HashMap<Tenant, HashMap<String, Totals>>,
+    /// (tenant, meter) pairs held.
+    pairs: usize,
     max_keys: usize,
 }
 
@@ -40,20 +52,31 @@ impl Tally {
     pub fn new(max_keys: usize) -> Tally {
         Tally {
             totals: HashMap::new(),
+            pairs: 0,
             max_keys,
         }
     }
 
     /// One admitted request of `cost` for (tenant, meter).
     pub fn add(&mut self, tenant: &Tenant, meter: &str, cost: u64) -> Result<(), TallyFull> {
-        let key = (tenant.clone(), meter.to_string());
-        if !self.totals.contains_key(&key) && self.totals.len() >= self.max_keys {
+        if let Some(totals) = self
+            .totals
+            .get_mut(tenant)
+            .and_then(|meters| meters.get_mut(meter))
+        {
+            totals.count(cost);
+            return Ok(());
+        }
+        if self.pairs >= self.max_keys {
             return Err(TallyFull(self.max_keys));
         }
-        let totals = self.totals.entry(key).or_default();
-        totals.requests = totals.requests.saturating_add(1);
-        totals.cost = totals.cost.saturating_add(cost);
-        totals.dirty = true;
+        self.pairs += 1;
+        let mut totals = Totals::default();
+        totals.count(cost);
+        self.totals
+            .entry(tenant.clone())
+            .or_default()
+            .insert(meter.to_string(), totals);
         Ok(())
     }
 
@@ -62,9 +85,10 @@ impl Tally {
     pub fn pending(&self, all: bool, max: usize) -> Vec<UsageEntry> {
         self.totals
             .iter()
-            .filter(|(_, totals)| all || totals.dirty)
+            .flat_map(|(tenant, meters)| meters.iter().map(move |(m, t)| (tenant, m, t)))
+            .filter(|(_, _, totals)| all || totals.dirty)
             .take(max)
-            .map(|((tenant, meter), totals)| UsageEntry {
+            .map(|(tenant, meter, totals)| UsageEntry {
                 tenant: tenant.clone(),
                 meter: meter.clone(),
                 requests: totals.requests,
@@ -77,7 +101,8 @@ impl Tally {
     pub fn written(&mut self, entry: &UsageEntry) {
         if let Some(totals) = self
             .totals
-            .get_mut(&(entry.tenant.clone(), entry.meter.clone()))
+            .get_mut(&entry.tenant)
+            .and_then(|meters| meters.get_mut(&entry.meter))
         {
             if totals.requests == entry.requests && totals.cost == entry.cost {
                 totals.dirty = false;
@@ -86,11 +111,11 @@ impl Tally {
     }
 
     pub fn len(&self) -> usize {
-        self.totals.len()
+        self.pairs
     }
 
     pub fn is_empty(&self) -> bool {
-        self.totals.is_empty()
+        self.pairs == 0
     }
 }
 
