@@ -207,6 +207,23 @@ impl SharedDenials {
         self.with(|c| c.refused(key, fingerprint, costs, now_ms))
     }
 
+    /// The first of `asks` (key, fingerprint, cost) refused at `now_ms`, by
+    /// its index, under one lock: a request's buckets are looked up
+    /// together.
+    pub fn first_refused(&self, asks: &[(&str, u64, u64)], now_ms: i64) -> Option<(usize, Hit)> {
+        if !self.enabled() || asks.is_empty() {
+            return None;
+        }
+        self.with(|c| {
+            asks.iter()
+                .enumerate()
+                .find_map(|(i, (key, fingerprint, cost))| {
+                    c.refused(key, *fingerprint, &[*cost], now_ms)
+                        .map(|hit| (i, hit))
+                })
+        })
+    }
+
     pub fn insert(&self, key: &str, denial: Denial, now_ms: i64) {
         if self.enabled() {
             self.with(|c| c.insert(key, denial, now_ms))

@@ -126,31 +126,35 @@ impl Decider {
             return None;
         }
         let now_ms = self.clock.now_ms();
-        rules.iter().find_map(|rule| {
-            let key = self.bucket_key(rule, request.target).ok()?;
-            let entry = self.bucket_entry(request.bundle, rule, key, request.cost)?;
-            let hit = self.denials.refused(
-                &entry.key,
-                entry.fingerprint,
-                &[entry.cost_millitokens],
-                now_ms,
-            )?;
-            self.metrics
-                .denial_cache_answers
-                .with_label_values(&[rule.id.as_str()])
-                .inc();
-            // At least 1 ms: the cache answers only while now < until.
-            let retry_ms = (hit.until_ms - now_ms).max(1);
-            Some(self.decision(
-                request.bundle,
-                rule,
-                request.decision_id,
-                false,
-                hit.remaining,
-                retry_ms,
-                false,
-            ))
-        })
+        let entries: Vec<(&Rule, BucketEntry)> = rules
+            .iter()
+            .filter_map(|rule| {
+                let key = self.bucket_key(rule, request.target).ok()?;
+                let entry = self.bucket_entry(request.bundle, rule, key, request.cost)?;
+                Some((*rule, entry))
+            })
+            .collect();
+        let asks: Vec<(&str, u64, u64)> = entries
+            .iter()
+            .map(|(_, e)| (e.key.as_str(), e.fingerprint, e.cost_millitokens))
+            .collect();
+        let (index, hit) = self.denials.first_refused(&asks, now_ms)?;
+        let rule = entries.get(index)?.0;
+        self.metrics
+            .denial_cache_answers
+            .with_label_values(&[rule.id.as_str()])
+            .inc();
+        // At least 1 ms: the cache answers only while now < until.
+        let retry_ms = (hit.until_ms - now_ms).max(1);
+        Some(self.decision(
+            request.bundle,
+            rule,
+            request.decision_id,
+            false,
+            hit.remaining,
+            retry_ms,
+            false,
+        ))
     }
 
     /// Remembers the store's refusal of `plan` (sent at `sent_ms` on the
