@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{check, spec_on, target};
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
-use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+
 use leasehold_region_agent::testing::RedisServer;
 use tonic::transport::Channel;
 
@@ -41,14 +41,7 @@ security = true
 
 async fn region(name: &str, policy: &str) -> (RedisServer, RunningAgent, AgentClient<Channel>) {
     let redis = RedisServer::start().expect("redis-server");
-    let store = Arc::new(
-        RedisStore::new(RedisStoreConfig {
-            call_deadline: common::PATIENT_DEADLINE,
-            connect_timeout: common::PATIENT_DEADLINE,
-            ..RedisStoreConfig::new(redis.url())
-        })
-        .unwrap(),
-    );
+    let store = Arc::new(common::redis_store(&redis));
     let agent = server::start(AgentSpec {
         region: name.into(),
         ..spec_on(store, policy)

@@ -13,7 +13,7 @@ use leasehold_proto::agent::v1 as pb;
 use leasehold_proto::agent::v1::agent_client::AgentClient;
 use leasehold_region_agent::meter::ledger::MeteringSettings;
 use leasehold_region_agent::server::{self, AgentSpec, RunningAgent};
-use leasehold_region_agent::store::redis::{RedisStore, RedisStoreConfig};
+use leasehold_region_agent::store::redis::RedisStore;
 use leasehold_region_agent::testing::RedisServer;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -54,14 +54,7 @@ fail_mode = "closed"
 "#;
 
 fn store(redis: &RedisServer) -> Arc<RedisStore> {
-    Arc::new(
-        RedisStore::new(RedisStoreConfig {
-            call_deadline: common::PATIENT_DEADLINE,
-            connect_timeout: common::PATIENT_DEADLINE,
-            ..RedisStoreConfig::new(redis.url())
-        })
-        .unwrap(),
-    )
+    Arc::new(common::redis_store(redis))
 }
 
 async fn agent_on(redis: &RedisServer, flush_ms: u64) -> (RunningAgent, AgentClient<Channel>) {
@@ -196,9 +189,17 @@ async fn admitted_checks_count_once_and_refusals_never() {
     assert_eq!(usage.time_zone, "America/New_York");
     assert!(usage.period_start_ms <= usage.read_at_ms && usage.read_at_ms < usage.period_end_ms);
     // Several flushes later, still exactly 5: reads and flushes add nothing.
-    let wrote = agent.decider.metrics.render();
+    let flushes = || {
+        agent
+            .decider
+            .metrics
+            .usage_flushes
+            .with_label_values(&["written"])
+            .get()
+    };
+    let before = flushes();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while agent.decider.metrics.render() == wrote {
+    while flushes() < before + 2 {
         assert!(Instant::now() < deadline, "no further flush");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

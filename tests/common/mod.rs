@@ -49,6 +49,17 @@ pub async fn start_with(policy_toml: &str, deadline: Duration) -> TestAgent {
     start_counting(policy_toml, deadline).await.0
 }
 
+/// A Redis store on `redis` with the patient deadline of
+/// [`PATIENT_DEADLINE`] (connect and calls).
+pub fn redis_store(redis: &RedisServer) -> RedisStore {
+    RedisStore::new(RedisStoreConfig {
+        call_deadline: PATIENT_DEADLINE,
+        connect_timeout: PATIENT_DEADLINE,
+        ..RedisStoreConfig::new(redis.url())
+    })
+    .expect("redis store")
+}
+
 /// A store wrapper that counts script calls (the hot-key test's denominator)
 /// and what the block leases and give-backs among them moved.
 pub struct CountingStore {
