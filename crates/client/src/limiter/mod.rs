@@ -622,8 +622,13 @@ where
 /// Deadline of one RecordUsage call (a background call, not a request's).
 pub const USAGE_RECORD_DEADLINE: Duration = Duration::from_secs(2);
 
-/// Sends usage records every `interval` while a `Limiter` lives.
-fn spawn_usage_records(shared: Weak<Shared>, interval: Duration) {
+/// Runs `tick` every `interval` (the first one interval after start) while
+/// a `Limiter` lives: the task ends once the last one is dropped.
+fn spawn_every<F, Fut>(shared: Weak<Shared>, interval: Duration, tick: F)
+where
+    F: Fn(Arc<Shared>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     spawn_if_running(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -633,22 +638,18 @@ fn spawn_usage_records(shared: Weak<Shared>, interval: Duration) {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            shared.record_usage(false).await;
+            tick(shared).await;
         }
     });
 }
 
-fn spawn_sweeper(shared: Weak<Shared>, interval: Duration) {
-    spawn_if_running(async move {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
-        loop {
-            ticker.tick().await;
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            shared.sweep();
-        }
+/// Sends usage records every `interval`.
+fn spawn_usage_records(shared: Weak<Shared>, interval: Duration) {
+    spawn_every(shared, interval, |shared| async move {
+        shared.record_usage(false).await;
     });
+}
+
+fn spawn_sweeper(shared: Weak<Shared>, interval: Duration) {
+    spawn_every(shared, interval, |shared| async move { shared.sweep() });
 }
