@@ -65,6 +65,48 @@ impl Held {
     }
 }
 
+/// A sender's held value in `fields`, parsed; refused (never read as
+/// nothing held) when it does not parse.
+pub(super) fn held_of<T>(
+    fields: &[(String, String)],
+    sender: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, ScriptError> {
+    match fields.iter().find(|(field, _)| field == sender) {
+        Some((_, text)) => parse(text).map(Some).ok_or_else(|| ScriptError::Refused {
+            field: "sender".into(),
+            reason: "malformed".into(),
+        }),
+        None => Ok(None),
+    }
+}
+
+/// Whether a sender new to the hash `key` (holding `fields`) fits under
+/// `max_senders`, after forgetting senders that ended more than
+/// `retention` ms before `now` (`ended_at` reads a value's last change
+/// when it ended). The step `usage_record.lua` and `usage_sender.lua`
+/// share.
+pub(super) fn room_for_new_sender(
+    space: &mut Keyspace,
+    key: &str,
+    fields: &[(String, String)],
+    (max_senders, retention, now_ms): (u64, u64, i64),
+    ended_at: impl Fn(&str) -> Option<u64>,
+) -> Result<bool, ScriptError> {
+    let now = u64::try_from(now_ms).unwrap_or(0);
+    let mut live = fields.len() as u64;
+    if live < max_senders {
+        return Ok(true);
+    }
+    for (field, text) in fields {
+        if ended_at(text).is_some_and(|last| last.saturating_add(retention) < now) {
+            space.hdel(key, field, now_ms).map_err(wrong_type)?;
+            live -= 1;
+        }
+    }
+    Ok(live < max_senders)
+}
+
 pub fn eval(
     space: &mut Keyspace,
     keys: &[String],
@@ -99,27 +141,12 @@ pub fn eval(
         Ok((read(0), read(1)))
     };
     let fields = space.hgetall(senders, now_ms).map_err(wrong_type)?;
-    let old = match fields.iter().find(|(field, _)| field == sender) {
-        Some((_, text)) => Some(Held::parse(text).ok_or_else(|| ScriptError::Refused {
-            field: "sender".into(),
-            reason: "malformed".into(),
-        })?),
-        None => None,
-    };
-    if old.is_none() && fields.len() as u64 >= max_senders {
-        let mut live = fields.len() as u64;
-        for (field, text) in &fields {
-            if let Some(held) = Held::parse(text) {
-                if held.ended && held.last_ms.saturating_add(retention) < now {
-                    space.hdel(senders, field, now_ms).map_err(wrong_type)?;
-                    live -= 1;
-                }
-            }
-        }
-        if live >= max_senders {
-            let (tq, tc) = totals(space)?;
-            return Ok(vec![-1, 0, 0, tq as i64, tc as i64, now_ms]);
-        }
+    let old = held_of(&fields, sender, Held::parse)?;
+    let ended_at = |text: &str| Held::parse(text).filter(|h| h.ended).map(|h| h.last_ms);
+    let bounds = (max_senders, retention, now_ms);
+    if old.is_none() && !room_for_new_sender(space, senders, &fields, bounds, ended_at)? {
+        let (tq, tc) = totals(space)?;
+        return Ok(vec![-1, 0, 0, tq as i64, tc as i64, now_ms]);
     }
     let before = old.unwrap_or(Held {
         requests: 0,

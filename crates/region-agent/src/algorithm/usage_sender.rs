@@ -8,7 +8,7 @@
 //! only, -1 = refused (full, nothing written).
 
 use super::bucket::wrong_type;
-use super::usage_record::{valid_sender, MAX_SENDERS};
+use super::usage_record::{held_of, room_for_new_sender, valid_sender, MAX_SENDERS};
 use crate::args::{self, MAX_ARG};
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
@@ -55,26 +55,11 @@ pub fn eval(
     if !sender.is_empty() {
         outcome = 1;
         let fields = space.hgetall(key, now_ms).map_err(wrong_type)?;
-        let old = match fields.iter().find(|(field, _)| field == sender) {
-            Some((_, text)) => Some(held(text).ok_or_else(|| ScriptError::Refused {
-                field: "sender".into(),
-                reason: "malformed".into(),
-            })?),
-            None => None,
-        };
-        if old.is_none() && fields.len() as u64 >= max_senders {
-            let mut live = fields.len() as u64;
-            for (field, text) in &fields {
-                if let Some((_, true, last)) = held(text) {
-                    if last.saturating_add(retention) < now {
-                        space.hdel(key, field, now_ms).map_err(wrong_type)?;
-                        live -= 1;
-                    }
-                }
-            }
-            if live >= max_senders {
-                outcome = -1;
-            }
+        let old = held_of(&fields, sender, held)?;
+        let ended_at = |text: &str| held(text).filter(|h| h.1).map(|h| h.2);
+        let bounds = (max_senders, retention, now_ms);
+        if old.is_none() && !room_for_new_sender(space, key, &fields, bounds, ended_at)? {
+            outcome = -1;
         }
         if outcome == 1 {
             let (os, oe, _) = old.unwrap_or((0, false, 0));
