@@ -19,12 +19,12 @@ pub enum UsageFormat {
     Csv,
 }
 
-/// How late a Region's figure may be: a sender's flush interval (5 s by
-/// default) after what it admitted, and this agent's own share as long ago
-/// as it last wrote.
+/// How late a Region's figure may be: a gateway's flush interval (its
+/// library's default) after what it admitted, and this agent's own share as
+/// long ago as it last wrote.
 fn lateness_ms(reply: &agent_pb::ReadUsageResponse) -> i64 {
-    const SENDER_FLUSH_MS: i64 = 5_000;
-    SENDER_FLUSH_MS.max(reply.agent_lag_ms)
+    let sender_flush_ms = leasehold_client::config::USAGE_FLUSH_MS as i64;
+    sender_flush_ms.max(reply.agent_lag_ms)
 }
 
 /// Per meter and period: requests and cost summed over the Regions that
