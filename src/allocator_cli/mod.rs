@@ -99,7 +99,7 @@ impl TlsArgs {
     }
 
     /// A client of `allocators` over mTLS when configured, else plaintext.
-    fn client(
+    pub(crate) fn client(
         &self,
         allocators: &[String],
         settings: ClientSettings,
@@ -224,7 +224,7 @@ impl AdminTarget {
 }
 
 /// An operator waits a few seconds for an election, not longer.
-fn operator_settings() -> ClientSettings {
+pub(crate) fn operator_settings() -> ClientSettings {
     ClientSettings {
         leader_wait: std::time::Duration::from_secs(5),
         ..ClientSettings::default()

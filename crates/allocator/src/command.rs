@@ -103,4 +103,10 @@ pub enum Command {
     RevokeIdentity { identity: String, reason: String },
     /// Takes an identity off the deny list (a no-op when not on it).
     RestoreIdentity { identity: String },
+    /// A Region's usage totals (issue 30): absolute values per (tenant,
+    /// meter, period), each kept larger-wins ([`crate::usage`]).
+    ReportUsage {
+        region: String,
+        rows: Vec<crate::usage::UsageRow>,
+    },
 }

@@ -90,6 +90,9 @@ pub enum CommandError {
     RegionNotAllowed { pool: String, region: String },
     #[error("pool {pool}: the cap of {cap} barred Regions is reached (readmit some, revoke the identity or use the pool's allow-list)")]
     TooManyBarred { pool: String, cap: usize },
+    /// The rolled-up usage holds its cap of rows ([`crate::usage`]).
+    #[error("rows: the cap of {cap} usage rows is reached (rows of periods that ended more than 35 days ago make room)")]
+    TooManyUsageRows { cap: usize },
 }
 
 impl CommandError {

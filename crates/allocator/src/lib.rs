@@ -130,6 +130,7 @@ pub mod sim_mutation;
 pub mod sim_net;
 pub mod snapshot;
 pub mod units;
+pub mod usage;
 pub mod wire;
 pub mod write_limit;
 

@@ -45,6 +45,8 @@ const ALLOCATOR_METHODS: &[Method] = &[
     Method::RevokeIdentity,
     Method::RestoreIdentity,
     Method::ListRevoked,
+    Method::ReportUsage,
+    Method::UsageTotals,
 ];
 
 /// The Raft service's methods.

@@ -51,6 +51,8 @@ pub const ALLOCATOR_METHODS: &[&str] = &[
     "RevokeIdentity",
     "RestoreIdentity",
     "ListRevoked",
+    "ReportUsage",
+    "UsageTotals",
 ];
 
 /// The Raft service's methods (between nodes).

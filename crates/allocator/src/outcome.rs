@@ -61,4 +61,6 @@ pub enum Outcome {
         identity: String,
         was_revoked: bool,
     },
+    /// `ReportUsage`.
+    UsageReported(crate::usage::UsageReported),
 }

@@ -11,6 +11,7 @@
 //! the deny list of the node's applied state ([`crate::revocation`]).
 
 mod admission_rpc;
+mod usage_rpc;
 
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Instant;
@@ -117,7 +118,9 @@ fn scope_of(command: &Command) -> (String, String) {
         | Command::AdminReclaim { pool, region }
         | Command::RemoveRegion { pool, region }
         | Command::ReadmitRegion { pool, region } => (quote(pool), quote(region)),
-        Command::HealthVerdict { region, .. } => (String::new(), quote(region)),
+        Command::HealthVerdict { region, .. } | Command::ReportUsage { region, .. } => {
+            (String::new(), quote(region))
+        }
         Command::Tick | Command::RevokeIdentity { .. } | Command::RestoreIdentity { .. } => {
             (String::new(), String::new())
         }
@@ -545,6 +548,20 @@ impl pb::allocator_server::Allocator for AllocatorService {
         request: Request<pb::ListRevokedRequest>,
     ) -> Result<Response<pb::ListRevokedReply>, Status> {
         self.list_revoked_rpc(request).await
+    }
+
+    async fn report_usage(
+        &self,
+        request: Request<pb::ReportUsageRequest>,
+    ) -> Result<Response<pb::ReportUsageReply>, Status> {
+        self.report_usage_rpc(request).await
+    }
+
+    async fn usage_totals(
+        &self,
+        request: Request<pb::UsageTotalsRequest>,
+    ) -> Result<Response<pb::UsageTotalsReply>, Status> {
+        self.usage_totals_rpc(request).await
     }
 }
 

@@ -527,6 +527,11 @@ fn classify(error: &CommandError) -> (Code, pb::ErrorCode, String) {
         CommandError::TooManyBarred { .. } => {
             (Code::ResourceExhausted, E::TooManyBarred, named("region"))
         }
+        CommandError::TooManyUsageRows { .. } => (
+            Code::ResourceExhausted,
+            E::TooManyUsageRows,
+            "rows".to_string(),
+        ),
     }
 }
 

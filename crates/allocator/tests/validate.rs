@@ -94,7 +94,9 @@ fn spoil_command(command: &mut Command, spoil: Spoil, which: usize) {
         | Command::AdminReclaim { pool, region }
         | Command::RemoveRegion { pool, region }
         | Command::ReadmitRegion { pool, region } => vec![pool, region],
-        Command::HealthVerdict { region, .. } => vec![region],
+        Command::HealthVerdict { region, .. } | Command::ReportUsage { region, .. } => {
+            vec![region]
+        }
         Command::RevokeIdentity { identity, .. } | Command::RestoreIdentity { identity } => {
             vec![identity]
         }
@@ -147,6 +149,7 @@ fn kind(error: &CommandError) -> &'static str {
         CommandError::RegionRemovedByAdmin { .. } => "region_removed_by_admin",
         CommandError::RegionNotAllowed { .. } => "region_not_allowed",
         CommandError::TooManyBarred { .. } => "too_many_barred",
+        CommandError::TooManyUsageRows { .. } => "too_many_usage_rows",
     }
 }
 

@@ -10,11 +10,11 @@
 //!
 //! | caller | may call |
 //! |---|---|
-//! | region/r | Register, Rebalance, AckShare, Grant — for r only; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
+//! | region/r | Register, Rebalance, AckShare, Grant, ReportUsage — for r only; UsageTotals; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
 //! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver); the allocator binds all but NodeStatus further to the payload's sender and its membership (`leasehold_allocator::raft::senders`) |
 //! | prober | HealthReport |
-//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` |
-//! | sre | Inspect, ListRevoked, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` (read-only) |
+//! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, UsageTotals, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` |
+//! | sre | Inspect, ListRevoked, UsageTotals, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` (read-only) |
 //!
 //! On the allocator a call this table allows is then checked against the
 //! replicated deny list (`leasehold identity revoke`): a revoked identity
@@ -63,6 +63,10 @@ pub enum Method {
     RestoreIdentity,
     // Allocator: the deny list, read.
     ListRevoked,
+    /// A Region's usage totals, rolled up (issue 30).
+    ReportUsage,
+    /// The rolled-up usage, read.
+    UsageTotals,
     // Allocator: between nodes.
     AppendEntries,
     Vote,
@@ -95,7 +99,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 37] = [
+    pub const ALL: [Method; 39] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -113,6 +117,8 @@ impl Method {
         Method::RevokeIdentity,
         Method::RestoreIdentity,
         Method::ListRevoked,
+        Method::ReportUsage,
+        Method::UsageTotals,
         Method::AppendEntries,
         Method::Vote,
         Method::InstallSnapshot,
@@ -154,6 +160,8 @@ impl Method {
             Method::RevokeIdentity => "RevokeIdentity",
             Method::RestoreIdentity => "RestoreIdentity",
             Method::ListRevoked => "ListRevoked",
+            Method::ReportUsage => "ReportUsage",
+            Method::UsageTotals => "UsageTotals",
             Method::AppendEntries => "AppendEntries",
             Method::Vote => "Vote",
             Method::InstallSnapshot => "InstallSnapshot",
@@ -278,7 +286,10 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
         None => deny("the call names no Region"),
     };
     match (identity, call.method) {
-        (Identity::Region(own), Register | Rebalance | AckShare | Grant) => same_region(own),
+        (Identity::Region(own), Register | Rebalance | AckShare | Grant | ReportUsage) => {
+            same_region(own)
+        }
+        (Identity::Region(_), UsageTotals) => Ok(()),
         (Identity::Region(_), Inspect) if call.narrow_inspect => Ok(()),
         (Identity::Region(_), Inspect) => {
             deny("a Region may inspect one named pool, without grant records")
@@ -293,13 +304,13 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
             Identity::Admin,
             CreatePool | UpdatePool | Freeze | Reclaim | AddNode | RemoveNode | RemoveRegion
             | ReadmitRegion | RevokeIdentity | RestoreIdentity | ListRevoked | ReloadPolicy
-            | Inspect | Status | ListLeases | ReadUsage | Health | NodeStatus | HttpHealth
-            | HttpMetrics,
+            | Inspect | Status | ListLeases | ReadUsage | UsageTotals | Health | NodeStatus
+            | HttpHealth | HttpMetrics,
         ) => Ok(()),
         (
             Identity::Sre,
-            Inspect | ListRevoked | Status | ListLeases | ReadUsage | Health | NodeStatus
-            | HttpHealth | HttpMetrics,
+            Inspect | ListRevoked | Status | ListLeases | ReadUsage | UsageTotals | Health
+            | NodeStatus | HttpHealth | HttpMetrics,
         ) => Ok(()),
         (
             Identity::Gateway(own),
@@ -436,7 +447,12 @@ mod tests {
     #[test]
     fn a_region_may_not_call_anything_else() {
         for method in Method::ALL {
-            if REGION_CALLS.contains(&method) || method == Method::Inspect {
+            if REGION_CALLS.contains(&method)
+                || matches!(
+                    method,
+                    Method::Inspect | Method::ReportUsage | Method::UsageTotals
+                )
+            {
                 continue;
             }
             assert!(
@@ -557,6 +573,41 @@ mod tests {
     }
 
     #[test]
+    fn a_region_reports_its_own_usage_and_any_region_reads_the_totals() {
+        assert!(allowed(
+            &region("eu"),
+            Call::for_region(Method::ReportUsage, "eu")
+        ));
+        assert!(!allowed(
+            &region("eu"),
+            Call::for_region(Method::ReportUsage, "us")
+        ));
+        for identity in [
+            Identity::Admin,
+            Identity::Sre,
+            gateway("eu"),
+            Identity::Prober,
+        ] {
+            assert!(
+                !allowed(&identity, Call::for_region(Method::ReportUsage, "eu")),
+                "{identity}"
+            );
+        }
+        for identity in [region("eu"), region("us"), Identity::Admin, Identity::Sre] {
+            assert!(
+                allowed(&identity, Call::new(Method::UsageTotals)),
+                "{identity}"
+            );
+        }
+        for identity in [gateway("eu"), Identity::Prober, Identity::Node(1)] {
+            assert!(
+                !allowed(&identity, Call::new(Method::UsageTotals)),
+                "{identity}"
+            );
+        }
+    }
+
+    #[test]
     fn sre_reads_and_changes_nothing() {
         for method in Method::ALL {
             let reads = matches!(
@@ -566,6 +617,7 @@ mod tests {
                     | Method::Status
                     | Method::ListLeases
                     | Method::ReadUsage
+                    | Method::UsageTotals
                     | Method::Health
                     | Method::NodeStatus
                     | Method::HttpHealth

@@ -763,6 +763,24 @@ impl AllocatorClient {
         .await
     }
 
+    /// A Region's usage totals (absolute values, kept larger-wins).
+    pub async fn report_usage(
+        &self,
+        request: pb::ReportUsageRequest,
+    ) -> Result<pb::ReportUsageReply, ClientError> {
+        self.call(request, |mut c, r| async move { c.report_usage(r).await })
+            .await
+    }
+
+    /// The rolled-up usage totals.
+    pub async fn usage_totals(
+        &self,
+        request: pb::UsageTotalsRequest,
+    ) -> Result<pb::UsageTotalsReply, ClientError> {
+        self.call(request, |mut c, r| async move { c.usage_totals(r).await })
+            .await
+    }
+
     /// The deny list, in identity order.
     pub async fn list_revoked(
         &self,

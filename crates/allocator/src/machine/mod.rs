@@ -27,6 +27,7 @@ use crate::region::{RegionRecord, MAX_REGIONS};
 use crate::removal::{Removal, RemovalReport};
 use crate::revocation::DenyList;
 use crate::share::ShareReport;
+use crate::usage::UsageLedger;
 
 mod validate;
 
@@ -79,6 +80,9 @@ pub struct Machine {
     /// Regions an admin's `RemoveRegion` barred from a pool.
     #[serde(default, skip_serializing_if = "Barred::is_empty")]
     pub(crate) barred: Barred,
+    /// Metered usage rolled up from the Regions (absent while empty).
+    #[serde(default, skip_serializing_if = "UsageLedger::is_empty")]
+    pub(crate) usage: UsageLedger,
 }
 
 fn parse<T>(
@@ -141,6 +145,11 @@ impl Machine {
         &self.barred
     }
 
+    /// Metered usage rolled up from the Regions.
+    pub fn usage(&self) -> &UsageLedger {
+        &self.usage
+    }
+
     /// A Region's own call (register, grant, share report) refused when its
     /// identity `region/<r>` is revoked, or the pool's allow-list does not
     /// name it. `region` is parsed.
@@ -159,6 +168,18 @@ impl Machine {
             }
         }
         Ok(())
+    }
+
+    /// A Region's usage report: a valid Region id whose identity is not
+    /// revoked (it need not be in any pool).
+    pub(crate) fn admit_usage_report(&self, region: &str) -> Result<RegionId, CommandError> {
+        let region = parse("region", region, RegionId::parse)?;
+        if self.revoked.region(region.as_str()).is_some() {
+            return Err(CommandError::IdentityRevoked {
+                identity: format!("region/{region}"),
+            });
+        }
+        Ok(region)
     }
 
     /// Applies one committed log entry. On `Err`, state is unchanged: every
@@ -294,6 +315,12 @@ impl Machine {
                     identity: identity.path(),
                     was_revoked,
                 })
+            }
+            Command::ReportUsage { region, rows } => {
+                let region = self.admit_usage_report(region)?;
+                self.usage
+                    .report(region.as_str(), rows, now_ms)
+                    .map(Outcome::UsageReported)
             }
         }
     }
@@ -670,6 +697,7 @@ impl Machine {
         }
         self.revoked.check().map_err(machine)?;
         self.barred.check().map_err(machine)?;
+        self.usage.check().map_err(machine)?;
         for (pool, state) in &self.pools {
             let scoped = |detail: String| InvariantViolation {
                 scope: format!("pool {pool}"),

@@ -144,6 +144,11 @@ impl Machine {
                 crate::revocation::parse_identity(identity)?;
                 Ok(Admission::Change)
             }
+            Command::ReportUsage { region, rows } => {
+                let region = self.admit_usage_report(region)?;
+                self.usage.admit_report(region.as_str(), rows, now_ms)?;
+                Ok(Admission::Change)
+            }
         }
     }
 

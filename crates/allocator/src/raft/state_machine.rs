@@ -348,7 +348,7 @@ fn command_scope(command: &Command) -> (&str, &str) {
         | Command::AdminReclaim { pool, region }
         | Command::RemoveRegion { pool, region }
         | Command::ReadmitRegion { pool, region } => (pool, region),
-        Command::HealthVerdict { region, .. } => ("", region),
+        Command::HealthVerdict { region, .. } | Command::ReportUsage { region, .. } => ("", region),
         Command::Tick | Command::RevokeIdentity { .. } | Command::RestoreIdentity { .. } => {
             ("", "")
         }

@@ -19,3 +19,4 @@ pub mod settings;
 pub mod share_sync;
 pub mod shared;
 pub mod sync;
+pub mod usage_report;

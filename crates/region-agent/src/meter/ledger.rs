@@ -25,6 +25,7 @@ use super::record::{
     read, read_call, record_call, recorded, sender_call, sender_field, senders, LedgerBounds,
     PeriodTotal, Recorded, Senders, UsageEntry,
 };
+use super::rollup::{Rollup, RollupRow, DEFAULT_MAX_ROLLUP_ROWS};
 use super::tally::{Tally, DEFAULT_MAX_KEYS};
 use crate::key::{KeyBuilder, Tenant};
 use crate::store::{BucketStore, StoreError};
@@ -123,6 +124,11 @@ pub struct Metering {
     tally: Mutex<Tally>,
     /// The agent's clock when its totals were last written (0: never).
     last_written_ms: std::sync::atomic::AtomicI64,
+    /// Region totals this agent raised and has not yet reported to the
+    /// allocator (kept without `[global]` too: nothing takes them then).
+    rollup: Mutex<Rollup>,
+    /// Raises the roll-up refused, being full.
+    rollup_refused: AtomicU64,
 }
 
 impl Metering {
@@ -139,6 +145,8 @@ impl Metering {
             sequence: AtomicU64::new(0),
             tally: Mutex::new(Tally::new(settings.max_keys)),
             last_written_ms: std::sync::atomic::AtomicI64::new(0),
+            rollup: Mutex::new(Rollup::new(DEFAULT_MAX_ROLLUP_ROWS)),
+            rollup_refused: AtomicU64::new(0),
         }
     }
 
@@ -192,6 +200,7 @@ impl Metering {
             entries,
         } = *record;
         let mut calls = Vec::with_capacity(entries.len() + 1);
+        let mut periods = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
             let meter = meters
                 .get(&entry.meter)
@@ -212,6 +221,7 @@ impl Metering {
                 &period,
                 &self.settings.bounds,
             ));
+            periods.push(period);
         }
         calls.push(sender_call(
             keys,
@@ -228,7 +238,19 @@ impl Metering {
         for (i, reply) in replies.into_iter().enumerate() {
             let reply = reply.map_err(ApplyError::Store)?;
             if i < entries.len() {
-                let (outcome, _) = recorded(&reply).map_err(|e| ApplyError::Store(e.into()))?;
+                let (outcome, total) = recorded(&reply).map_err(|e| ApplyError::Store(e.into()))?;
+                if matches!(outcome, Recorded::Raised { .. }) {
+                    let entry = &entries[i];
+                    let raised = self.rollup.lock().unwrap_or_else(|e| e.into_inner()).raise(
+                        entry.tenant.as_str(),
+                        &entry.meter,
+                        &periods[i],
+                        total,
+                    );
+                    if raised.is_err() {
+                        self.rollup_refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 outcomes.push(outcome);
             } else {
                 let (beat, state) = senders(&reply).map_err(|e| ApplyError::Store(e.into()))?;
@@ -309,6 +331,35 @@ impl Metering {
         }
         self.last_written_ms.store(now_ms, Ordering::Relaxed);
         Ok(applied)
+    }
+
+    /// Up to `max` Region totals owed to the allocator, taken to report.
+    pub fn take_rollup(&self, max: usize) -> Vec<RollupRow> {
+        self.rollup
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(max)
+    }
+
+    /// Puts back rows a report did not deliver.
+    pub fn put_back_rollup(&self, rows: Vec<RollupRow>) {
+        let lost = self
+            .rollup
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put_back(rows);
+        self.rollup_refused
+            .fetch_add(lost as u64, Ordering::Relaxed);
+    }
+
+    /// Region totals waiting for the allocator.
+    pub fn rollup_pending(&self) -> usize {
+        self.rollup.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Raises the roll-up refused since start (it was full).
+    pub fn rollup_refused(&self) -> u64 {
+        self.rollup_refused.load(Ordering::Relaxed)
     }
 
     /// The agent's clock when its totals were last written (None: never).

@@ -8,6 +8,7 @@
 //!   tally and flush, reads of a meter's Region total.
 //! - [`period`]: the calendar periods a meter's totals fall in (day, ISO
 //!   week, month in an IANA zone).
+//! - [`rollup`]: Region totals the agent still owes the allocator.
 //! - [`record`]: a usage record's store call (`lua/usage_record.lua`:
 //!   larger-wins per sender, what grew added to the period's total).
 //! - [`tally`]: a sender's running totals in memory, bounded.
@@ -15,4 +16,5 @@ pub mod definition;
 pub mod ledger;
 pub mod period;
 pub mod record;
+pub mod rollup;
 pub mod tally;

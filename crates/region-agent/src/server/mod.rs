@@ -343,6 +343,13 @@ impl RunningAgent {
         }
         // The agent's own usage totals, as its end record.
         self.decider.flush_usage(true).await;
+        // And the Region totals it raised, to the allocator (bounded by
+        // the client's deadline; what is not taken stays in the Region).
+        if let Some(sync) = &self.sync {
+            if let Err(error) = sync.report_usage(&self.decider.metering).await {
+                tracing::warn!(region = %self.decider.region, %error, "last usage report failed: the Region's store keeps the totals");
+            }
+        }
         for task in servers.into_iter().chain(self.background) {
             // A finished server task was awaited above: awaiting it again
             // would panic.
@@ -437,6 +444,11 @@ impl Built {
         }
         tasks.push(spawn_usage_flush(self.decider.clone(), stop.clone()));
         if let Some(sync) = &self.sync {
+            tasks.push(crate::global::usage_report::spawn_usage_reports(
+                sync.clone(),
+                self.decider.metering.clone(),
+                stop.clone(),
+            ));
             tasks.extend(sync.clone().spawn(stop));
         }
         if let Some(path) = &self.policy_file {

@@ -254,7 +254,12 @@ impl GlobalSync {
 
     /// [`GlobalSync::reached`], and the call counted in the metrics:
     /// `call` names it, `started` is when it was sent.
-    fn answered<T>(&self, call: &'static str, started: Instant, result: &Result<T, ClientError>) {
+    pub(crate) fn answered<T>(
+        &self,
+        call: &'static str,
+        started: Instant,
+        result: &Result<T, ClientError>,
+    ) {
         self.reached(result);
         if let Some(metrics) = self.metrics.get() {
             let outcome = match result {
