@@ -45,6 +45,22 @@ refill = 1
 period_ms = 100000000
 fail_mode = "closed"
 meter = "api-calls"
+
+[[domain.rule]]
+id = "p-quota"
+scope = "user"
+algorithm = "token_bucket"
+match = { route_group = "quota" }
+capacity = 1000
+refill = 1
+period_ms = 100000000
+fail_mode = "closed"
+
+[[domain.quota]]
+id = "q-daily"
+match = { route_group = "quota" }
+limit = 40
+period = "day"
 "#;
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -59,6 +75,7 @@ async fn agent(
         region: region.into(),
         metering: MeteringSettings {
             flush_ms: 200,
+            quota_refresh_ms: 100,
             ..MeteringSettings::default()
         },
         global: Some(GlobalSettings {
@@ -307,4 +324,56 @@ async fn a_region_reports_only_for_itself_and_bad_rows_are_refused_by_field() {
         .await
         .expect_err("no tenant named");
     assert!(empty.to_string().contains("tenant"), "{empty}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_spent_across_regions_refuses_in_every_region_within_its_lateness() {
+    const LIMIT: usize = 40;
+    let _serial = serial().await;
+    let (cluster, _) = cluster().await;
+    let allocators = cluster.addresses();
+    let eu_redis = RedisServer::start().expect("redis-server");
+    let us_redis = RedisServer::start().expect("redis-server");
+    let (eu, eu_client) = agent("eu", &eu_redis, allocators.clone()).await;
+    let (us, us_client) = agent("us", &us_redis, allocators.clone()).await;
+    let mut clients = [eu_client, us_client];
+    let started = Instant::now();
+    let mut admitted: Vec<(Duration, i64)> = Vec::new();
+    let mut refused = [false, false];
+    let mut i = 0usize;
+    // Alternate between the Regions until both refuse (bounded).
+    while refused != [true, true] {
+        assert!(
+            started.elapsed() < SETTLE,
+            "never refused in both: {refused:?}"
+        );
+        let region = i % 2;
+        i += 1;
+        let decision = clients[region]
+            .check(check(&format!("q{i}"), target("acme", "dora", "quota"), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        if decision.allowed {
+            assert!(!refused[region], "admitted again after a refusal");
+            let late = decision.quota.expect("quota status").late_by_at_most_ms;
+            admitted.push((started.elapsed(), late));
+        } else {
+            assert_eq!(decision.policy_id, "q-daily");
+            refused[region] = true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(admitted.len() >= LIMIT, "refused early: {}", admitted.len());
+    let reached = admitted[LIMIT - 1].0;
+    for (at, late_ms) in &admitted[LIMIT..] {
+        let late = Duration::from_millis(*late_ms as u64);
+        assert!(
+            *at - reached <= late + Duration::from_secs(1),
+            "admitted {:?} after the limit, stated lateness {late:?}",
+            *at - reached
+        );
+    }
+    eu.stop().await;
+    us.stop().await;
 }

@@ -180,9 +180,10 @@ impl Refusal {
         match decision.reason() {
             Reason::LimiterUnavailable => Refusal::Unavailable,
             Reason::PolicyError => Refusal::PolicyError,
-            Reason::RateExceeded | Reason::ConcurrencyExceeded | Reason::Unspecified => {
-                Refusal::TooManyRequests
-            }
+            Reason::RateExceeded
+            | Reason::ConcurrencyExceeded
+            | Reason::QuotaExceeded
+            | Reason::Unspecified => Refusal::TooManyRequests,
         }
     }
 

@@ -87,6 +87,8 @@ pub const AGENT_BOUNDS: &[Bound] = &[
         crate::algorithm::usage_record::MAX_SENDERS,
     ),
     Bound::new("metering.silent_after_ms", 1_000, 86_400_000),
+    Bound::new("metering.quota_refresh_ms", 100, 60_000),
+    Bound::new("metering.quota_max_keys", 1, 1_000_000),
     Bound::new("agent_leasing.idle_ms", 100, 60_000),
     Bound::new("agent_leasing.sweep_ms", 10, 10_000),
     Bound::new("fallback.policy_poll_ms", 100, 3_600_000),
@@ -383,6 +385,11 @@ pub struct MeteringConfig {
     pub max_senders: u64,
     /// A sender neither ended nor heard from this long is silent.
     pub silent_after_ms: u64,
+    /// How often the totals calendar quotas read are refreshed.
+    pub quota_refresh_ms: u64,
+    /// (tenant, meter) keys quotas follow; past it the one seen longest
+    /// ago is dropped.
+    pub quota_max_keys: usize,
 }
 
 impl Default for MeteringConfig {
@@ -393,6 +400,8 @@ impl Default for MeteringConfig {
             max_keys: d.max_keys,
             max_senders: d.bounds.max_senders,
             silent_after_ms: d.silent_after_ms,
+            quota_refresh_ms: d.quota_refresh_ms,
+            quota_max_keys: d.quota_max_keys,
         }
     }
 }
@@ -409,6 +418,8 @@ impl MeteringConfig {
                 ..d.bounds
             },
             incarnation: None,
+            quota_refresh_ms: self.quota_refresh_ms,
+            quota_max_keys: self.quota_max_keys,
         }
     }
 }

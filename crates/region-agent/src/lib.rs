@@ -64,6 +64,7 @@ pub mod listener_bounds;
 pub mod meter;
 pub mod metrics;
 pub mod policy;
+pub mod quota;
 pub mod request;
 pub mod server;
 pub mod service;

@@ -141,6 +141,8 @@ fn decider(
         global: Arc::new(GlobalRoom::new(["rate".to_string()])),
         denials,
         agent_leases: leases,
+        quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
+        quota_lateness_ms: 0,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

@@ -110,6 +110,8 @@ fn decider_with(
         global: Arc::new(GlobalRoom::new(Vec::<String>::new())),
         denials,
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
+        quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
+        quota_lateness_ms: 0,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

@@ -97,6 +97,8 @@ fn agent_on(clock: Arc<dyn Clock>) -> Agent {
         // Each test here reads the store on every call.
         denials: leasehold_region_agent::denial::SharedDenials::off(),
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
+        quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
+        quota_lateness_ms: 0,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

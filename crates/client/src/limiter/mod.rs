@@ -276,7 +276,7 @@ impl Limiter {
                 request_id,
                 profile,
             } => (request_id, profile),
-            FrontDoor::Decided(decision) => return decision,
+            FrontDoor::Decided(decision) => return *decision,
         };
         let admission = Admission {
             shared,
@@ -340,7 +340,7 @@ impl Limiter {
 /// The outcome of [`Shared::front_door`].
 enum FrontDoor {
     /// Decided without the agent (zero cost, negative cache).
-    Decided(Decision),
+    Decided(Box<Decision>),
     /// Go on, with this request id and the target's fresh profile, if any.
     Proceed {
         request_id: String,

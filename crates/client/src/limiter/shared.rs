@@ -175,14 +175,14 @@ impl Shared {
             _ => hex_id_128(&mut shard.random),
         };
         if cost == 0 {
-            return FrontDoor::Decided(policy_error(request_id));
+            return FrontDoor::Decided(Box::new(policy_error(request_id)));
         }
         if let Some(denial) = shard.negative.lookup(key, now_ms, &request_id) {
             self.stats
                 .negative_cache_hits
                 .fetch_add(1, Ordering::Relaxed);
             tracing::trace!(target_key = %key, "denied by the negative cache");
-            return FrontDoor::Decided(denial);
+            return FrontDoor::Decided(Box::new(denial));
         }
         let profile = shard
             .profiles

@@ -57,6 +57,7 @@ mod answer;
 mod denials;
 mod look;
 mod plan;
+mod quota;
 pub mod usage;
 
 pub(crate) use answer::refused_field;
@@ -122,6 +123,11 @@ pub struct Decider {
     /// Usage records and the agent's own counts of what it admitted
     /// ([`crate::meter`], `[metering]`).
     pub metering: Arc<crate::meter::ledger::Metering>,
+    /// The totals calendar quotas are judged on ([`crate::quota`]).
+    pub quotas: Arc<crate::quota::totals::QuotaTotals>,
+    /// What a quota's `used` may lag before its read: a sender's flush,
+    /// plus the report interval when totals come from the allocator.
+    pub quota_lateness_ms: i64,
 }
 
 /// The distinct meters `rules` name, in rule order.
@@ -433,6 +439,20 @@ impl Decider {
         let resolved = resolve(&bundle, &target)?;
         let (enforcing, shadow): (Vec<&Rule>, Vec<&Rule>) =
             resolved.checked.iter().copied().partition(|r| !r.shadow);
+        let quotas = self.judge_quotas(&bundle, &resolved.quotas, &target.tenant);
+        let reported_quota = quota::reported(&quotas);
+        if let Some((quota, verdict)) = reported_quota
+            .map(|i| &quotas[i])
+            .filter(|(_, v)| v.state == crate::quota::totals::QuotaState::Over)
+        {
+            // Spent until its reset: nothing charged, nothing counted.
+            let decision = self.quota_refusal(&bundle, quota, verdict, &decision_id);
+            self.count(&decision, &bundle);
+            return Ok(RlsDecision {
+                decision,
+                shadow: None,
+            });
+        }
 
         self.count_pool_demand(&enforcing, 1);
         let request = Request {
@@ -479,6 +499,11 @@ impl Decider {
             if !decision.leased.is_empty() {
                 // The gateway finishes this request: it counts it.
                 decision.meters = distinct_meters(resolved.checked.iter().chain(&resolved.leased));
+                for (quota, _) in &quotas {
+                    if !decision.meters.contains(&quota.meter) {
+                        decision.meters.push(quota.meter.clone());
+                    }
+                }
             }
         }
         // Admitted in full here (nothing left for a gateway's blocks):
@@ -488,11 +513,16 @@ impl Decider {
                 .checked
                 .iter()
                 .chain(&resolved.leased)
-                .filter_map(|rule| rule.meter.as_deref());
+                .filter_map(|rule| rule.meter.as_deref())
+                .chain(quotas.iter().map(|(quota, _)| quota.meter.as_str()));
             let uncounted = self.metering.count(&target.tenant, meters, cost);
             if uncounted > 0 {
                 self.metrics.usage_uncounted.inc_by(uncounted);
             }
+        }
+        if let Some(index) = reported_quota {
+            let (quota, verdict) = &quotas[index];
+            decision.quota = Some(quota::quota_status(quota, verdict));
         }
         self.count(&decision, &bundle);
         tracing::debug!(

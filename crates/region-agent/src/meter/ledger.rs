@@ -43,6 +43,10 @@ pub struct MeteringSettings {
     /// This agent's incarnation as a sender; None: drawn from the OS at
     /// start (the simulation sets one from its seed).
     pub incarnation: Option<u64>,
+    /// How often the totals calendar quotas read are refreshed.
+    pub quota_refresh_ms: u64,
+    /// (tenant, meter) keys quotas follow at most.
+    pub quota_max_keys: usize,
 }
 
 pub const DEFAULT_FLUSH_MS: u64 = 5_000;
@@ -58,6 +62,8 @@ impl Default for MeteringSettings {
             silent_after_ms: 3 * DEFAULT_FLUSH_MS,
             bounds: LedgerBounds::default(),
             incarnation: None,
+            quota_refresh_ms: 1_000,
+            quota_max_keys: crate::quota::totals::DEFAULT_MAX_KEYS,
         }
     }
 }

@@ -68,6 +68,10 @@ pub enum Problem {
     UnknownTimeZone(String),
     #[error("meter {0} is not declared: add a [[meter]] with this name")]
     UndeclaredMeter(String),
+    #[error("a quota takes its period and time zone from `meter`, or names them with `period` and `time_zone`: not both")]
+    QuotaPeriodTwice,
+    #[error("a quota with its own `period` gets a meter named after its id, and {0} is a declared meter: name it with `meter = \"{0}\"` instead")]
+    QuotaMeterTaken(String),
     #[error("split over {regions} Regions leaves {per_region} of {written} tokens per Region: no request could pass")]
     SplitTooSmall {
         written: u64,

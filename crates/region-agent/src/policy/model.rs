@@ -42,6 +42,8 @@ pub struct Domain {
     pub name: String,
     /// In file order.
     pub rules: Vec<Rule>,
+    /// Calendar quotas (`[[domain.quota]]`, issue 30), in file order.
+    pub quotas: Vec<Quota>,
     /// How Envoy's descriptors name this domain's targets (`[domain.envoy]`).
     pub envoy: EnvoyMapping,
 }
@@ -276,5 +278,41 @@ impl Rule {
     /// script) call: neither leased to gateways nor a concurrency cap.
     pub fn is_checked(&self) -> bool {
         self.leased.is_none() && self.algorithm != Algorithm::Concurrency
+    }
+}
+
+/// A calendar quota (`[[domain.quota]]`, issue 30): each tenant may spend
+/// `limit` (in request cost: 1 per request of cost 1) per calendar period
+/// of its meter, read from the metered totals. Decided from memory: the
+/// agent refreshes each (tenant, meter) total it has seen lately and
+/// refuses once it reaches the limit, late by at most the lateness bound
+/// (docs/operating.md, "Calendar quotas").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota {
+    /// Unique among the domain's rules and quotas.
+    pub id: RuleId,
+    pub matcher: Match,
+    /// The meter the quota reads and its admitted requests count toward:
+    /// its period and time zone are the quota's. A quota written with
+    /// `period` (and `time_zone`) instead has a meter of its own, named
+    /// after the quota.
+    pub meter: String,
+    /// Cost per tenant and period, in [1, 2^40].
+    pub limit: u64,
+    /// Per-tenant limits overriding `limit` (at most [`MAX_QUOTA_TENANTS`]).
+    pub limits: BTreeMap<String, u64>,
+    /// The share of the limit past which the quota is "near", in percent.
+    pub near_percent: u8,
+}
+
+/// Most per-tenant limits one quota lists.
+pub const MAX_QUOTA_TENANTS: usize = 1_000;
+/// Most quotas one domain holds.
+pub const MAX_QUOTAS_PER_DOMAIN: usize = 64;
+
+impl Quota {
+    /// The limit of `tenant`.
+    pub fn limit_for(&self, tenant: &str) -> u64 {
+        self.limits.get(tenant).copied().unwrap_or(self.limit)
     }
 }

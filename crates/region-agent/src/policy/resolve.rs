@@ -34,6 +34,8 @@ pub struct Resolved<'b> {
     pub leased: Vec<&'b Rule>,
     /// Concurrency caps, at most 8.
     pub concurrency: Vec<&'b Rule>,
+    /// Calendar quotas that apply (at most [`super::model::MAX_QUOTAS_PER_DOMAIN`]).
+    pub quotas: Vec<&'b super::model::Quota>,
 }
 
 impl Resolved<'_> {
@@ -136,6 +138,11 @@ impl Bundle {
             };
             list.push(rule);
         }
+        resolved.quotas = domain
+            .quotas
+            .iter()
+            .filter(|quota| quota.matcher.matches(request))
+            .collect();
         for list in [
             &mut resolved.checked,
             &mut resolved.leased,

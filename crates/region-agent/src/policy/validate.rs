@@ -124,6 +124,15 @@ impl Bundle {
             if let Err(problem) = domain_name(name).and_then(|()| equal_names(name, &domain.name)) {
                 errors.push(at(name, None, "name".into(), problem));
             }
+            for quota in &domain.quotas {
+                if !self.meters.contains_key(&quota.meter) {
+                    let problem = Problem::UndeclaredMeter(quota.meter.clone());
+                    errors.push(PolicyError {
+                        rule: Some(quota.id.as_str().to_string()),
+                        ..at(name, None, "meter".into(), problem)
+                    });
+                }
+            }
             if domain.rules.len() > MAX_RULES_PER_DOMAIN {
                 let count = domain.rules.len();
                 let problem = Problem::TooMany {
@@ -677,6 +686,7 @@ mod tests {
         let mut export = bucket("export", Scope::User);
         export.matcher.route_group = Some("export".into());
         let domain = Domain {
+            quotas: Vec::new(),
             name: "api".into(),
             rules: vec![read, export],
             envoy: Default::default(),
@@ -690,6 +700,7 @@ mod tests {
         global.rate.capacity_tokens = 100;
         global.leased = Some(Leased { gateways: 4 });
         let domain = Domain {
+            quotas: Vec::new(),
             name: "api".into(),
             rules: vec![bucket("t", Scope::Tenant), global],
             envoy: Default::default(),

@@ -414,6 +414,57 @@ fn spawn_usage_flush(decider: Arc<Decider>, mut stop: watch::Receiver<bool>) -> 
     })
 }
 
+/// Reads the totals calendar quotas follow every `[metering]
+/// quota_refresh_ms` until `stop` turns true: from the allocator's roll-up
+/// with `[global]`, else from the Region's store. A failed read keeps the
+/// last totals (their age goes into each verdict's lateness).
+fn spawn_quota_refresh(
+    decider: Arc<Decider>,
+    sync: Option<Arc<GlobalSync>>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    use crate::quota::refresh::{refresh, QuotaSource};
+    let every = Duration::from_millis(decider.metering.settings.quota_refresh_ms.max(10));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Logged when reads start and stop failing, not on every tick.
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if decider.quotas.is_empty() {
+                        continue;
+                    }
+                    let source = match &sync {
+                        Some(sync) => QuotaSource::Allocator(&sync.client),
+                        None => QuotaSource::Store(decider.store.as_ref(), &decider.keys),
+                    };
+                    let bundle = decider.policy.current();
+                    let now_ms = decider.clock.now_ms();
+                    match refresh(&decider.quotas, &bundle.meters, &source, now_ms).await {
+                        Err(error) if !failing => {
+                            failing = true;
+                            tracing::warn!(region = %decider.region, %error, "quota totals not refreshed: the last ones stand, their lateness grows");
+                        }
+                        Err(_) => {}
+                        Ok(_) if failing => {
+                            failing = false;
+                            tracing::info!(region = %decider.region, "quota totals refreshed again");
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// An agent built but not running: nothing bound, no task spawned.
 pub struct Built {
     pub decider: Arc<Decider>,
@@ -443,6 +494,11 @@ impl Built {
             tasks.push(spawn_agent_block_sweep(self.decider.clone(), stop.clone()));
         }
         tasks.push(spawn_usage_flush(self.decider.clone(), stop.clone()));
+        tasks.push(spawn_quota_refresh(
+            self.decider.clone(),
+            self.sync.clone(),
+            stop.clone(),
+        ));
         if let Some(sync) = &self.sync {
             tasks.push(crate::global::usage_report::spawn_usage_reports(
                 sync.clone(),
@@ -544,6 +600,18 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         global,
         denials: crate::denial::SharedDenials::new(spec.denials_max_keys),
         agent_leases,
+        quotas: Arc::new(crate::quota::totals::QuotaTotals::new(
+            spec.metering.quota_max_keys,
+        )),
+        quota_lateness_ms: {
+            let flush = i64::try_from(spec.metering.flush_ms).unwrap_or(i64::MAX);
+            // With the roll-up, a report interval more.
+            if sync.is_some() {
+                flush.saturating_mul(2)
+            } else {
+                flush
+            }
+        },
         metering: Arc::new(crate::meter::ledger::Metering::new(
             &region_name,
             spec.metering,

@@ -23,6 +23,7 @@ use super::validate::{
 use crate::key::{RuleId, Tenant};
 use crate::meter::period::PeriodKind;
 
+mod quota;
 mod rule;
 
 use rule::*;
@@ -43,7 +44,7 @@ const PERIODS: &str = "\"day\", \"week\", \"month\"";
 pub use crate::meter::definition::{valid_meter_name, METER_NAME_PATTERN};
 /// Most meters in a bundle.
 pub const MAX_METERS: usize = 64;
-const DOMAIN_FIELDS: &[&str] = &["name", "rule", "envoy"];
+const DOMAIN_FIELDS: &[&str] = &["name", "rule", "quota", "envoy"];
 const ENVOY_FIELDS: &[&str] = &[
     "tenant_key",
     "default_tenant",
@@ -114,8 +115,14 @@ pub fn parse(
         errors: Collector::default(),
         meter_names: std::collections::BTreeSet::new(),
         regions: Vec::new(),
+        quota_meters: BTreeMap::new(),
     };
-    let (version, domains, meters) = parser.document(&root);
+    let (version, domains, mut meters) = parser.document(&root);
+    // Quotas written with their own period: a meter each, named after the
+    // quota (one name, one meter: two domains' quotas of one id must agree).
+    for (name, (meter, _)) in std::mem::take(&mut parser.quota_meters) {
+        meters.insert(name, meter);
+    }
     let regions = parser.regions.clone();
     parser.errors.finish()?;
     let bundle = Bundle {
@@ -194,6 +201,9 @@ struct Parser<'a> {
     meter_names: std::collections::BTreeSet<String>,
     /// The bundle's `regions`, read before its rules.
     regions: Vec<String>,
+    /// Meters of quotas written with their own period, by name, with the
+    /// line of the quota that declared it first.
+    quota_meters: BTreeMap<String, (Meter, Option<usize>)>,
 }
 
 /// One rule as read: its label for messages, its id when valid, and the
@@ -482,7 +492,16 @@ impl<'a> Parser<'a> {
             Some(node) => self.rules(&label, node),
             None => Vec::new(),
         };
-        let with_id: Vec<&ReadRule> = read.iter().filter(|r| r.id.is_some()).collect();
+        let read_quotas = match table.get("quota") {
+            Some(node) => self.quotas(&label, node),
+            None => Vec::new(),
+        };
+        let quotas = self.quotas_taken(&label, &read_quotas);
+        let with_id: Vec<&ReadRule> = read
+            .iter()
+            .chain(read_quotas.iter().map(|q| &q.read))
+            .filter(|r| r.id.is_some())
+            .collect();
         for (index, first) in duplicate_ids(with_id.iter().filter_map(|r| r.id.as_ref())) {
             let problem = Problem::Duplicate {
                 first_line: with_id[first].places.line("id"),
@@ -500,6 +519,7 @@ impl<'a> Parser<'a> {
         let domain = Domain {
             name: label.clone(),
             rules,
+            quotas,
             envoy,
         };
         let rule_line = |index: usize| read[index].places.rule_line;
@@ -507,6 +527,44 @@ impl<'a> Parser<'a> {
             self.push_rule(&label, read[finding.rule], &finding.field, finding.problem);
         }
         name.map(|_| domain)
+    }
+
+    /// The domain's valid quotas; their own meters noted for the bundle (a
+    /// second quota of the same id in another domain must declare the same
+    /// period and zone).
+    fn quotas_taken(
+        &mut self,
+        domain: &str,
+        read: &[quota::ReadQuota],
+    ) -> Vec<super::model::Quota> {
+        let mut quotas = Vec::new();
+        for one in read {
+            let Some(quota) = &one.quota else {
+                continue;
+            };
+            if let Some(meter) = &one.own_meter {
+                let line = one.read.places.rule_line;
+                match self.quota_meters.get(&meter.name) {
+                    Some((held, _)) if held != meter => {
+                        let first_line = self.quota_meters[&meter.name].1;
+                        self.push_rule(
+                            domain,
+                            &one.read,
+                            "period",
+                            Problem::Duplicate { first_line },
+                        );
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.quota_meters
+                            .insert(meter.name.clone(), (meter.clone(), line));
+                    }
+                }
+            }
+            quotas.push(quota.clone());
+        }
+        quotas
     }
 
     /// `[domain.envoy]`: each field read on its own; a bad one is reported
