@@ -103,6 +103,8 @@ async fn from_allocator(
                 time_zone: String::new(),
                 requests: total.requests,
                 cost: total.cost,
+                // The allocator does not hold the policy.
+                quota_limit: None,
             });
         }
     }

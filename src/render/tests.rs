@@ -692,6 +692,7 @@ fn usage_reply(region: &str, requests: u64, silent: u64) -> agent_pb::ReadUsageR
             time_zone: "America/New_York".into(),
             requests,
             cost: requests * 2,
+            quota_limit: Some(4_000),
         }],
         senders: 3,
         senders_ended: 1,
@@ -747,6 +748,10 @@ fn usage_shows_each_region_and_the_total_with_reset_and_lateness() {
         all.contains("1,750") && all.contains("3,500"),
         "eu once, plus us: {all}"
     );
+    assert!(
+        all.contains("4,000") && all.contains(" 500"),
+        "the quota's limit and what remains of it: {all}"
+    );
     assert!(text.contains("us: 1 sender(s) silent"), "{text}");
     assert!(
         text.contains("agent region/ap@127.0.0.1:7103: no answer: unavailable"),
@@ -761,10 +766,10 @@ fn usage_json_and_csv_carry_every_figure() {
     assert_eq!(json["total"][0]["requests"], 1_750);
     assert_eq!(json["regions"][2]["meters"][0]["requests"], 250);
     assert_eq!(json["regions"][2]["senders"]["silent"], 1);
-    assert_eq!(
-        json["regions"][0]["meters"][0]["limit"],
-        serde_json::Value::Null
-    );
+    assert_eq!(json["regions"][0]["meters"][0]["limit"], 4_000);
+    // The quota is over every Region: 4,000 − 3,500 of cost.
+    assert_eq!(json["total"][0]["limit"], 4_000);
+    assert_eq!(json["total"][0]["remaining"], 500);
     assert_eq!(json["regions"][3]["error"], "unavailable");
     let csv = usage_show(&usage_answers(), UsageFormat::Csv, 0);
     let rows: Vec<&str> = csv.lines().collect();
@@ -776,6 +781,6 @@ fn usage_json_and_csv_carry_every_figure() {
     assert!(rows[0].starts_with("region,tenant,meter,period,"));
     assert_eq!(
         rows[3],
-        "us,acme,api-calls,2026-12,1796101200000,1798779600000,America/New_York,250,500,3,1,1,1796580000000,5000"
+        "us,acme,api-calls,2026-12,1796101200000,1798779600000,America/New_York,250,500,4000,3,1,1,1796580000000,5000"
     );
 }

@@ -11,6 +11,21 @@ use serde_json::{json, Value};
 /// One agent's ReadUsage, or why there is none.
 pub type UsageAnswer = AgentAnswer<agent_pb::ReadUsageResponse>;
 
+/// A meter's figures over the Regions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Total {
+    requests: u64,
+    cost: u64,
+    /// The tenant's quota limit on the meter, when a quota reads it.
+    limit: Option<u64>,
+}
+
+impl Total {
+    fn remaining(&self) -> Option<u64> {
+        self.limit.map(|limit| limit.saturating_sub(self.cost))
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UsageFormat {
     Human,
@@ -29,8 +44,8 @@ fn lateness_ms(reply: &agent_pb::ReadUsageResponse) -> i64 {
 
 /// Per meter and period: requests and cost summed over the Regions that
 /// answered (one reply per Region counted: a second agent of a Region
-/// reads the same store).
-fn totals(answers: &[UsageAnswer]) -> BTreeMap<(String, String), (u64, u64)> {
+/// reads the same store), and the quota limit any of them names.
+fn totals(answers: &[UsageAnswer]) -> BTreeMap<(String, String), Total> {
     let mut seen_regions = Vec::new();
     let mut totals = BTreeMap::new();
     for reply in answers.iter().filter_map(|a| a.answer.as_ref().ok()) {
@@ -39,11 +54,12 @@ fn totals(answers: &[UsageAnswer]) -> BTreeMap<(String, String), (u64, u64)> {
         }
         seen_regions.push(reply.region.clone());
         for meter in &reply.meters {
-            let entry = totals
+            let entry: &mut Total = totals
                 .entry((meter.meter.clone(), meter.period.clone()))
-                .or_insert((0, 0));
-            entry.0 += meter.requests;
-            entry.1 += meter.cost;
+                .or_default();
+            entry.requests += meter.requests;
+            entry.cost += meter.cost;
+            entry.limit = entry.limit.or(meter.quota_limit);
         }
     }
     totals
@@ -81,7 +97,7 @@ pub fn usage_show(answers: &[UsageAnswer], format: UsageFormat, now_ms: u64) -> 
 
 fn usage_json(
     answers: &[UsageAnswer],
-    totals: &BTreeMap<(String, String), (u64, u64)>,
+    totals: &BTreeMap<(String, String), Total>,
     now_ms: u64,
 ) -> String {
     let regions: Vec<Value> = answers
@@ -100,9 +116,9 @@ fn usage_json(
                     "time_zone": m.time_zone,
                     "requests": m.requests,
                     "cost": m.cost,
-                    // Limits come with calendar quotas.
-                    "limit": Value::Null,
-                    "remaining": Value::Null,
+                    // A quota's limit is over every Region: the
+                    // remaining room is the total's.
+                    "limit": m.quota_limit,
                 })).collect::<Vec<_>>(),
                 "senders": {"known": reply.senders, "ended": reply.senders_ended, "silent": reply.senders_silent},
                 "read_at_ms": reply.read_at_ms,
@@ -114,8 +130,15 @@ fn usage_json(
         .collect();
     let total: Vec<Value> = totals
         .iter()
-        .map(|((meter, period), (requests, cost))| {
-            json!({"meter": meter, "period": period, "requests": requests, "cost": cost})
+        .map(|((meter, period), total)| {
+            json!({
+                "meter": meter,
+                "period": period,
+                "requests": total.requests,
+                "cost": total.cost,
+                "limit": total.limit,
+                "remaining": total.remaining(),
+            })
         })
         .collect();
     format!(
@@ -135,7 +158,7 @@ fn csv_field(text: &str) -> String {
 
 fn usage_csv(answers: &[UsageAnswer]) -> String {
     let mut out = String::from(
-        "region,tenant,meter,period,period_start_ms,period_end_ms,time_zone,requests,cost,senders,senders_ended,senders_silent,read_at_ms,late_by_at_most_ms\n",
+        "region,tenant,meter,period,period_start_ms,period_end_ms,time_zone,requests,cost,quota_limit,senders,senders_ended,senders_silent,read_at_ms,late_by_at_most_ms\n",
     );
     for reply in answers.iter().filter_map(|a| a.answer.as_ref().ok()) {
         for m in &reply.meters {
@@ -149,6 +172,7 @@ fn usage_csv(answers: &[UsageAnswer]) -> String {
                 csv_field(&m.time_zone),
                 m.requests.to_string(),
                 m.cost.to_string(),
+                m.quota_limit.map_or_else(String::new, |l| l.to_string()),
                 reply.senders.to_string(),
                 reply.senders_ended.to_string(),
                 reply.senders_silent.to_string(),
@@ -164,11 +188,12 @@ fn usage_csv(answers: &[UsageAnswer]) -> String {
 
 fn usage_table(
     answers: &[UsageAnswer],
-    totals: &BTreeMap<(String, String), (u64, u64)>,
+    totals: &BTreeMap<(String, String), Total>,
     format: UsageFormat,
 ) -> String {
     let mut rows = Vec::new();
     let mut notes = String::new();
+    let or_dash = |value: Option<u64>| value.map_or_else(|| "-".to_string(), |v| count(format, v));
     for answer in answers {
         match &answer.answer {
             Ok(reply) => {
@@ -179,7 +204,8 @@ fn usage_table(
                         m.period.clone(),
                         count(format, m.requests),
                         count(format, m.cost),
-                        "-".into(),
+                        or_dash(m.quota_limit),
+                        // Remaining is the total's: see the ALL row.
                         "-".into(),
                         match m.time_zone.as_str() {
                             // A UTC instant says its zone already.
@@ -201,15 +227,15 @@ fn usage_table(
             }
         }
     }
-    for ((meter, period), (requests, cost)) in totals {
+    for ((meter, period), total) in totals {
         rows.push(vec![
             "ALL".into(),
             meter.clone(),
             period.clone(),
-            count(format, *requests),
-            count(format, *cost),
-            "-".into(),
-            "-".into(),
+            count(format, total.requests),
+            count(format, total.cost),
+            or_dash(total.limit),
+            or_dash(total.remaining()),
             String::new(),
             String::new(),
         ]);

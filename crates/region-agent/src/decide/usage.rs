@@ -207,6 +207,13 @@ impl Decider {
                 time_zone: definition.time_zone.clone(),
                 requests: usage.total.requests,
                 cost: usage.total.cost,
+                quota_limit: bundle
+                    .domains
+                    .values()
+                    .flat_map(|domain| &domain.quotas)
+                    .filter(|quota| quota.meter == *meter)
+                    .map(|quota| quota.limit_for(tenant.as_str()))
+                    .min(),
             });
             reply.senders = usage.senders.known;
             reply.senders_ended = usage.senders.ended;
