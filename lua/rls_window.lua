@@ -2,7 +2,10 @@
 -- window, counted even past the limit (as upstream's INCRBY); the caller
 -- compares the count with the limit.
 -- KEYS[1]  hash {w, n}: window start ms, hits counted in that window
--- ARGV     window_ms, hits (0 = look only), jitter_ms, stop (0|1), limit
+-- ARGV     window_ms, hits (0 = look only), jitter_ms, stop (0|1), limit,
+--          [window_start_ms]: a calendar period's start (its length is
+--          window_ms; the key names the period): the window starts there
+--          instead of at the epoch-aligned start (absent or 0: aligned)
 --          stop = 1: hits that would take n above limit are not stored
 --          (upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT for a counter
 --          the caller found within); the reply still carries n + hits.
@@ -21,9 +24,15 @@ local stop = lh_int(ARGV[4], 0, 1)
 if not stop then return lh_invalid('stop') end
 local limit = lh_int(ARGV[5], 0, LH_MAX)
 if not limit then return lh_invalid('limit') end
+local start = 0
+if ARGV[6] ~= nil then
+  start = lh_int(ARGV[6], 0, 9007199254740991)
+  if not start then return lh_invalid('window_start_ms') end
+end
 
 local now = lh_now_ms()
 local w = now - math.fmod(now, window)
+if start > 0 then w = start end
 local state = redis.call('HMGET', KEYS[1], 'w', 'n')
 local sw, n = tonumber(state[1]), tonumber(state[2])
 if sw == nil or n == nil or sw < w then

@@ -486,6 +486,49 @@ async fn fixed_windows_align_to_the_clock() {
     rls.agent.stop().await;
 }
 
+/// A domain opted in to calendar periods: `unit: month` runs from local
+/// midnight of the 1st in its zone to the next, whatever the month's length.
+const CALENDAR: &str = r#"
+domain: billing
+leasehold:
+  calendar_time_zone: America/New_York
+descriptors:
+  - key: account
+    rate_limit: {unit: month, requests_per_unit: 2}
+"#;
+
+#[tokio::test]
+async fn calendar_months_reset_at_local_midnight_when_the_domain_opts_in() {
+    let (mut rls, clock) = on_memory(&[("billing.yaml", CALENDAR)], RlsOptions::default()).await;
+    // 2026-11-30 23:59:00 in New York (EST): a minute before December.
+    let before_midnight_ms = 1_796_101_140_000;
+    clock.0.store(before_midnight_ms, Ordering::SeqCst);
+    let account = || vec![descriptor(&[("account", "a-1")])];
+    for expected in [OK, OK, OVER] {
+        let answer = ask(&mut rls, "billing", account()).await;
+        assert_eq!(answer.overall_code, expected);
+        assert_eq!(row(&answer.statuses[0]).2, MONTH);
+        assert_eq!(row(&answer.statuses[0]).4, 60, "a minute to the reset");
+    }
+    // Local midnight: December, 31 days long, starts from zero.
+    clock.0.store(before_midnight_ms + 60_000, Ordering::SeqCst);
+    let december = ask(&mut rls, "billing", account()).await;
+    assert_eq!(row(&december.statuses[0]), (OK, 2, MONTH, 1, 31 * 86_400));
+    rls.agent.stop().await;
+}
+
+#[test]
+fn a_calendar_zone_must_be_an_iana_zone() {
+    use leasehold_region_agent::envoy::ratelimit::config::parse_files_with;
+    let bad = CALENDAR.replace("America/New_York", "Mars/Olympus");
+    let error = parse_files_with([("billing.yaml", bad.as_str())], false).unwrap_err();
+    assert!(error.to_string().starts_with("billing.yaml:4:"), "{error}");
+    assert!(error.to_string().contains("calendar_time_zone"), "{error}");
+    let unknown = CALENDAR.replace("calendar_time_zone", "calendar_zone");
+    let error = parse_files_with([("billing.yaml", unknown.as_str())], false).unwrap_err();
+    assert!(error.to_string().contains("unknown key"), "{error}");
+}
+
 #[tokio::test]
 async fn response_headers_global_shadow_and_ietf_fields() {
     let options = RlsOptions {

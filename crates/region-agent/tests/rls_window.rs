@@ -94,7 +94,38 @@ fn invalid_arguments_are_named_and_write_nothing() {
         h.redis(&c),
         Err(ScriptError::InvalidArgument("stop".into()))
     );
+    for bad in ["x", "-1", "9007199254740992"] {
+        let c = call(KEY, 1000, 1, 0).arg(bad);
+        assert_eq!(
+            h.redis(&c),
+            Err(ScriptError::InvalidArgument("window_start_ms".into())),
+            "{bad:?}"
+        );
+    }
     assert!(!h.exists(KEY));
+}
+
+/// With a calendar period's start, the window runs from that start for
+/// window_ms (not epoch-aligned) and the reply names its end.
+#[test]
+fn a_calendar_window_starts_where_its_period_does() {
+    let mut h = Harness::start();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // A 31-day month that began 12,345 ms ago.
+    let start = now_ms - 12_345;
+    let month = 31 * 86_400_000u64;
+    let key = "lh:v1:{rls-calendar}:month:2026-12";
+    let first = h.redis(&call(key, month, 2, 0).arg(start)).unwrap();
+    let second = h.redis(&call(key, month, 3, 0).arg(start)).unwrap();
+    assert_eq!((first[0], second[0]), (2, 5));
+    assert_eq!(
+        second[1],
+        (start + month) as i64,
+        "ends where the period ends"
+    );
 }
 
 /// stop = 1: the hit that would pass the limit is reported (n + hits)
@@ -156,6 +187,9 @@ proptest! {
             (0u64..6, 0u64..5, prop::option::of(0u64..12), 0u64..12),
             1..30,
         ),
+        // A calendar period's start this many ms before the first call
+        // (None: epoch-aligned windows).
+        calendar_start_ago in prop::option::of(0u64..40),
     ) {
         thread_local!(static H: std::cell::RefCell<Option<Harness>> = const { std::cell::RefCell::new(None) });
         H.with(|cell| {
@@ -164,9 +198,17 @@ proptest! {
             h.flushall();
             let twin = MemoryStore::default();
             let mut last_now = 0;
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64;
+            let start = calendar_start_ago.map(|ago| now_ms - ago);
             for (hits, jitter, stop, idle_ms) in &steps {
                 std::thread::sleep(std::time::Duration::from_millis(*idle_ms));
-                let c = stop_call(KEY, window, *hits, *jitter, *stop);
+                let mut c = stop_call(KEY, window, *hits, *jitter, *stop);
+                if let Some(start) = start {
+                    c = c.arg(start);
+                }
                 let _ = differential(h, &twin, &c, &mut last_now);
                 assert_same_key(h, &twin, KEY, last_now);
             }

@@ -4,7 +4,9 @@
 //!
 //! KEYS[1] = hash {w, n}; ARGV = window_ms ([1, 2^40]), hits ([0, 2^40];
 //! 0 looks without counting, and writes nothing), jitter_ms ([0, 2^40]),
-//! stop ([0, 1]), limit ([0, 2^40]). With stop = 1, hits that would take
+//! stop ([0, 1]), limit ([0, 2^40]), and optionally window_start_ms
+//! ([0, 2^53 − 1]; > 0: a calendar period's start, the window then starts
+//! there rather than epoch-aligned, its key naming the period). With stop = 1, hits that would take
 //! the count above `limit` are not stored (upstream's
 //! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), the reply still carries the
 //! count they would have made. TTL = max(window_ms, window end − now) +
@@ -28,12 +30,31 @@ pub fn count(
     stop_above: Option<u64>,
     now_ms: i64,
 ) -> (WindowState, Option<WindowState>) {
+    count_from(stored, window_ms, None, hits, stop_above, now_ms)
+}
+
+/// [`count`] in a window starting at `window_start_ms` when given (a
+/// calendar period), else epoch-aligned.
+pub fn count_from(
+    stored: Option<WindowState>,
+    window_ms: u64,
+    window_start_ms: Option<i64>,
+    hits: u64,
+    stop_above: Option<u64>,
+    now_ms: i64,
+) -> (WindowState, Option<WindowState>) {
     // `current` reads only the window length: the limit is the caller's.
     let params = WindowParams {
         limit: 1,
         window_ms,
     };
-    let state = current(stored, &params, now_ms);
+    let state = match window_start_ms {
+        Some(w) => match stored {
+            Some(s) if s.w_ms >= w => s,
+            _ => WindowState { w_ms: w, n: 0 },
+        },
+        None => current(stored, &params, now_ms),
+    };
     if hits == 0 {
         return (state, None);
     }
@@ -58,12 +79,17 @@ pub fn eval(
     let jitter = args::non_negative("jitter_ms", argv.get(2))?;
     let stop = args::int("stop", argv.get(3), 0, 1)?;
     let limit = args::non_negative("limit", argv.get(4))?;
+    let start = match argv.get(5) {
+        Some(_) => args::int("window_start_ms", argv.get(5), 0, (1 << 53) - 1)?,
+        None => 0,
+    };
     let key = keys
         .first()
         .ok_or_else(|| ScriptError::InvalidArgument("key".into()))?;
     let stored = load(space, key, now_ms)?;
     let stop_above = (stop == 1).then_some(limit);
-    let (state, write) = count(stored, window_ms, hits, stop_above, now_ms);
+    let window_start = (start > 0).then_some(start as i64);
+    let (state, write) = count_from(stored, window_ms, window_start, hits, stop_above, now_ms);
     let end = state.w_ms.saturating_add(window_ms as i64);
     if let Some(state) = write {
         space

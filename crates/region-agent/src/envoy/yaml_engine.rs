@@ -140,7 +140,57 @@ struct Counting {
     /// An extension rule's reading (None: an upstream window counter).
     extension: Option<Pending>,
     /// A window counter's store key and window (None for an extension rule).
-    counter: Option<(String, Unit)>,
+    counter: Option<(String, Window)>,
+}
+
+/// A window counter's window: its unit, and in a domain opted in to
+/// calendar periods the period (start, length) a `day`, `week` or `month`
+/// counter runs in (its key names the period).
+#[derive(Clone, Copy)]
+struct Window {
+    unit: Unit,
+    period: Option<(i64, u64)>,
+}
+
+impl Window {
+    /// `unit`'s window now: a calendar period of `calendar_zone` for day,
+    /// week and month when the domain opted in, else upstream's
+    /// epoch-aligned window. The period's label goes on `key`.
+    fn at(unit: Unit, calendar_zone: Option<&str>, key: &mut String, now_ms: i64) -> Window {
+        use crate::meter::period::{Calendar, PeriodKind};
+        let kind = match unit {
+            Unit::Day => Some(PeriodKind::Day),
+            Unit::Week => Some(PeriodKind::Week),
+            Unit::Month => Some(PeriodKind::Month),
+            _ => None,
+        };
+        let period = kind
+            .zip(calendar_zone)
+            .and_then(|(kind, zone)| Calendar::new(kind, zone).ok())
+            .and_then(|calendar| calendar.period_at(now_ms).ok());
+        match period {
+            Some(period) => {
+                key.push(':');
+                key.push_str(&period.label);
+                let length = u64::try_from(period.end_ms - period.start_ms)
+                    .unwrap_or(1)
+                    .max(1);
+                Window {
+                    unit,
+                    period: Some((period.start_ms, length)),
+                }
+            }
+            None => Window { unit, period: None },
+        }
+    }
+}
+
+/// The domain a request's limits are counted in, and its calendar zone
+/// when it opted in to calendar periods.
+#[derive(Clone, Copy)]
+struct CountedIn<'a> {
+    domain: &'a str,
+    calendar_zone: Option<&'a str>,
 }
 
 /// A counted limit's outcome, or a call it needs.
@@ -162,20 +212,35 @@ impl RlsEngine {
 
     /// One `rls_window` call: `stop` = whether hits past the limit are
     /// left unstored; the TTL jitter is drawn here.
-    fn window_call(&self, key: &str, unit: Unit, hits: u64, stop: bool, limit: u32) -> ScriptCall {
+    fn window_call(
+        &self,
+        key: &str,
+        window: Window,
+        hits: u64,
+        stop: bool,
+        limit: u32,
+    ) -> ScriptCall {
         let max = self.options.expiration_jitter_max_seconds;
         let jitter_s = if max > 0 {
             rand::thread_rng().gen_range(0..max)
         } else {
             0
         };
-        ScriptCall::new(ScriptKind::RlsWindow)
+        let call = ScriptCall::new(ScriptKind::RlsWindow)
             .key(key)
-            .arg(unit.millis())
+            .arg(
+                window
+                    .period
+                    .map_or(window.unit.millis(), |(_, length)| length),
+            )
             .arg(hits)
             .arg(jitter_s.saturating_mul(1_000))
             .arg(u64::from(stop))
-            .arg(limit)
+            .arg(limit);
+        match window.period {
+            Some((start_ms, _)) => call.arg(u64::try_from(start_ms).unwrap_or(0)),
+            None => call,
+        }
     }
 
     /// Whether the local over-limit cache holds `key` over for `limit` at
@@ -253,7 +318,10 @@ impl RlsEngine {
         let statuses = self
             .count(
                 decider,
-                &domain.name,
+                CountedIn {
+                    domain: &domain.name,
+                    calendar_zone: domain.calendar_time_zone.as_deref(),
+                },
                 request,
                 matched,
                 &shared_entries,
@@ -296,7 +364,11 @@ impl RlsEngine {
         let statuses = self
             .count(
                 decider,
-                &request.domain,
+                // A TOML domain's overrides keep upstream's windows.
+                CountedIn {
+                    domain: &request.domain,
+                    calendar_zone: None,
+                },
                 request,
                 matched,
                 &shared_entries,
@@ -316,12 +388,16 @@ impl RlsEngine {
     async fn count(
         &self,
         decider: &Decider,
-        domain: &str,
+        counted_in: CountedIn<'_>,
         request: &RlsRequest,
         matched: Vec<Option<Matched<'_>>>,
         shared_entries: &[Option<Vec<(&str, &str)>>],
         entries_of: &[Vec<(&str, &str)>],
     ) -> Result<Vec<Status>, RlsError> {
+        let CountedIn {
+            domain,
+            calendar_zone,
+        } = counted_in;
         let named: Vec<Option<(&str, &[String])>> = matched
             .iter()
             .map(|m| {
@@ -361,7 +437,8 @@ impl RlsEngine {
             let mut counter = None;
             let (planned, extension) = match limit.extension.as_ref().filter(|e| e.asks()) {
                 None => {
-                    let key = decider.keys.rls_counter(domain, entries, unit.name());
+                    let mut key = decider.keys.rls_counter(domain, entries, unit.name());
+                    let window = Window::at(unit, calendar_zone, &mut key, decider.clock.now_ms());
                     if self.cached_over(&key, &current, decider.clock.now_ms()) {
                         // Upstream: over_limit and over_limit_with_local_cache.
                         let stats = answer::local_cache_stats(hits, limit.shadow_mode);
@@ -381,8 +458,8 @@ impl RlsEngine {
                         (Planned::Now(outcome), None)
                     } else {
                         let call =
-                            self.window_call(&key, unit, hits, false, limit.requests_per_unit);
-                        counter = Some((key, unit));
+                            self.window_call(&key, window, hits, false, limit.requests_per_unit);
+                        counter = Some((key, window));
                         (Planned::Call(call), None)
                     }
                 }
@@ -434,8 +511,20 @@ impl RlsEngine {
                 statuses[count.index] = answer::status(&outcome);
                 continue;
             }
+            // A calendar period resets at its end, not at a unit boundary.
+            let mut calendar_reset_s = None;
             let outcome = match result {
                 Ok(r) => reply::rls_window(&r).map(|read| {
+                    if let Some((
+                        _,
+                        Window {
+                            period: Some(_), ..
+                        },
+                    )) = &count.counter
+                    {
+                        let left_ms = read.window_end_ms.saturating_sub(read.now_ms).max(1);
+                        calendar_reset_s = Some((left_ms as u64).div_ceil(1_000));
+                    }
                     if let Some((key, _)) = &count.counter {
                         if read.count > u64::from(count.current.requests_per_unit) {
                             self.remember_over(
@@ -473,6 +562,9 @@ impl RlsEngine {
                 Ok(outcome) => answer::status(&outcome),
                 Err(error) => return Err(RlsError::Store(error.to_string())),
             };
+            if let Some(reset_s) = calendar_reset_s {
+                statuses[count.index].duration_until_reset_s = Some(reset_s);
+            }
         }
         for (status, quota) in statuses.iter_mut().zip(quota) {
             status.quota_mode = quota && status.current_limit.is_some();
@@ -495,7 +587,7 @@ impl RlsEngine {
         calls: &mut [ScriptCall],
         local_over: bool,
     ) {
-        let windows: Vec<(usize, &Counting, &String, Unit)> = counting
+        let windows: Vec<(usize, &Counting, &String, Window)> = counting
             .iter()
             .enumerate()
             .filter_map(|(j, c)| c.counter.as_ref().map(|(key, unit)| (j, c, key, *unit)))

@@ -91,6 +91,13 @@ pub struct Domain {
     /// from several (`merge_domains`), the first in name order.
     pub file: String,
     pub root: Level,
+    /// The domain's opt-in to calendar periods (a top-level `leasehold:
+    /// { calendar_time_zone: "America/New_York" }`, issue 30): its `day`,
+    /// `week` and `month` counters then run from local midnight to local
+    /// midnight, an ISO week (Monday first) and a calendar month in that
+    /// IANA zone, instead of upstream's epoch-aligned 86,400 s, 604,800 s
+    /// and 30-day windows. None: upstream's windows.
+    pub calendar_time_zone: Option<String>,
 }
 
 /// The descriptors of one level: by composite key (`key` or
@@ -263,10 +270,17 @@ pub fn parse_files_with<'a>(
     let mut budget = MAX_DESCRIPTORS;
     for (file, text) in files {
         let reader = Reader { file };
-        let (name, descriptors) = reader.header(text)?;
+        let (name, descriptors, calendar) = reader.header(text)?;
         if let Some(domain) = config.domains.get_mut(&name) {
             if !merge_domains {
                 return Err(reader.error(1, format!("duplicate domain '{name}' in config file")));
+            }
+            // One domain, one calendar: a patch naming another is refused.
+            if calendar.is_some() && calendar != domain.calendar_time_zone {
+                return Err(reader.error(
+                    1,
+                    format!("domain '{name}': leasehold.calendar_time_zone differs from its other files'"),
+                ));
             }
             // Upstream's "patching domain": this file's descriptors join
             // the top level; a composite key already there is refused.
@@ -275,7 +289,8 @@ pub fn parse_files_with<'a>(
             }
             continue;
         }
-        let domain = reader.domain(name, descriptors.as_ref(), &mut budget)?;
+        let mut domain = reader.domain(name, descriptors.as_ref(), &mut budget)?;
+        domain.calendar_time_zone = calendar;
         if config.domains.len() >= MAX_DOMAINS {
             return Err(RlsConfigError {
                 file: file.to_string(),
@@ -291,8 +306,10 @@ pub fn parse_files_with<'a>(
 /// Parses one file; `budget` is the descriptors still allowed.
 pub fn parse_file(file: &str, text: &str, budget: &mut usize) -> Result<Domain, RlsConfigError> {
     let reader = Reader { file };
-    let (name, descriptors) = reader.header(text)?;
-    reader.domain(name, descriptors.as_ref(), budget)
+    let (name, descriptors, calendar) = reader.header(text)?;
+    let mut domain = reader.domain(name, descriptors.as_ref(), budget)?;
+    domain.calendar_time_zone = calendar;
+    Ok(domain)
 }
 
 struct Reader<'a> {
@@ -302,24 +319,66 @@ struct Reader<'a> {
 impl Reader<'_> {
     /// Reads the file's top map: its domain's name and its `descriptors`
     /// list, if any.
-    fn header(&self, text: &str) -> Result<(String, Option<Node>), RlsConfigError> {
+    fn header(&self, text: &str) -> Result<(String, Option<Node>, Option<String>), RlsConfigError> {
         let root = yaml::parse(text).map_err(|e| self.error(e.line, e.message))?;
         let Some(root) = root else {
             return Err(self.error(1, "config file cannot have empty domain"));
         };
         let mut name = String::new();
         let mut descriptors = None;
+        let mut calendar = None;
         for (key, value) in self.map(&root)? {
             match self.key(key)? {
                 "domain" => name = self.text(value, "domain")?.to_string(),
                 "descriptors" => descriptors = Some(value.clone()),
+                "leasehold" => calendar = Some(self.domain_extension(value)?),
                 _ => {}
             }
         }
         if name.is_empty() {
             return Err(self.error(root.line, "config file cannot have empty domain"));
         }
-        Ok((name, descriptors))
+        Ok((name, descriptors, calendar))
+    }
+
+    /// A file's top-level `leasehold:` map: `calendar_time_zone`, an IANA
+    /// zone the bundled database knows (the domain's opt-in to calendar
+    /// periods).
+    fn domain_extension(&self, node: &Node) -> Result<String, RlsConfigError> {
+        let mut zone = None;
+        for (k, v) in self.map(node)? {
+            match k.scalar().unwrap_or_default() {
+                "calendar_time_zone" => {
+                    let text = self.text(v, "leasehold.calendar_time_zone")?;
+                    let known = text.len() <= 64
+                        && crate::meter::period::Calendar::new(
+                            crate::meter::period::PeriodKind::Day,
+                            text,
+                        )
+                        .is_ok();
+                    if !known {
+                        return Err(self.error(
+                            v.line,
+                            format!(
+                                "leasehold.calendar_time_zone: '{}' is not an IANA time zone",
+                                capped(text)
+                            ),
+                        ));
+                    }
+                    zone = Some(text.to_string());
+                }
+                other => {
+                    return Err(self.error(
+                        k.line,
+                        format!(
+                            "leasehold: unknown key '{}' at the top level (calendar_time_zone)",
+                            capped(other)
+                        ),
+                    ))
+                }
+            }
+        }
+        zone.ok_or_else(|| self.error(node.line, "leasehold: calendar_time_zone is missing"))
     }
 
     /// A domain of this file: `name` and its descriptor tree.
@@ -333,6 +392,7 @@ impl Reader<'_> {
             name: name.clone(),
             file: self.file.to_string(),
             root: Level::default(),
+            calendar_time_zone: None,
         };
         if let Some(list) = descriptors {
             self.level(list, &format!("{name}."), 1, budget, &mut domain.root)?;
