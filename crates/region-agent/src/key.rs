@@ -180,6 +180,22 @@ impl KeyBuilder {
         ))
     }
 
+    /// The record of a charge after the fact (issue 30): one per (request,
+    /// rule), in the rule's bucket's slot, so a retry charges nothing.
+    pub fn charge(
+        &self,
+        tag: &Tenant,
+        rule: &RuleId,
+        request_id: &str,
+    ) -> Result<String, KeyError> {
+        Ok(format!(
+            "lh:v1:{{{}}}:_charge:{}:{}",
+            tag.0,
+            rule.as_str(),
+            check_id(request_id)?
+        ))
+    }
+
     /// An envoyproxy/ratelimit counter (`crate::envoy::ratelimit`):
     /// `lh:v1:{rls-<h>}:<unit>`, where `<h>` is 16 hex of
     /// HMAC-SHA256(pepper, domain and every entry, length-prefixed). Each

@@ -24,6 +24,7 @@ const AGENT_METHODS: &[Method] = &[
     Method::ListLeases,
     Method::RecordUsage,
     Method::ReadUsage,
+    Method::Charge,
 ];
 
 const GUARDED: [GuardedService; 2] = [

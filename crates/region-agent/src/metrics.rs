@@ -161,6 +161,7 @@ pub const AGENT_RPC_METHODS: &[&str] = &[
     "ListLeases",
     "RecordUsage",
     "ReadUsage",
+    "Charge",
     "ShouldRateLimit",
 ];
 

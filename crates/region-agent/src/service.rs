@@ -269,6 +269,20 @@ impl Agent for AgentService {
         Ok(Response::new(reply))
     }
 
+    async fn charge(
+        &self,
+        request: Request<pb::ChargeRequest>,
+    ) -> Result<Response<pb::ChargeResponse>, Status> {
+        self.allow(&request, Method::Charge)?;
+        let span = tracing::info_span!("charge", region = %self.decider.region);
+        let reply = self
+            .decider
+            .charge(request.into_inner())
+            .instrument(span)
+            .await?;
+        Ok(Response::new(reply))
+    }
+
     async fn read_usage(
         &self,
         request: Request<pb::ReadUsageRequest>,

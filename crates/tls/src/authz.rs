@@ -19,7 +19,7 @@
 //! On the allocator a call this table allows is then checked against the
 //! replicated deny list (`leasehold identity revoke`): a revoked identity
 //! is refused PERMISSION_DENIED whatever the table says.
-//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, RecordUsage, Health, HTTP `/health` — on r's agent |
+//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, RecordUsage, Charge, Health, HTTP `/health` — on r's agent |
 //!
 //! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
 //! for the prober (it runs on the leader node, so `node/id` and `prober`),
@@ -92,6 +92,8 @@ pub enum Method {
     RecordUsage,
     /// A meter's Region total (`leasehold usage show`): an operator's read.
     ReadUsage,
+    /// A gateway's charge of an admitted request's real cost (issue 30).
+    Charge,
     // Agent: the HTTPS listener.
     HttpHealth,
     HttpMetrics,
@@ -99,7 +101,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 39] = [
+    pub const ALL: [Method; 40] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -137,6 +139,7 @@ impl Method {
         Method::ListLeases,
         Method::RecordUsage,
         Method::ReadUsage,
+        Method::Charge,
         Method::HttpHealth,
         Method::HttpMetrics,
     ];
@@ -180,6 +183,7 @@ impl Method {
             Method::ListLeases => "ListLeases",
             Method::RecordUsage => "RecordUsage",
             Method::ReadUsage => "ReadUsage",
+            Method::Charge => "Charge",
             Method::HttpHealth => "GET /health",
             Method::HttpMetrics => "GET /metrics",
         }
@@ -315,7 +319,7 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
         (
             Identity::Gateway(own),
             Check | CheckBatch | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
-            | ShouldRateLimit | RecordUsage | Health | HttpHealth,
+            | ShouldRateLimit | RecordUsage | Charge | Health | HttpHealth,
         ) => match call.region {
             Some(region) if region == own.as_str() => Ok(()),
             _ => deny("a gateway calls only its own Region's agent"),
@@ -413,7 +417,7 @@ mod tests {
         Method::RestoreIdentity,
         Method::ReloadPolicy,
     ];
-    const GATEWAY_CALLS: [Method; 10] = [
+    const GATEWAY_CALLS: [Method; 11] = [
         Method::Check,
         Method::CheckBatch,
         Method::LeaseBlock,
@@ -422,6 +426,7 @@ mod tests {
         Method::ReleaseConcurrency,
         Method::ShouldRateLimit,
         Method::RecordUsage,
+        Method::Charge,
         Method::Health,
         Method::HttpHealth,
     ];

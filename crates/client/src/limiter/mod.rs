@@ -298,6 +298,34 @@ impl Limiter {
         self.shared.record_usage(end).await
     }
 
+    /// Charges an admitted request's real cost after the fact (an AI
+    /// gateway's tokens once the response is done) on the agent's buckets
+    /// of the rules its target matches; each may go into debt down to its
+    /// rule's `max_debt`, and later requests wait for the repayment. Once
+    /// per `request_id` (the admitted Check's): a retry charges nothing,
+    /// so retry freely. The agent meters the charged cost. Bounded by the
+    /// limiter's deadline.
+    pub async fn charge(
+        &self,
+        request_id: &str,
+        target: &leasehold_proto::agent::v1::Target,
+        cost: u64,
+    ) -> Result<leasehold_proto::agent::v1::ChargeResponse, tonic::Status> {
+        let mut request = tonic::Request::new(leasehold_proto::agent::v1::ChargeRequest {
+            request_id: request_id.to_string(),
+            target: Some(target.clone()),
+            cost,
+        });
+        request.set_timeout(self.shared.deadline);
+        let mut client = self.shared.client.clone();
+        match tokio::time::timeout(self.shared.deadline, client.charge(request)).await {
+            Ok(answer) => answer.map(tonic::Response::into_inner),
+            Err(_) => Err(tonic::Status::deadline_exceeded(
+                "Charge passed its deadline",
+            )),
+        }
+    }
+
     /// Counters since the limiter was made.
     pub fn stats(&self) -> LimiterStats {
         self.shared.stats_snapshot()

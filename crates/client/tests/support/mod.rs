@@ -331,4 +331,11 @@ impl Agent for FakeAgent {
     ) -> Result<Response<leasehold_proto::agent::v1::ReadUsageResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
+
+    async fn charge(
+        &self,
+        _: Request<leasehold_proto::agent::v1::ChargeRequest>,
+    ) -> Result<Response<leasehold_proto::agent::v1::ChargeResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
 }

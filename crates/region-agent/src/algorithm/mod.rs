@@ -4,6 +4,7 @@
 //! [`ScriptCall`] at a given store time; the reply ends with that `now_ms`.
 
 pub mod bucket;
+pub mod bucket_charge;
 pub mod bucket_pack;
 pub mod chunk_counter;
 pub mod chunk_index;
@@ -61,6 +62,7 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::UsageRecord => usage_record::eval(space, keys, argv, now_ms),
         ScriptKind::UsageRead => usage_read::eval(space, keys, argv, now_ms),
         ScriptKind::UsageSender => usage_sender::eval(space, keys, argv, now_ms),
+        ScriptKind::BucketCharge => bucket_charge::eval(space, keys, argv, now_ms),
     }
 }
 

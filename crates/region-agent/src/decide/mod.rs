@@ -54,6 +54,7 @@ use crate::store::{BucketStore, CallResult, NotSent, StoreError};
 
 mod agent_leased;
 mod answer;
+mod charge;
 mod denials;
 mod look;
 mod plan;
@@ -62,6 +63,7 @@ pub mod usage;
 
 pub(crate) use answer::refused_field;
 use answer::{read_reply, shadow_outcomes};
+pub use charge::{ChargeError, CHARGE_RECORD_TTL_MS, MAX_CHARGE_TOKENS};
 use look::looked;
 pub(crate) use plan::chunk_spend_call;
 pub use plan::{bucket_id, resolve};

@@ -40,7 +40,7 @@ use envoy_types::pb::google::protobuf::Duration;
 use leasehold_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::decide::{Decider, RlsDecision};
+use crate::decide::{ChargeError, Decider, RlsDecision, MAX_CHARGE_TOKENS};
 use crate::envoy::ratelimit::answer::{self, CurrentLimit};
 use crate::envoy::yaml_engine::{RlsDescriptor, RlsEngine, RlsError, RlsRequest};
 use crate::envoy::{policy_stats, status as envoy_status, target as envoy_target};
@@ -229,6 +229,26 @@ impl EnvoyRateLimitService {
                 continue;
             };
             let hits = answer::hits(descriptor.hits_addend, request.hits_addend);
+            let is_charge = domain
+                .envoy
+                .charge_key
+                .as_deref()
+                .is_some_and(|key| entries.iter().any(|(k, _)| *k == key));
+            if is_charge {
+                // After the response: its real cost charged, never refused.
+                if hits > 0 {
+                    self.decider
+                        .charge_target(new_decision_id(), target, hits.min(MAX_CHARGE_TOKENS))
+                        .await
+                        .map_err(|error| match error {
+                            ChargeError::Invalid(invalid) => Status::from(invalid),
+                            ChargeError::Store(_) => {
+                                Status::unavailable("limiter unavailable: the charge was not made")
+                            }
+                        })?;
+                }
+                continue;
+            }
             let decided = if hits == 0 {
                 self.decider.look(new_decision_id(), target).await?
             } else {

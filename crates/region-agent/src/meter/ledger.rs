@@ -169,6 +169,18 @@ impl Metering {
         meters: impl Iterator<Item = &'m str>,
         cost: u64,
     ) -> u64 {
+        self.count_as(tenant, meters, 1, cost)
+    }
+
+    /// `requests` and `cost` toward `meters` (each counted once): a charge
+    /// after the fact counts its cost and no request.
+    pub fn count_as<'m>(
+        &self,
+        tenant: &Tenant,
+        meters: impl Iterator<Item = &'m str>,
+        requests: u64,
+        cost: u64,
+    ) -> u64 {
         let mut meters = meters.peekable();
         // Most requests name no meter: no lock taken for them.
         if meters.peek().is_none() {
@@ -183,7 +195,7 @@ impl Metering {
                 continue;
             }
             seen.push(meter);
-            if tally.add(tenant, meter, cost).is_err() {
+            if tally.add_counted(tenant, meter, requests, cost).is_err() {
                 uncounted += 1;
             }
         }

@@ -26,8 +26,8 @@ struct Totals {
 }
 
 impl Totals {
-    fn count(&mut self, cost: u64) {
-        self.requests = self.requests.saturating_add(1);
+    fn count(&mut self, requests: u64, cost: u64) {
+        self.requests = self.requests.saturating_add(requests);
         self.cost = self.cost.saturating_add(cost);
         self.dirty = true;
     }
@@ -59,12 +59,24 @@ impl Tally {
 
     /// One admitted request of `cost` for (tenant, meter).
     pub fn add(&mut self, tenant: &Tenant, meter: &str, cost: u64) -> Result<(), TallyFull> {
+        self.add_counted(tenant, meter, 1, cost)
+    }
+
+    /// Adds `requests` and `cost` (a charge after the fact adds cost to a
+    /// request already counted: 0 requests).
+    pub fn add_counted(
+        &mut self,
+        tenant: &Tenant,
+        meter: &str,
+        requests: u64,
+        cost: u64,
+    ) -> Result<(), TallyFull> {
         if let Some(totals) = self
             .totals
             .get_mut(tenant)
             .and_then(|meters| meters.get_mut(meter))
         {
-            totals.count(cost);
+            totals.count(requests, cost);
             return Ok(());
         }
         if self.pairs >= self.max_keys {
@@ -72,7 +84,7 @@ impl Tally {
         }
         self.pairs += 1;
         let mut totals = Totals::default();
-        totals.count(cost);
+        totals.count(requests, cost);
         self.totals
             .entry(tenant.clone())
             .or_default()

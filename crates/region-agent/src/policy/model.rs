@@ -63,6 +63,12 @@ pub struct EnvoyMapping {
     pub principal_keys: Vec<String>,
     pub route_group_key: String,
     pub method_key: String,
+    /// A descriptor holding an entry of this key is a charge after the
+    /// fact (issue 30: Envoy's `apply_on_stream_done` with a `generic_key`
+    /// naming the response phase): its hits are charged on the matched
+    /// token buckets, into debt down to `max_debt`, and it is answered OK.
+    /// None: no descriptor is a charge.
+    pub charge_key: Option<String>,
 }
 
 /// Most principal keys in `[domain.envoy]`.
@@ -78,6 +84,7 @@ impl Default for EnvoyMapping {
                 .to_vec(),
             route_group_key: "route_group".into(),
             method_key: "method".into(),
+            charge_key: None,
         }
     }
 }
@@ -193,6 +200,10 @@ pub struct Rule {
     /// A security rule's placement across Regions; None: each Region
     /// enforces the whole limit.
     pub placement: Option<Placement>,
+    /// How deep a `Charge` after the fact may drive this token bucket
+    /// into debt, in tokens (0: a charge only empties it), at most its
+    /// capacity (issue 30).
+    pub max_debt_tokens: u64,
 }
 
 /// The placeholder rate of a pool rule: wide enough that the static checks

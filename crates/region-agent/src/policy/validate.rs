@@ -275,6 +275,22 @@ pub(crate) fn rule_findings(rule: &Rule) -> Vec<(String, Problem)> {
         }
     }
     match_findings(rule.scope, &rule.matcher, &mut out);
+    if rule.max_debt_tokens > 0 {
+        if rule.algorithm != Algorithm::TokenBucket || rule.pool.is_some() {
+            out.push((
+                "max_debt".into(),
+                Problem::NotAllowed("only a token_bucket rule without a pool can go into debt"),
+            ));
+        } else if rule.max_debt_tokens > rule.rate.capacity_tokens {
+            out.push((
+                "max_debt".into(),
+                Problem::NotInRange {
+                    min: 0,
+                    max: rule.rate.capacity_tokens,
+                },
+            ));
+        }
+    }
     out
 }
 
@@ -635,6 +651,7 @@ mod tests {
             concurrency: None,
             meter: None,
             placement: None,
+            max_debt_tokens: 0,
             slack_ms: DEFAULT_SLACK_MS,
             pool: None,
         }

@@ -53,10 +53,13 @@ pub enum ScriptKind {
     UsageRead,
     /// The Region's usage senders: a beat per record, and who is silent.
     UsageSender,
+    /// An admitted request's real cost charged after the fact, into debt
+    /// down to `max_debt` (issue 30).
+    BucketCharge,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 24] = [
+    pub const ALL: [ScriptKind; 25] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -81,6 +84,7 @@ impl ScriptKind {
         ScriptKind::UsageRecord,
         ScriptKind::UsageRead,
         ScriptKind::UsageSender,
+        ScriptKind::BucketCharge,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -110,6 +114,7 @@ impl ScriptKind {
             ScriptKind::UsageRecord => "usage_record",
             ScriptKind::UsageRead => "usage_read",
             ScriptKind::UsageSender => "usage_sender",
+            ScriptKind::BucketCharge => "bucket_charge",
         }
     }
 
@@ -139,6 +144,7 @@ impl ScriptKind {
             ScriptKind::UsageRecord => include_str!("../../../../lua/usage_record.lua"),
             ScriptKind::UsageRead => include_str!("../../../../lua/usage_read.lua"),
             ScriptKind::UsageSender => include_str!("../../../../lua/usage_sender.lua"),
+            ScriptKind::BucketCharge => include_str!("../../../../lua/bucket_charge.lua"),
         }
     }
 

@@ -51,6 +51,7 @@ const ENVOY_FIELDS: &[&str] = &[
     "principal_keys",
     "route_group_key",
     "method_key",
+    "charge_key",
 ];
 /// What an entry key in `[domain.envoy]` may be.
 const ENVOY_KEY_PATTERN: &str = "1-64 bytes of printable ASCII without spaces";
@@ -74,6 +75,7 @@ const RULE_FIELDS: &[&str] = &[
     "pool",
     "meter",
     "placement",
+    "max_debt",
 ];
 const MATCH_FIELDS: &[&str] = &["route_group", "method", "descriptors"];
 const LOCAL_FIELDS: &[&str] = &["capacity", "refill", "period_ms"];
@@ -595,6 +597,11 @@ impl<'a> Parser<'a> {
         entry_key(self, "tenant_key", &mut mapping.tenant_key);
         entry_key(self, "route_group_key", &mut mapping.route_group_key);
         entry_key(self, "method_key", &mut mapping.method_key);
+        if table.contains_key("charge_key") {
+            let mut key = String::new();
+            entry_key(self, "charge_key", &mut key);
+            mapping.charge_key = (!key.is_empty()).then_some(key);
+        }
         if let Some(node) = table.get("default_tenant") {
             let tenant = match &node.value {
                 Value::String(text) => Tenant::parse(text).map_err(|_| Problem::Charset {
@@ -627,7 +634,8 @@ impl<'a> Parser<'a> {
             ("method_key", &mapping.method_key),
         ];
         let principals = mapping.principal_keys.iter().map(|k| ("principal_keys", k));
-        for (field, key) in roles.into_iter().chain(principals) {
+        let charge = mapping.charge_key.iter().map(|k| ("charge_key", k));
+        for (field, key) in roles.into_iter().chain(principals).chain(charge) {
             if let Some(first) = named.insert(key.as_str(), field) {
                 let node = table.get(field).or(Some(node));
                 let problem = Problem::EntryKeyTwice {

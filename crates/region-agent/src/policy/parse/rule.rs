@@ -179,6 +179,7 @@ impl RuleReader<'_> {
         let slack_ms = self.int(table, "", "slack_ms", (0, DURATION_MS_MAX), false);
         let pool = self.pool(table);
         let meter = self.meter(table);
+        let max_debt_tokens = self.int(table, "", "max_debt", (0, TOKENS_MAX), false);
         let written = match &pool {
             Some(Some(_)) => self.pool_rate(table),
             _ => self.rate(table, algorithm, concurrency.flatten()),
@@ -212,6 +213,7 @@ impl RuleReader<'_> {
                 pool: pool?,
                 meter: meter?,
                 placement: placement?,
+                max_debt_tokens: max_debt_tokens.unwrap_or(0),
             })
         })();
         debug_assert!(rule.is_some(), "no problem reported, yet a field is unset");
