@@ -111,6 +111,7 @@ pub(crate) fn spec_with(
         listeners: Default::default(),
         limits: Default::default(),
         ratelimit: None,
+        forwarding: None,
     })
 }
 

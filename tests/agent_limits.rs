@@ -81,6 +81,7 @@ async fn start_agent(store: Arc<dyn BucketStore>, limits: ListenerLimits) -> Run
         listeners: Default::default(),
         limits,
         ratelimit: None,
+        forwarding: None,
     })
     .await
     .expect("agent starts")

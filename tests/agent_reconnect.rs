@@ -288,6 +288,7 @@ async fn a_region_cut_off_from_every_node_syncs_within_one_interval_and_a_second
         listeners: Default::default(),
         limits: Default::default(),
         ratelimit: None,
+        forwarding: None,
     })
     .await
     .expect("agent starts");

@@ -594,3 +594,42 @@ async fn usage_records_come_from_the_regions_gateways_and_reads_from_operators()
     }
     s.agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_another_regions_agent_may_forward_a_check() {
+    let s = secured_agent().await;
+    let forward = pb::ForwardCheckRequest {
+        request_id: "f1".into(),
+        domain: "api".into(),
+        tenant: "atlas".into(),
+        principal_hash: String::new(),
+        route_group: "search".into(),
+        method: "GET".into(),
+        descriptors: Default::default(),
+        cost: 1,
+        pepper_check: String::new(),
+    };
+    for (stem, identity) in [
+        ("gateway-eu", "/gateway/eu"),
+        ("gateway-us", "/gateway/us"),
+        ("sre", "/sre"),
+        ("admin", "/admin"),
+    ] {
+        assert_denied(
+            s.client(stem).await.forward_check(forward.clone()).await,
+            identity,
+            "ForwardCheck",
+        );
+    }
+    // A Region's agent passes the gate; a request hashed under another
+    // pepper is then refused.
+    let status = s
+        .client("region-eu")
+        .await
+        .forward_check(forward)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
+    assert!(status.message().contains("pepper"), "{status}");
+    s.agent.stop().await;
+}

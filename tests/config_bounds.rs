@@ -418,6 +418,10 @@ const CASES: &[Case] = &[
     case(Agent, "[metering]", "silent_after_ms", 1_000, 86_400_000),
     case(Agent, "[metering]", "quota_refresh_ms", 100, 60_000),
     case(Agent, "[metering]", "quota_max_keys", 1, 1_000_000),
+    with(
+        case(Agent, "[forwarding]", "timeout_ms", 10, 10_000),
+        &[("[forwarding.agents]", "eu", "\"127.0.0.1:1\"")],
+    ),
     case(Agent, "[fallback]", "policy_poll_ms", 100, 3_600_000),
     case(Agent, "[limits]", "concurrency_per_connection", 1, 65_536),
     case(Agent, "[limits]", "max_concurrent_streams", 1, 65_536),

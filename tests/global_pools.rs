@@ -228,6 +228,7 @@ impl World {
             listeners: Default::default(),
             limits: Default::default(),
             ratelimit: None,
+            forwarding: None,
         })
         .await
         .expect("agent starts");

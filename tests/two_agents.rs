@@ -125,6 +125,7 @@ async fn start_agent(
         listeners: Default::default(),
         limits: Default::default(),
         ratelimit: None,
+        forwarding: None,
     })
     .await
     .expect("agent starts")

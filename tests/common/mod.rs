@@ -186,6 +186,7 @@ pub fn spec_on(store: Arc<dyn BucketStore>, policy_toml: &str) -> AgentSpec {
         listeners: Default::default(),
         limits: Default::default(),
         ratelimit: None,
+        forwarding: None,
     }
 }
 

@@ -88,6 +88,7 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     ),
     Bound::new("metering.silent_after_ms", 1_000, 86_400_000),
     Bound::new("metering.quota_refresh_ms", 100, 60_000),
+    Bound::new("forwarding.timeout_ms", 10, 10_000),
     Bound::new("metering.quota_max_keys", 1, 1_000_000),
     Bound::new("agent_leasing.idle_ms", 100, 60_000),
     Bound::new("agent_leasing.sweep_ms", 10, 10_000),
@@ -184,6 +185,11 @@ pub struct AgentConfig {
     /// envoyproxy/ratelimit YAML configs (`[ratelimit]`): absent, none.
     #[serde(default)]
     pub ratelimit: Option<RatelimitSettings>,
+    /// `[forwarding]`: where home-placed security rules of other Regions
+    /// are decided (issue 30); absent: such rules do as their
+    /// `unreachable` says.
+    #[serde(default)]
+    pub forwarding: Option<ForwardingConfig>,
     /// Limits of the gRPC listener (`listen`).
     #[serde(default)]
     pub limits: GrpcLimits,
@@ -368,6 +374,24 @@ impl AgentLeasingConfig {
             sim_seed: None,
         }
     }
+}
+
+/// `[forwarding]`: each home Region's agents (one address per Region: a
+/// load balancer in front of its agents), and how long a forwarded check
+/// may take.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardingConfig {
+    /// Region → `host:port` of its agents' gRPC listener (at most 64).
+    pub agents: std::collections::BTreeMap<String, String>,
+    /// A forwarded check's deadline; past it the rule does as its
+    /// `unreachable` says.
+    #[serde(default = "default_forward_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_forward_timeout_ms() -> u64 {
+    crate::decide::forward::DEFAULT_TIMEOUT_MS
 }
 
 /// `[metering]` ([`crate::meter`]): how usage records are kept. Meters
@@ -707,6 +731,28 @@ impl AgentConfig {
 
     /// What the ranges and serde cannot check; returns the field at fault.
     fn check(&self) -> Result<(), (String, String)> {
+        if let Some(forwarding) = &self.forwarding {
+            if forwarding.agents.len() > 64 {
+                return Err(("forwarding.agents".into(), "at most 64 Regions".into()));
+            }
+            for (region, address) in &forwarding.agents {
+                if crate::key::Tenant::parse(region).is_err() {
+                    return Err((
+                        "forwarding.agents".into(),
+                        format!("{} is not a Region id ([a-z0-9-]{{1,32}})", quote(region)),
+                    ));
+                }
+                if address.is_empty()
+                    || address.len() > 256
+                    || address.contains(char::is_whitespace)
+                {
+                    return Err((
+                        format!("forwarding.agents.{region}"),
+                        format!("{} is not a host:port", quote(address)),
+                    ));
+                }
+            }
+        }
         if crate::key::Tenant::parse(&self.region).is_err() {
             return Err((
                 "region".into(),

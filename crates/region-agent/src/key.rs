@@ -89,6 +89,16 @@ impl PrincipalHash {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A hash as [`KeyBuilder::principal`] makes them (16 lowercase hex),
+    /// received from another Region's agent.
+    pub fn parse(text: &str) -> Option<PrincipalHash> {
+        let ok = text.len() == 16
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        ok.then(|| PrincipalHash(text.to_string()))
+    }
 }
 
 impl std::fmt::Display for PrincipalHash {

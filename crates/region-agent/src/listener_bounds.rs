@@ -25,6 +25,7 @@ const AGENT_METHODS: &[Method] = &[
     Method::RecordUsage,
     Method::ReadUsage,
     Method::Charge,
+    Method::ForwardCheck,
 ];
 
 const GUARDED: [GuardedService; 2] = [

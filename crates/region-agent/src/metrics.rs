@@ -113,6 +113,9 @@ pub struct AgentMetrics {
     pub usage_senders: IntGaugeVec,
     /// Seconds since the agent's own totals were last written.
     pub usage_lag_seconds: prometheus::Gauge,
+    /// Checks of home-placed security rules forwarded to their home
+    /// Region, by outcome: allowed | refused | unreachable.
+    pub forwarded: IntCounterVec,
     /// Per global pool: the rate the Region enforces (rate pools) or the
     /// tokens its chunks still hold (window pools), and its mode.
     pub global_room: IntGaugeVec,
@@ -162,6 +165,7 @@ pub const AGENT_RPC_METHODS: &[&str] = &[
     "RecordUsage",
     "ReadUsage",
     "Charge",
+    "ForwardCheck",
     "ShouldRateLimit",
 ];
 
@@ -204,6 +208,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_usage_uncounted_total",
     "leasehold_usage_senders",
     "leasehold_usage_lag_seconds",
+    "leasehold_forwarded_checks_total",
 ];
 
 /// RPC and sync latency buckets, seconds.
@@ -337,6 +342,13 @@ impl AgentMetrics {
             "usage_lag_seconds",
             "Seconds since the agent's own usage totals were last written",
         )?;
+        let forwarded = IntCounterVec::new(
+            Opts::new(
+                "forwarded_checks_total",
+                "Checks of home-placed security rules forwarded to their home Region, by outcome",
+            ),
+            &["outcome"],
+        )?;
         let global_room = IntGaugeVec::new(
             Opts::new(
                 "global_room_millitokens",
@@ -448,6 +460,7 @@ impl AgentMetrics {
         registry.register(Box::new(usage_uncounted.clone()))?;
         registry.register(Box::new(usage_senders.clone()))?;
         registry.register(Box::new(usage_lag_seconds.clone()))?;
+        registry.register(Box::new(forwarded.clone()))?;
         Ok(AgentMetrics {
             registry,
             decisions,
@@ -473,6 +486,7 @@ impl AgentMetrics {
             usage_uncounted,
             usage_senders,
             usage_lag_seconds,
+            forwarded,
             global_room,
             global_mode,
             allocator_reachable,

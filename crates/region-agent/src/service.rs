@@ -283,6 +283,20 @@ impl Agent for AgentService {
         Ok(Response::new(reply))
     }
 
+    async fn forward_check(
+        &self,
+        request: Request<pb::ForwardCheckRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.allow(&request, Method::ForwardCheck)?;
+        let span = tracing::info_span!("forward_check", region = %self.decider.region);
+        let decided = self
+            .decider
+            .forward_check(request.into_inner())
+            .instrument(span)
+            .await?;
+        Ok(Response::new(decided.decision))
+    }
+
     async fn read_usage(
         &self,
         request: Request<pb::ReadUsageRequest>,

@@ -143,6 +143,7 @@ fn decider(
         agent_leases: leases,
         quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
         quota_lateness_ms: 0,
+        forwarder: None,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

@@ -1695,3 +1695,98 @@ fn a_split_is_refused_where_it_cannot_hold() {
         .unwrap();
     assert_eq!(error.line, Some(line_of(&text, "regions =")), "{error}");
 }
+
+#[test]
+fn a_home_placed_security_rule_names_its_home_and_what_to_do_without_it() {
+    use leasehold_region_agent::policy::{Placement, Unreachable};
+    let with = |regions: &str, extra: &str| {
+        format!(
+            "version = 1\n{regions}\n[[domain]]\nname = \"api\"\n{}",
+            login(extra)
+        )
+    };
+    let text = with(
+        "regions = [\"eu\", \"us\", \"ap\"]",
+        "security = true\nplacement = { home_region = \"eu\", unreachable = \"split\" }",
+    );
+    let bundle = ok(&text);
+    let rule = bundle.rule("api", "login").unwrap();
+    assert_eq!(rule.home_region(), Some("eu"));
+    assert_eq!(
+        rule.rate.capacity_tokens, 5,
+        "the home enforces the whole limit"
+    );
+    let Some(Placement::Home {
+        unreachable: Unreachable::Split { regions, local },
+        ..
+    }) = &rule.placement
+    else {
+        panic!("home placement with a split fallback");
+    };
+    assert_eq!(*regions, 3);
+    assert_eq!(local.rate.capacity_tokens, 1, "⌊5/3⌋ decided locally");
+    assert!(local.placement.is_none());
+    // Closed by default, and without `regions`.
+    let closed = ok(&with(
+        "",
+        "security = true\nplacement = { home_region = \"eu\" }",
+    ));
+    assert!(matches!(
+        closed.rule("api", "login").unwrap().placement,
+        Some(Placement::Home {
+            unreachable: Unreachable::Closed,
+            ..
+        })
+    ));
+    let cases = [
+        (
+            with(
+                "regions = [\"eu\", \"us\"]",
+                "security = true\nplacement = { home_region = \"ap\" }",
+            ),
+            "home_region",
+            "one of the bundle's regions",
+        ),
+        (
+            with("", "security = true\nplacement = { home_region = \"EU\" }"),
+            "home_region",
+            "[a-z0-9-]",
+        ),
+        (
+            with(
+                "",
+                "security = true\nplacement = { home_region = \"eu\", unreachable = \"split\" }",
+            ),
+            "unreachable",
+            "regions = [...]",
+        ),
+        (
+            with(
+                "",
+                "security = true\nplacement = { home_region = \"eu\", unreachable = \"open\" }",
+            ),
+            "unreachable",
+            "\"closed\"",
+        ),
+        (
+            with("", "placement = { home_region = \"eu\" }"),
+            "",
+            "security rules",
+        ),
+    ];
+    for (text, field, needle) in cases {
+        let errors = errors_of(&text).to_string();
+        assert!(errors.contains(needle), "{needle}: {errors}");
+        assert!(
+            errors.contains(&format!(
+                "placement{}",
+                if field.is_empty() {
+                    String::new()
+                } else {
+                    format!(".{field}")
+                }
+            )),
+            "{field}: {errors}"
+        );
+    }
+}

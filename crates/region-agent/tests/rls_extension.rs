@@ -169,6 +169,7 @@ fn decider(store: Arc<dyn BucketStore>, clock: Arc<ManualClock>) -> Decider {
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
         quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
         quota_lateness_ms: 0,
+        forwarder: None,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

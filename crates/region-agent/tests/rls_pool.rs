@@ -77,6 +77,7 @@ fn setup_with(policy_text: &str) -> (Decider, RlsEngine, Arc<ManualClock>) {
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
         quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
         quota_lateness_ms: 0,
+        forwarder: None,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

@@ -112,6 +112,7 @@ async fn a_decision_span_names_its_id_pool_and_region_and_no_principal() {
         agent_leases: leasehold_region_agent::lease::agent::AgentLeases::off(),
         quotas: std::sync::Arc::new(leasehold_region_agent::quota::totals::QuotaTotals::new(16)),
         quota_lateness_ms: 0,
+        forwarder: None,
         metering: std::sync::Arc::new(leasehold_region_agent::meter::ledger::Metering::new(
             "eu",
             Default::default(),

@@ -10,7 +10,7 @@
 //!
 //! | caller | may call |
 //! |---|---|
-//! | region/r | Register, Rebalance, AckShare, Grant, ReportUsage — for r only; UsageTotals; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
+//! | region/r | Register, Rebalance, AckShare, Grant, ReportUsage — for r only; UsageTotals; another Region's agent's ForwardCheck; Inspect of one named pool without grant records (learning a pool's config; the allocator narrows the reply to r's own membership) |
 //! | node/id | raft RPCs (AppendEntries, Vote, InstallSnapshot, NodeStatus, TakeOver); the allocator binds all but NodeStatus further to the payload's sender and its membership (`leasehold_allocator::raft::senders`) |
 //! | prober | HealthReport |
 //! | admin | the admin RPCs (RevokeIdentity, RestoreIdentity and ReadmitRegion included), the agent's ReloadPolicy, Inspect, ListRevoked, UsageTotals, Status, the agent's ListLeases and ReadUsage, Health, NodeStatus, `/metrics` |
@@ -94,6 +94,8 @@ pub enum Method {
     ReadUsage,
     /// A gateway's charge of an admitted request's real cost (issue 30).
     Charge,
+    /// Another Region's agent forwarding a home-placed rule's check.
+    ForwardCheck,
     // Agent: the HTTPS listener.
     HttpHealth,
     HttpMetrics,
@@ -101,7 +103,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 40] = [
+    pub const ALL: [Method; 41] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -140,6 +142,7 @@ impl Method {
         Method::RecordUsage,
         Method::ReadUsage,
         Method::Charge,
+        Method::ForwardCheck,
         Method::HttpHealth,
         Method::HttpMetrics,
     ];
@@ -184,6 +187,7 @@ impl Method {
             Method::RecordUsage => "RecordUsage",
             Method::ReadUsage => "ReadUsage",
             Method::Charge => "Charge",
+            Method::ForwardCheck => "ForwardCheck",
             Method::HttpHealth => "GET /health",
             Method::HttpMetrics => "GET /metrics",
         }
@@ -294,6 +298,8 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
             same_region(own)
         }
         (Identity::Region(_), UsageTotals) => Ok(()),
+        // Only agents hold Region certificates; any Region's may forward.
+        (Identity::Region(_), ForwardCheck) => Ok(()),
         (Identity::Region(_), Inspect) if call.narrow_inspect => Ok(()),
         (Identity::Region(_), Inspect) => {
             deny("a Region may inspect one named pool, without grant records")
@@ -455,7 +461,10 @@ mod tests {
             if REGION_CALLS.contains(&method)
                 || matches!(
                     method,
-                    Method::Inspect | Method::ReportUsage | Method::UsageTotals
+                    Method::Inspect
+                        | Method::ReportUsage
+                        | Method::UsageTotals
+                        | Method::ForwardCheck
                 )
             {
                 continue;
@@ -607,6 +616,27 @@ mod tests {
         for identity in [gateway("eu"), Identity::Prober, Identity::Node(1)] {
             assert!(
                 !allowed(&identity, Call::new(Method::UsageTotals)),
+                "{identity}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_agents_forward_checks() {
+        assert!(allowed(
+            &region("us"),
+            Call::for_region(Method::ForwardCheck, "eu")
+        ));
+        for identity in [
+            gateway("eu"),
+            gateway("us"),
+            Identity::Admin,
+            Identity::Sre,
+            Identity::Prober,
+            Identity::Node(1),
+        ] {
+            assert!(
+                !allowed(&identity, Call::for_region(Method::ForwardCheck, "eu")),
                 "{identity}"
             );
         }

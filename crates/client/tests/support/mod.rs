@@ -338,4 +338,11 @@ impl Agent for FakeAgent {
     ) -> Result<Response<leasehold_proto::agent::v1::ChargeResponse>, Status> {
         Err(Status::unimplemented("not scripted"))
     }
+
+    async fn forward_check(
+        &self,
+        _: Request<leasehold_proto::agent::v1::ForwardCheckRequest>,
+    ) -> Result<Response<leasehold_proto::agent::v1::Decision>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
 }

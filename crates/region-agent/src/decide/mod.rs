@@ -56,6 +56,7 @@ mod agent_leased;
 mod answer;
 mod charge;
 mod denials;
+pub mod forward;
 mod look;
 mod plan;
 mod quota;
@@ -130,6 +131,9 @@ pub struct Decider {
     /// What a quota's `used` may lag before its read: a sender's flush,
     /// plus the report interval when totals come from the allocator.
     pub quota_lateness_ms: i64,
+    /// Clients of the home Regions' agents (`[forwarding]`), for security
+    /// rules placed there ([`forward`]); None: none configured.
+    pub forwarder: Option<forward::Forwarder>,
 }
 
 /// The distinct meters `rules` name, in rule order.
@@ -439,7 +443,7 @@ impl Decider {
         // One request is evaluated against one bundle, taken once.
         let bundle = self.policy.current();
         let resolved = resolve(&bundle, &target)?;
-        let (enforcing, shadow): (Vec<&Rule>, Vec<&Rule>) =
+        let (mut enforcing, shadow): (Vec<&Rule>, Vec<&Rule>) =
             resolved.checked.iter().copied().partition(|r| !r.shadow);
         let quotas = self.judge_quotas(&bundle, &resolved.quotas, &target.tenant);
         let reported_quota = quota::reported(&quotas);
@@ -454,6 +458,24 @@ impl Decider {
                 decision,
                 shadow: None,
             });
+        }
+        // Security rules placed in another Region are decided there first.
+        let away = forward::placed_elsewhere(&enforcing, &self.region);
+        if !away.is_empty() {
+            enforcing.retain(|rule| !away.iter().any(|a| std::ptr::eq(*a, *rule)));
+            match self
+                .forward_away(&away, &target, &decision_id, cost, bundle.version)
+                .await
+            {
+                forward::Forwarded::Refused(decision) => {
+                    self.count(&decision, &bundle);
+                    return Ok(RlsDecision {
+                        decision: *decision,
+                        shadow: None,
+                    });
+                }
+                forward::Forwarded::Admitted { local } => enforcing.extend(local),
+            }
         }
 
         self.count_pool_demand(&enforcing, 1);
@@ -539,6 +561,47 @@ impl Decider {
         Ok(RlsDecision {
             decision,
             shadow: reported_shadow,
+        })
+    }
+
+    /// ForwardCheck's decision: the request's rules whose home is this
+    /// Region, and nothing else (no shadow rule, no quota, no metering: the
+    /// sender's agent decides and counts the rest).
+    pub(super) async fn check_home_rules(
+        &self,
+        decision_id: String,
+        target: RequestTarget,
+        cost: u64,
+    ) -> Result<RlsDecision, InvalidField> {
+        let bundle = self.policy.current();
+        let resolved = resolve(&bundle, &target)?;
+        let home: Vec<&Rule> = resolved
+            .checked
+            .iter()
+            .copied()
+            .filter(|rule| !rule.shadow && rule.home_region() == Some(self.region.as_str()))
+            .collect();
+        if home.is_empty() {
+            return Ok(RlsDecision {
+                decision: self.unruled(&bundle, &decision_id),
+                shadow: None,
+            });
+        }
+        let request = Request {
+            bundle: &bundle,
+            target: &target,
+            decision_id: &decision_id,
+            cost,
+            look: false,
+            record: true,
+        };
+        let decision = match self.check_enforcing(&home, &[], &request).await? {
+            Enforced::Decided(decision, _) | Enforced::NoRoom(decision) => decision,
+        };
+        self.count(&decision, &bundle);
+        Ok(RlsDecision {
+            decision,
+            shadow: None,
         })
     }
 

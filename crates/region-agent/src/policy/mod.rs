@@ -133,7 +133,7 @@ pub use holder::{
 };
 pub use model::{
     Algorithm, Bundle, ConcurrencyCap, Domain, EnvoyMapping, FailMode, Leased, Match, Placement,
-    Rate, Rule, Scope, MIN_BLOCK_TOKENS,
+    Rate, Rule, Scope, Unreachable, MIN_BLOCK_TOKENS,
 };
 pub use parse::{checksum, parse, MAX_BUNDLE_BYTES};
 pub use resolve::{RequestView, ResolveError, Resolved};

@@ -25,12 +25,41 @@ pub struct Bundle {
 }
 
 /// How a security rule's limit is placed across Regions (issue 30).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
     /// Each of `regions` Regions enforces ⌊L/n⌋ of the written limit (lower
     /// for an honest user who stays in one Region). The rule's `rate` is
     /// that per-Region share; `written` is L as the bundle wrote it.
     Split { regions: u32, written: Rate },
+    /// `region`'s agents enforce the whole limit; every other Region's
+    /// agents forward the rule's checks there (one cross-Region call on
+    /// this rule's routes only) and, when it does not answer in time, do
+    /// as `unreachable` says.
+    Home {
+        region: String,
+        unreachable: Unreachable,
+    },
+}
+
+/// What a home-placed rule does in another Region when its home Region's
+/// agent does not answer within the forwarding timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreachable {
+    /// Refused (LIMITER_UNAVAILABLE): never opens.
+    Closed,
+    /// Decided here on this rule with ⌊L/n⌋ of its limit (n = the
+    /// bundle's `regions`): `local` is that rule.
+    Split { regions: u32, local: Box<Rule> },
+}
+
+impl Rule {
+    /// The Region whose agents decide this rule, when it is home-placed.
+    pub fn home_region(&self) -> Option<&str> {
+        match &self.placement {
+            Some(Placement::Home { region, .. }) => Some(region),
+            _ => None,
+        }
+    }
 }
 
 pub use crate::meter::definition::Meter;

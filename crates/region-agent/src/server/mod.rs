@@ -90,6 +90,20 @@ pub struct AgentSpec {
     pub limits: ListenerLimits,
     /// envoyproxy/ratelimit YAML domains on the Envoy RLS (`[ratelimit]`).
     pub ratelimit: Option<RatelimitSpec>,
+    /// `[forwarding]`: the home Regions' agents for home-placed security
+    /// rules (issue 30); None: none.
+    pub forwarding: Option<ForwardingSpec>,
+}
+
+/// Where the home Regions' agents answer, and how.
+#[derive(Clone)]
+pub struct ForwardingSpec {
+    /// Region → `host:port`.
+    pub agents: std::collections::BTreeMap<String, String>,
+    pub timeout: Duration,
+    /// This agent's certificate (it must be `region/<r>`); None: plaintext,
+    /// an explicit and logged choice for experiments.
+    pub tls: Option<leasehold_tls::TlsSettings>,
 }
 
 /// Where the YAML configs are and how answers are shaped.
@@ -248,6 +262,11 @@ impl AgentSpec {
                 config_dir: r.config_dir.clone(),
                 poll: Duration::from_millis(r.poll_ms.max(1)),
                 options: r.options(),
+            }),
+            forwarding: config.forwarding.as_ref().map(|f| ForwardingSpec {
+                agents: f.agents.clone(),
+                timeout: Duration::from_millis(f.timeout_ms),
+                tls: config.tls.clone(),
             }),
         })
     }
@@ -600,6 +619,7 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         global,
         denials: crate::denial::SharedDenials::new(spec.denials_max_keys),
         agent_leases,
+        forwarder: spec.forwarding.as_ref().map(forwarder).transpose()?,
         quotas: Arc::new(crate::quota::totals::QuotaTotals::new(
             spec.metering.quota_max_keys,
         )),
@@ -845,6 +865,45 @@ fn set_global_gauges(decider: &Decider) {
 /// The agent's connections to the allocator: mTLS with its `[tls]`
 /// identity, which must be `/region/<its region>` (a start-up error naming
 /// the file otherwise); `None` (plain TCP, logged) without `[tls]`.
+/// Clients of the home Regions' agents: over mTLS as this agent's
+/// `region/<r>` identity, each home verified as `region/<home>`; lazily
+/// connected (a home down at start is tried at each forwarded check).
+fn forwarder(spec: &ForwardingSpec) -> Result<crate::decide::forward::Forwarder, StartError> {
+    use leasehold_proto::agent::v1::agent_client::AgentClient;
+    let refused = |message: String| StartError::Setting {
+        config: "agent".into(),
+        setting: "forwarding",
+        message,
+    };
+    let mut homes = std::collections::BTreeMap::new();
+    for (region, address) in &spec.agents {
+        let channel = match &spec.tls {
+            Some(tls) => {
+                let connector =
+                    leasehold_tls::client::TlsConnector::new(tls.files(), &tls.trust_domain)
+                        .map_err(|e| refused(e.to_string()))?;
+                let expected = leasehold_tls::client::ExpectedPeer::Identity(
+                    leasehold_tls::Identity::Region(region.clone()),
+                );
+                leasehold_tls::client::lazy_channel(address, connector, expected, spec.timeout)
+                    .map_err(|e| refused(e.to_string()))?
+            }
+            None => {
+                leasehold_tls::warn_plaintext("agent→agent forwarding");
+                tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                    .map_err(|e| refused(format!("{region}: {e}")))?
+                    .connect_timeout(spec.timeout)
+                    .connect_lazy()
+            }
+        };
+        homes.insert(region.clone(), AgentClient::new(channel));
+    }
+    Ok(crate::decide::forward::Forwarder {
+        timeout: spec.timeout,
+        homes,
+    })
+}
+
 fn allocator_connector(config: &AgentConfig) -> Result<Option<Arc<dyn Connector>>, StartError> {
     let refused = |message: String| StartError::Setting {
         config: config.file.clone(),

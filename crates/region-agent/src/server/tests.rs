@@ -160,6 +160,7 @@ async fn built_agent_syncs_through_its_connector_and_tells_its_observer() {
         listeners: Default::default(),
         limits: ListenerLimits::default(),
         ratelimit: None,
+        forwarding: None,
     })
     .expect("agent builds");
     let events = Arc::new(Events::default());

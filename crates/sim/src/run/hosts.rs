@@ -244,6 +244,7 @@ pub(super) async fn run_agent(
         listeners: Default::default(),
         limits: Default::default(),
         ratelimit: None,
+        forwarding: None,
     };
     let built = server::build(spec)?;
     let recorder = Arc::new(Recorder {

@@ -697,6 +697,8 @@ impl<'a> Parser<'a> {
             },
             meters: &self.meter_names,
             regions: self.regions.len(),
+            region_names: &self.regions,
+            home_split: None,
         };
         let (id, rule) = match &item.value {
             Value::Table(table) => reader.rule(table),

@@ -188,6 +188,8 @@ impl Parser<'_> {
             },
             meters: &self.meter_names,
             regions: self.regions.len(),
+            region_names: &self.regions,
+            home_split: None,
         };
         let (id, built) = match &item.value {
             Value::Table(table) => reader.quota(table),

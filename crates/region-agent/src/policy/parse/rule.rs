@@ -27,6 +27,10 @@ pub(super) struct RuleReader<'a> {
     pub(super) meters: &'a std::collections::BTreeSet<String>,
     /// How many Regions the bundle's `regions` lists (0: unset).
     pub(super) regions: usize,
+    /// The bundle's `regions`.
+    pub(super) region_names: &'a [String],
+    /// Set by a home placement with `unreachable = "split"`: its Regions.
+    pub(super) home_split: Option<u32>,
 }
 
 impl RuleReader<'_> {
@@ -217,7 +221,8 @@ impl RuleReader<'_> {
             })
         })();
         debug_assert!(rule.is_some(), "no problem reported, yet a field is unset");
-        (id, rule)
+        let home_split = self.home_split;
+        (id, rule.map(|rule| with_home_fallback(rule, home_split)))
     }
 
     /// `match = { route_group, method, descriptors = { key = "value" } }`,
@@ -378,8 +383,11 @@ impl RuleReader<'_> {
         Some(Some(raw.to_string()))
     }
 
-    /// Optional `placement = "split"` of a security rule: each of the
-    /// bundle's `regions` enforces ⌊L/n⌋. Some(None) when absent.
+    /// Optional `placement` of a security rule: `"split"` (each of the
+    /// bundle's `regions` enforces ⌊L/n⌋) or `{ home_region = "eu",
+    /// unreachable = "closed" | "split" }` (the home Region's agents decide
+    /// it; the others forward). Some(None) when absent. A home placement's
+    /// `unreachable = "split"` local rule is made by [`with_home_fallback`].
     pub(super) fn placement(
         &mut self,
         table: &Table,
@@ -388,36 +396,90 @@ impl RuleReader<'_> {
         pool: &Option<Option<String>>,
         written: Option<Rate>,
     ) -> Option<Option<crate::policy::model::Placement>> {
-        if !table.contains_key("placement") {
+        use crate::policy::model::{Placement, Unreachable};
+        let Some(node) = self.get(table, "", "placement") else {
             return Some(None);
-        }
-        let raw = self.string(table, "", "placement", true)?;
-        if raw != "split" {
-            self.fail(
-                "",
-                "placement",
-                Problem::OneOf {
-                    allowed: "\"split\"",
-                },
-            );
-            return None;
-        }
+        };
         let refusal = if security != Some(true) {
             Some("a placement is for security rules (security = true)")
-        } else if self.regions < 2 {
-            Some("placement = \"split\" needs the bundle's regions = [...] (two or more)")
         } else if matches!(pool, Some(Some(_))) {
             Some("a pool rule's room is placed by the allocator")
         } else if algorithm == Some(Algorithm::Concurrency) {
-            Some("a concurrency cap is not split")
+            Some("a concurrency cap is not placed across Regions")
         } else {
             None
+        };
+        let home = match &node.value {
+            Value::String(raw) if raw == "split" => None,
+            Value::Table(inner) => Some(inner),
+            _ => {
+                let allowed = "\"split\" or { home_region = \"<region>\", unreachable = \"closed\" | \"split\" }";
+                self.fail("", "placement", Problem::OneOf { allowed });
+                return None;
+            }
         };
         if let Some(reason) = refusal {
             self.fail("", "placement", Problem::NotAllowed(reason));
             return None;
         }
-        let written = written?;
+        let Some(inner) = home else {
+            if self.regions < 2 {
+                let reason =
+                    "placement = \"split\" needs the bundle's regions = [...] (two or more)";
+                self.fail("", "placement", Problem::NotAllowed(reason));
+                return None;
+            }
+            let written = written?;
+            self.split_share(written)?;
+            return Some(Some(Placement::Split {
+                regions: self.regions as u32,
+                written,
+            }));
+        };
+        let prefix = "placement.";
+        self.unknown_fields(inner, prefix, &["home_region", "unreachable"]);
+        let region = self.string(inner, prefix, "home_region", true)?;
+        if leasehold_allocator_client::id::RegionId::parse(region).is_err() {
+            let pattern = "[a-z0-9-]{1,32}";
+            self.fail(prefix, "home_region", Problem::Charset { pattern });
+            return None;
+        }
+        if self.regions > 0 && !self.region_names.iter().any(|r| r == region) {
+            let reason = "home_region must be one of the bundle's regions";
+            self.fail(prefix, "home_region", Problem::NotAllowed(reason));
+            return None;
+        }
+        let unreachable = match self.string(inner, prefix, "unreachable", false) {
+            None if inner.contains_key("unreachable") => return None,
+            None | Some("closed") => Unreachable::Closed,
+            Some("split") => {
+                if self.regions < 2 {
+                    let reason =
+                        "unreachable = \"split\" needs the bundle's regions = [...] (two or more)";
+                    self.fail(prefix, "unreachable", Problem::NotAllowed(reason));
+                    return None;
+                }
+                self.split_share(written?)?;
+                // Made Split with its local rule once the rule is built
+                // ([`with_home_fallback`]).
+                self.home_split = Some(self.regions as u32);
+                Unreachable::Closed
+            }
+            Some(_) => {
+                let allowed = "\"closed\", \"split\"";
+                self.fail(prefix, "unreachable", Problem::OneOf { allowed });
+                return None;
+            }
+        };
+        Some(Some(Placement::Home {
+            region: region.to_string(),
+            unreachable,
+        }))
+    }
+
+    /// ⌊L/n⌋ of `written` over the bundle's Regions, refused when it leaves
+    /// a Region no token.
+    fn split_share(&mut self, written: Rate) -> Option<Rate> {
         let per_region = split_rate(written, self.regions as u32);
         if per_region.capacity_tokens == 0 || per_region.refill_tokens == 0 {
             let problem = Problem::SplitTooSmall {
@@ -428,10 +490,7 @@ impl RuleReader<'_> {
             self.fail("", "placement", problem);
             return None;
         }
-        Some(Some(crate::policy::model::Placement::Split {
-            regions: self.regions as u32,
-            written,
-        }))
+        Some(per_region)
     }
 
     /// A pool rule's room comes from the allocator: capacity / refill /
@@ -488,6 +547,31 @@ impl RuleReader<'_> {
 }
 
 /// ⌊capacity/n⌋ and ⌊refill/n⌋ over the same period: one Region's share.
+/// A home-placed rule whose `unreachable = "split"`: its local rule is the
+/// rule itself at ⌊L/n⌋ and without placement.
+fn with_home_fallback(mut rule: Rule, home_split: Option<u32>) -> Rule {
+    use crate::policy::model::{Placement, Unreachable};
+    let Some(regions) = home_split else {
+        return rule;
+    };
+    let mut local = rule_without_placement(&rule);
+    local.rate = split_rate(local.rate, regions);
+    if let Some(Placement::Home { unreachable, .. }) = &mut rule.placement {
+        *unreachable = Unreachable::Split {
+            regions,
+            local: Box::new(local),
+        };
+    }
+    rule
+}
+
+fn rule_without_placement(rule: &Rule) -> Rule {
+    Rule {
+        placement: None,
+        ..rule.clone()
+    }
+}
+
 pub(super) fn split_rate(written: Rate, regions: u32) -> Rate {
     let n = u64::from(regions.max(1));
     Rate {
