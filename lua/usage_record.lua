@@ -5,6 +5,10 @@
 -- KEYS[1]  hash of the meter's senders: field = sender, value =
 --          "requests,cost,sequence,ended,last_ms"
 -- KEYS[2]  hash of the Region's total of the period {q, c}
+-- KEYS[3]  the period's owed marker: "q,c", the total after the last raise
+--          not yet known to be rolled up to the allocator (an agent
+--          clears it once its report of at least that total is committed;
+--          an agent starting finds the markers a dead one left)
 -- ARGV     sender (1-200 bytes of [a-z0-9._/#:-]: identity#incarnation),
 --          requests, cost (running totals since the sender started, each
 --          in [0, 2^40]), sequence [0, 2^40], ended (0 or 1),
@@ -16,7 +20,7 @@
 --          0 = nothing larger (a duplicate, an older record), -1 = refused:
 --          the meter has max_senders senders and none ended long enough
 --          ago to forget (nothing written)
-if #KEYS ~= 2 then return lh_invalid('keys') end
+if #KEYS ~= 3 then return lh_invalid('keys') end
 local sender = ARGV[1]
 if type(sender) ~= 'string' or #sender < 1 or #sender > 200
   or string.match(sender, '^[a-z0-9%._/#:%-]+$') == nil then
@@ -92,5 +96,6 @@ if dq > 0 or dc > 0 then
   tq, tc = math.min(tq + dq, LH_MAX), math.min(tc + dc, LH_MAX)
   redis.call('HSET', KEYS[2], 'q', lh_str(tq), 'c', lh_str(tc))
   redis.call('PEXPIREAT', KEYS[2], expire_at)
+  redis.call('SET', KEYS[3], lh_str(tq) .. ',' .. lh_str(tc), 'PXAT', lh_str(expire_at))
 end
 return {changed and 1 or 0, dq, dc, tq, tc, now}

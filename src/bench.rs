@@ -1,7 +1,8 @@
 //! `leasehold bench …`: benchmarks that print ratios against a baseline
 //! measured in the same run (never timed tests). One module per target:
 //! [`crate::bench_store`], [`crate::bench_agent`], [`crate::bench_envoy`],
-//! [`crate::bench_allocator`], [`crate::bench_denials`], [`crate::bench_mix`];
+//! [`crate::bench_allocator`], [`crate::bench_denials`], [`crate::bench_mix`],
+//! [`crate::bench_usage`];
 //! shared measurement in
 //! [`crate::bench_measure`].
 
@@ -32,6 +33,10 @@ pub enum BenchTarget {
     /// Committed Grant commands/s on a 3-node loopback allocator cluster vs
     /// raw sled insert+flush per command on the same disk.
     Allocator(crate::bench_allocator::AllocatorBench),
+    /// Usage records per second one agent absorbs vs the same records
+    /// applied straight to the store, and ReportUsage commits/s on a 3-node
+    /// allocator vs raw sled: the roll-up's load per Region per flush.
+    Usage(crate::bench_usage::UsageBench),
 }
 
 #[derive(Args)]
@@ -117,5 +122,6 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
         BenchTarget::Allocator(args) => crate::bench_allocator::run(args).await,
         BenchTarget::Denials(args) => crate::bench_denials::run(args).await,
         BenchTarget::Mix(args) => crate::bench_mix::run(args).await,
+        BenchTarget::Usage(args) => crate::bench_usage::run(args).await,
     }
 }

@@ -13,6 +13,7 @@ mod bench_envoy;
 mod bench_measure;
 mod bench_mix;
 mod bench_store;
+mod bench_usage;
 mod dev;
 mod dev_certs;
 mod dev_flags;

@@ -70,11 +70,20 @@ async fn agent(
     redis: &RedisServer,
     allocators: Vec<String>,
 ) -> (RunningAgent, AgentClient<Channel>) {
+    agent_flushing(region, redis, allocators, 200).await
+}
+
+async fn agent_flushing(
+    region: &str,
+    redis: &RedisServer,
+    allocators: Vec<String>,
+    flush_ms: u64,
+) -> (RunningAgent, AgentClient<Channel>) {
     let store = Arc::new(common::redis_store(redis));
     let agent = server::start(AgentSpec {
         region: region.into(),
         metering: MeteringSettings {
-            flush_ms: 200,
+            flush_ms,
             quota_refresh_ms: 100,
             ..MeteringSettings::default()
         },
@@ -376,4 +385,41 @@ async fn a_quota_spent_across_regions_refuses_in_every_region_within_its_latenes
     }
     eu.stop().await;
     us.stop().await;
+}
+
+/// An agent killed before it reported leaves its Region's totals owed in
+/// the store (a marker beside each raised total); the next agent of the
+/// Region finds them at start and reports them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn totals_a_killed_agent_never_reported_are_reported_by_the_next() {
+    let _serial = serial().await;
+    let (cluster, _) = cluster().await;
+    let allocators = cluster.addresses();
+    let redis = RedisServer::start().expect("redis-server");
+    // Its first report would come after 90 s: it is killed long before.
+    let (doomed, mut client) = agent_flushing("eu", &redis, allocators.clone(), 60_000).await;
+    client.record_usage(record(5, 1, 12)).await.expect("record");
+    doomed.kill().await;
+    let allocator = cluster.client();
+    assert!(
+        rolled_up(&allocator).await.is_empty(),
+        "nothing reported yet"
+    );
+    let (next, _) = agent("eu", &redis, allocators).await;
+    rolled_up_until(&allocator, &[("eu".to_string(), 12, 36)]).await;
+    // Once reported, the marker is cleared.
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let mut conn = redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let owed: Vec<String> = redis::cmd("KEYS").arg("*:owed:*").query(&mut conn).unwrap();
+        if owed.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "owed markers left: {owed:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    next.stop().await;
 }

@@ -298,6 +298,13 @@ impl KeyBuilder {
         format!("lh:v1:{{{}}}:_meter:{meter}:p:{period_label}", tenant.0)
     }
 
+    /// The Region's total of a meter in one period not yet known to be in
+    /// the allocator's roll-up: `lh:v1:{tenant}:_meter:<meter>:owed:<label>`
+    /// (a string `q,c`), in the total's slot.
+    pub fn meter_owed(&self, tenant: &Tenant, meter: &str, period_label: &str) -> String {
+        format!("lh:v1:{{{}}}:_meter:{meter}:owed:{period_label}", tenant.0)
+    }
+
     /// The Region's usage senders and their liveness (issue 30), one hash
     /// for the Region like the syncer lease: `_region` is no tenant tag.
     pub fn usage_senders(&self) -> String {

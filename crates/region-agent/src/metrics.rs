@@ -714,6 +714,7 @@ mod names_tests {
         m.usage_flushes.with_label_values(&["written"]).inc();
         m.usage_records.with_label_values(&["raised"]).inc();
         m.usage_senders.with_label_values(&["silent"]).set(1);
+        m.forwarded.with_label_values(&["allowed"]).inc();
         let mut names = m.registered_names();
         names.sort();
         let mut listed: Vec<String> = METRIC_NAMES.iter().map(|n| n.to_string()).collect();

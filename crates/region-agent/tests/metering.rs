@@ -237,6 +237,24 @@ proptest! {
         }
         let expected: u64 = delivered.values().sum();
         prop_assert_eq!(total, PeriodTotal { requests: expected, cost: 3 * expected });
+        // The owed marker holds the total after the last raise, alike on
+        // both sides; a clear of less keeps it, of as much clears it.
+        let c = call(&mut h, "gateway/eu#00000000000000aa", 1, 1, false, &bounds);
+        let owed = c.keys[2].clone();
+        if total.requests > 0 {
+            assert_same_key(&mut h, &twin, &owed, last);
+            let clear = |q: u64, c: u64| {
+                ScriptCall::new(leasehold_region_agent::store::script::ScriptKind::UsageOwed)
+                    .key(owed.clone())
+                    .arg(q)
+                    .arg(c)
+            };
+            let kept = differential(&mut h, &twin, &clear(total.requests - 1, total.cost), &mut last).unwrap();
+            prop_assert_eq!(kept[0], 0);
+            let cleared = differential(&mut h, &twin, &clear(total.requests, total.cost), &mut last).unwrap();
+            prop_assert_eq!(cleared[0], 1);
+            assert_same_key(&mut h, &twin, &owed, last);
+        }
     }
 }
 

@@ -203,6 +203,10 @@ proptest! {
                 .unwrap()
                 .as_millis() as u64;
             let start = calendar_start_ago.map(|ago| now_ms - ago);
+            // A calendar period outlasts the case (its key names it; the
+            // next period is another key), so its counter never expires
+            // at a millisecond Redis and the twin could see apart.
+            let window = if start.is_some() { 600_000 } else { window };
             for (hits, jitter, stop, idle_ms) in &steps {
                 std::thread::sleep(std::time::Duration::from_millis(*idle_ms));
                 let mut c = stop_call(KEY, window, *hits, *jitter, *stop);

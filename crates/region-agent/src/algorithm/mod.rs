@@ -25,6 +25,7 @@ pub mod sliding_counter;
 pub mod sliding_log;
 pub mod syncer_lease;
 pub mod token_bucket;
+pub mod usage_owed;
 pub mod usage_read;
 pub mod usage_record;
 pub mod usage_sender;
@@ -63,6 +64,7 @@ pub fn eval(space: &mut Keyspace, call: &ScriptCall, now_ms: i64) -> Result<Vec<
         ScriptKind::UsageRead => usage_read::eval(space, keys, argv, now_ms),
         ScriptKind::UsageSender => usage_sender::eval(space, keys, argv, now_ms),
         ScriptKind::BucketCharge => bucket_charge::eval(space, keys, argv, now_ms),
+        ScriptKind::UsageOwed => usage_owed::eval(space, keys, argv, now_ms),
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! KEYS = the meter's senders hash (field = sender, value
 //! `requests,cost,sequence,ended,last_ms`), the period's total hash
-//! `{q, c}`. ARGV = sender, requests, cost, sequence, ended,
+//! `{q, c}`, the period's owed marker (`q,c` after the last raise, until
+//! a roll-up report of it is committed). ARGV = sender, requests, cost, sequence, ended,
 //! total_expire_at_ms, senders_ttl_ms, max_senders, ended_retention_ms.
 //! Reply `{outcome, added_requests, added_cost, total_requests,
 //! total_cost, now}`: outcome 1 = the sender's record changed, 0 = nothing
@@ -113,7 +114,7 @@ pub fn eval(
     argv: &[String],
     now_ms: i64,
 ) -> Result<Vec<i64>, ScriptError> {
-    if keys.len() != 2 {
+    if keys.len() != 3 {
         return Err(ScriptError::InvalidArgument("keys".into()));
     }
     let sender = argv
@@ -186,6 +187,13 @@ pub fn eval(
             )
             .map_err(wrong_type)?;
         space.pexpire_at(total, expire_at as i64, now_ms);
+        let owed = &keys[2];
+        space.set(
+            owed,
+            format!("{tq},{tc}"),
+            Some(expire_at as i64 - now_ms),
+            now_ms,
+        );
     }
     Ok(vec![
         i64::from(changed),
@@ -221,7 +229,7 @@ mod tests {
             "500".into(),
         ]
         .to_vec();
-        let keys = ["s".to_string(), "t".to_string()];
+        let keys = ["s".to_string(), "t".to_string(), "o".to_string()];
         eval(space, &keys, &argv, now).unwrap()
     }
 
@@ -272,7 +280,7 @@ mod tests {
         let argv: Vec<String> = ["x#1", "5", "5", "1", "0", "1000000", "1000", "8", "0"]
             .map(String::from)
             .to_vec();
-        let error = eval(&mut space, &["s".into(), "t".into()], &argv, 1).unwrap_err();
+        let error = eval(&mut space, &["s".into(), "t".into(), "o".into()], &argv, 1).unwrap_err();
         assert!(matches!(error, ScriptError::Refused { .. }), "{error:?}");
         assert!(space.hmget("t", &["q"], 1).unwrap()[0].is_none());
     }

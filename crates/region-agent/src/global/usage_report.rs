@@ -65,6 +65,7 @@ impl GlobalSync {
                 Ok(_) => {
                     done.reports += 1;
                     done.rows += rows.len();
+                    self.clear_owed(&rows).await;
                 }
                 Err(error) => {
                     metering.put_back_rollup(rows);
@@ -79,8 +80,42 @@ impl GlobalSync {
     }
 }
 
+impl GlobalSync {
+    /// Clears the owed markers of rows the allocator committed (each only
+    /// when no raise came since). Best effort: a marker left behind is
+    /// reported again after a restart, which changes nothing there.
+    async fn clear_owed(&self, rows: &[crate::meter::rollup::RollupRow]) {
+        use crate::store::script::{ScriptCall, ScriptKind};
+        let calls: Vec<ScriptCall> = rows
+            .iter()
+            .filter_map(|row| {
+                let tenant = crate::key::Tenant::parse(&row.tenant).ok()?;
+                Some(
+                    ScriptCall::new(ScriptKind::UsageOwed)
+                        .key(self.keys.meter_owed(&tenant, &row.meter, &row.period))
+                        .arg(row.requests.min(crate::args::MAX_ARG))
+                        .arg(row.cost.min(crate::args::MAX_ARG)),
+                )
+            })
+            .collect();
+        for chunk in calls.chunks(MAX_ROWS_PER_REPORT) {
+            let failed = self
+                .store
+                .run_batch(chunk)
+                .await
+                .into_iter()
+                .filter(Result::is_err)
+                .count();
+            if failed > 0 {
+                tracing::debug!(region = %self.region, failed, "owed markers left: reported again after a restart");
+            }
+        }
+    }
+}
+
 /// Reports the Region's usage totals every `flush_ms` until `stop` turns
-/// true; the graceful stop sends a last round itself.
+/// true; the graceful stop sends a last round itself. First it owes again
+/// the totals a dead agent of the Region left unreported (its markers).
 pub fn spawn_usage_reports(
     sync: Arc<GlobalSync>,
     metering: Arc<Metering>,
@@ -88,6 +123,18 @@ pub fn spawn_usage_reports(
 ) -> JoinHandle<()> {
     let every = Duration::from_millis(metering.settings.flush_ms.max(10));
     tokio::spawn(async move {
+        if let Some(policy) = sync.policy.get() {
+            let meters = policy.current().meters.clone();
+            match metering.recover_owed(sync.store.as_ref(), &meters).await {
+                Ok(0) => {}
+                Ok(owed) => {
+                    tracing::info!(region = %sync.region, owed, "usage totals left unreported found: reporting them")
+                }
+                Err(error) => {
+                    tracing::warn!(region = %sync.region, %error, "owed usage markers not read: a dead agent's last totals wait for their next record")
+                }
+            }
+        }
         // Half an interval after the agent's own flush, so the totals it
         // raised go in the same round.
         let first = Instant::now() + every + every / 2;

@@ -370,6 +370,37 @@ impl Metering {
             .fetch_add(lost as u64, Ordering::Relaxed);
     }
 
+    /// Finds the owed markers of the Region's store (totals raised and not
+    /// yet known to be rolled up: an agent that died before reporting
+    /// left them) and owes them again; returns how many. One bounded scan,
+    /// at start.
+    pub async fn recover_owed(
+        &self,
+        store: &dyn BucketStore,
+        meters: &Meters,
+    ) -> Result<usize, crate::store::scan::ScanError> {
+        use crate::store::scan::{ScanRequest, ScannedRecord};
+        let request = ScanRequest {
+            pattern: "lh:v1:*:_meter:*:owed:*",
+            max_kept: super::rollup::DEFAULT_MAX_ROLLUP_ROWS,
+            max_calls_per_shard: 10_000,
+            keys_per_call: 1_000,
+            deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(30),
+        };
+        let keep = |record: &ScannedRecord| owed_row(record, meters).is_some();
+        let outcome = store.scan_strings(&request, &keep).await?;
+        let mut owed = 0;
+        let mut rollup = self.rollup.lock().unwrap_or_else(|e| e.into_inner());
+        for record in &outcome.kept {
+            if let Some(row) = owed_row(record, meters) {
+                if rollup.owe(row).is_ok() {
+                    owed += 1;
+                }
+            }
+        }
+        Ok(owed)
+    }
+
     /// Region totals waiting for the allocator.
     pub fn rollup_pending(&self) -> usize {
         self.rollup.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -445,6 +476,30 @@ impl Metering {
             read_at_ms,
         })
     }
+}
+
+/// An owed marker's row: `lh:v1:{tenant}:_meter:<meter>:owed:<label>`
+/// holding `q,c`, of a meter the policy declares.
+fn owed_row(record: &crate::store::scan::ScannedRecord, meters: &Meters) -> Option<RollupRow> {
+    let rest = record.key.strip_prefix("lh:v1:{")?;
+    let (tenant, rest) = rest.split_once("}:_meter:")?;
+    let (meter, label) = rest.split_once(":owed:")?;
+    let tenant = Tenant::parse(tenant).ok()?;
+    let period = meters
+        .get(meter)?
+        .calendar()
+        .ok()?
+        .period_named(label)
+        .ok()?;
+    let (requests, cost) = crate::algorithm::usage_owed::parse_owed(&record.value)?;
+    Some(RollupRow {
+        tenant: tenant.as_str().to_string(),
+        meter: meter.to_string(),
+        period: period.label,
+        period_end_ms: u64::try_from(period.end_ms).unwrap_or(0),
+        requests,
+        cost,
+    })
 }
 
 #[cfg(test)]

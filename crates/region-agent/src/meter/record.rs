@@ -83,6 +83,7 @@ pub fn record_call(
     ScriptCall::new(ScriptKind::UsageRecord)
         .key(keys.meter_senders(&entry.tenant, &entry.meter))
         .key(keys.meter_total(&entry.tenant, &entry.meter, &period.label))
+        .key(keys.meter_owed(&entry.tenant, &entry.meter, &period.label))
         .arg(sender)
         .arg(cap(entry.requests))
         .arg(cap(entry.cost))

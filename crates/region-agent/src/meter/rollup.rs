@@ -84,6 +84,11 @@ impl Rollup {
         })
     }
 
+    /// Notes a total found owed (an owed marker a dead agent left).
+    pub fn owe(&mut self, row: RollupRow) -> Result<(), RollupFull> {
+        self.put(row)
+    }
+
     fn put(&mut self, row: RollupRow) -> Result<(), RollupFull> {
         let key = (row.tenant, row.meter, row.period);
         let owed = Owed {

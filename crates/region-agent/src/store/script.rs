@@ -56,10 +56,12 @@ pub enum ScriptKind {
     /// An admitted request's real cost charged after the fact, into debt
     /// down to `max_debt` (issue 30).
     BucketCharge,
+    /// Clears a period's owed marker once its roll-up report is committed.
+    UsageOwed,
 }
 
 impl ScriptKind {
-    pub const ALL: [ScriptKind; 25] = [
+    pub const ALL: [ScriptKind; 26] = [
         ScriptKind::TokenBucket,
         ScriptKind::MultiRule,
         ScriptKind::LeaseBlock,
@@ -85,6 +87,7 @@ impl ScriptKind {
         ScriptKind::UsageRead,
         ScriptKind::UsageSender,
         ScriptKind::BucketCharge,
+        ScriptKind::UsageOwed,
     ];
 
     /// File stem in `lua/`, also used in metrics and logs.
@@ -115,6 +118,7 @@ impl ScriptKind {
             ScriptKind::UsageRead => "usage_read",
             ScriptKind::UsageSender => "usage_sender",
             ScriptKind::BucketCharge => "bucket_charge",
+            ScriptKind::UsageOwed => "usage_owed",
         }
     }
 
@@ -145,6 +149,7 @@ impl ScriptKind {
             ScriptKind::UsageRead => include_str!("../../../../lua/usage_read.lua"),
             ScriptKind::UsageSender => include_str!("../../../../lua/usage_sender.lua"),
             ScriptKind::BucketCharge => include_str!("../../../../lua/bucket_charge.lua"),
+            ScriptKind::UsageOwed => include_str!("../../../../lua/usage_owed.lua"),
         }
     }
 

@@ -1,0 +1,40 @@
+//! Twin of `lua/usage_owed.lua`: clears a period's owed marker once a
+//! roll-up report of at least its total is committed (issue 30).
+//!
+//! KEYS = the marker (string `q,c`); ARGV = requests, cost (the totals the
+//! committed report carried). Reply `{cleared, now}`.
+
+use crate::args;
+use crate::store::keyspace::Keyspace;
+use crate::store::script::ScriptError;
+
+/// `q,c` as the marker holds it; None when malformed.
+pub fn parse_owed(text: &str) -> Option<(u64, u64)> {
+    let (q, c) = text.split_once(',')?;
+    let num = |t: &str| args::non_negative("n", Some(&t.to_string())).ok();
+    Some((num(q)?, num(c)?))
+}
+
+pub fn eval(
+    space: &mut Keyspace,
+    keys: &[String],
+    argv: &[String],
+    now_ms: i64,
+) -> Result<Vec<i64>, ScriptError> {
+    let q = args::non_negative("requests", argv.first())?;
+    let c = args::non_negative("cost", argv.get(1))?;
+    let key = keys
+        .first()
+        .ok_or_else(|| ScriptError::InvalidArgument("key".into()))?;
+    let held = space.get(key, now_ms).map_err(super::bucket::wrong_type)?;
+    let Some(text) = held else {
+        return Ok(vec![0, now_ms]);
+    };
+    if let Some((hq, hc)) = parse_owed(&text) {
+        if hq > q || hc > c {
+            return Ok(vec![0, now_ms]);
+        }
+    }
+    space.delete(key);
+    Ok(vec![1, now_ms])
+}
