@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::CommandError;
+use crate::command_error::CommandError;
 
 /// Cap on (tenant, meter, period, Region) rows held.
 pub const MAX_USAGE_ROWS: usize = 100_000;

@@ -51,6 +51,14 @@ pub fn valid_sender(sender: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._/#:-".contains(&b))
 }
 
+/// A usage owed marker's `q,c` (`lua/usage_record.lua` writes it, issue
+/// 30); None when malformed.
+pub fn parse_owed(text: &str) -> Option<(u64, u64)> {
+    let (q, c) = text.split_once(',')?;
+    let num = |t: &str| non_negative("n", Some(&t.to_string())).ok();
+    Some((num(q)?, num(c)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,12 +8,7 @@ use crate::args;
 use crate::store::keyspace::Keyspace;
 use crate::store::script::ScriptError;
 
-/// `q,c` as the marker holds it; None when malformed.
-pub fn parse_owed(text: &str) -> Option<(u64, u64)> {
-    let (q, c) = text.split_once(',')?;
-    let num = |t: &str| args::non_negative("n", Some(&t.to_string())).ok();
-    Some((num(q)?, num(c)?))
-}
+pub use crate::args::parse_owed;
 
 pub fn eval(
     space: &mut Keyspace,

@@ -50,6 +50,8 @@ pub struct MeteringSettings {
 }
 
 pub const DEFAULT_FLUSH_MS: u64 = 5_000;
+/// (tenant, meter) keys calendar quotas follow at most, by default.
+pub const DEFAULT_QUOTA_MAX_KEYS: usize = 10_000;
 /// Entries one record (an RPC's or a flush's batch) carries at most.
 pub const MAX_ENTRIES_PER_RECORD: usize = 1_000;
 
@@ -63,7 +65,7 @@ impl Default for MeteringSettings {
             bounds: LedgerBounds::default(),
             incarnation: None,
             quota_refresh_ms: 1_000,
-            quota_max_keys: crate::quota::totals::DEFAULT_MAX_KEYS,
+            quota_max_keys: DEFAULT_QUOTA_MAX_KEYS,
         }
     }
 }
@@ -491,7 +493,7 @@ fn owed_row(record: &crate::store::scan::ScannedRecord, meters: &Meters) -> Opti
         .ok()?
         .period_named(label)
         .ok()?;
-    let (requests, cost) = crate::algorithm::usage_owed::parse_owed(&record.value)?;
+    let (requests, cost) = crate::args::parse_owed(&record.value)?;
     Some(RollupRow {
         tenant: tenant.as_str().to_string(),
         meter: meter.to_string(),

@@ -18,8 +18,8 @@ use crate::policy::model::Quota;
 
 /// A followed key not seen for this long is dropped (an hour).
 pub const IDLE_MS: i64 = 3_600_000;
-/// Keys followed at most, by default.
-pub const DEFAULT_MAX_KEYS: usize = 10_000;
+/// Keys followed at most, by default (`[metering] quota_max_keys`).
+pub use crate::meter::ledger::DEFAULT_QUOTA_MAX_KEYS as DEFAULT_MAX_KEYS;
 
 /// (tenant, meter).
 pub type QuotaKey = (String, String);
