@@ -208,8 +208,9 @@ fn usage_table(
                         // Remaining is the total's: see the ALL row.
                         "-".into(),
                         match m.time_zone.as_str() {
-                            // A UTC instant says its zone already.
-                            "UTC" => instant(format, m.period_end_ms),
+                            // A UTC instant says its zone already; the
+                            // allocator's rows name none (it holds no policy).
+                            "UTC" | "" => instant(format, m.period_end_ms),
                             zone => format!("{} ({zone})", instant(format, m.period_end_ms)),
                         },
                         late(format, lateness_ms(reply)),
