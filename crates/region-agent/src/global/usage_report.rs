@@ -130,6 +130,9 @@ pub fn spawn_usage_reports(
                 Ok(owed) => {
                     tracing::info!(region = %sync.region, owed, "usage totals left unreported found: reporting them")
                 }
+                // A store that cannot list (the simulation's) has no
+                // markers a dead agent could have left.
+                Err(crate::store::scan::ScanError::Unsupported { .. }) => {}
                 Err(error) => {
                     tracing::warn!(region = %sync.region, %error, "owed usage markers not read: a dead agent's last totals wait for their next record")
                 }
