@@ -237,7 +237,9 @@ async fn region_totals_roll_up_exactly_and_survive_a_restart_of_every_process() 
     let (eu, _) = agent("eu", &eu_redis, allocators.clone()).await;
     let (us, mut us_client) = agent("us", &us_redis, allocators.clone()).await;
     let client = cluster.client();
-    assert_eq!(rolled_up(&client).await, expected, "nothing lost");
+    // Nothing lost (a node just restarted may answer a moment behind: the
+    // figures must come back, never pass what was reported).
+    rolled_up_until(&client, &expected).await;
     // The same records again after the restart change nothing; new growth
     // still rolls up.
     us_client

@@ -134,12 +134,16 @@ impl Decider {
             .saturating_mul(rule.cost_tokens)
             .saturating_mul(MILLI)
             .min(crate::args::MAX_ARG);
+        // A charged rule has no pool: its parameters are its own rate.
+        let Some(params) = self.bucket_params(rule) else {
+            return Err(InvalidField::new("target", "the rule holds no room"));
+        };
         Ok(ScriptCall::new(ScriptKind::BucketCharge)
             .key(self.bucket_key(rule, target)?)
             .key(record)
-            .arg(rule.rate.capacity_tokens * MILLI)
-            .arg(rule.rate.refill_tokens * MILLI)
-            .arg(rule.rate.period_ms)
+            .arg(params.capacity_millitokens)
+            .arg(params.refill_millitokens)
+            .arg(params.period_ms)
             .arg(cost_millitokens)
             .arg(rule.max_debt_tokens * MILLI)
             .arg(rule.slack_ms)

@@ -685,10 +685,10 @@ impl<'a> Parser<'a> {
         read
     }
 
-    /// Reads one rule's fields; reports each problem; returns the rule
-    /// only when none was found.
-    fn rule(&mut self, domain: &str, index: usize, item: &Node) -> ReadRule {
-        let mut reader = RuleReader {
+    /// A reader of the rule or quota `item`, with the bundle's meters and
+    /// Regions read before it.
+    fn reader(&self, item: &Node) -> RuleReader<'_> {
+        RuleReader {
             lines: self.lines,
             problems: Vec::new(),
             places: Places {
@@ -696,10 +696,15 @@ impl<'a> Parser<'a> {
                 fields: BTreeMap::new(),
             },
             meters: &self.meter_names,
-            regions: self.regions.len(),
             region_names: &self.regions,
             home_split: None,
-        };
+        }
+    }
+
+    /// Reads one rule's fields; reports each problem; returns the rule
+    /// only when none was found.
+    fn rule(&mut self, domain: &str, index: usize, item: &Node) -> ReadRule {
+        let mut reader = self.reader(item);
         let (id, rule) = match &item.value {
             Value::Table(table) => reader.rule(table),
             _ => {

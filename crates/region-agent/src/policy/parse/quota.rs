@@ -179,18 +179,7 @@ impl Parser<'_> {
     }
 
     fn quota(&mut self, domain: &str, index: usize, item: &Node) -> ReadQuota {
-        let mut reader = RuleReader {
-            lines: self.lines,
-            problems: Vec::new(),
-            places: Places {
-                rule_line: self.lines.of(item),
-                fields: BTreeMap::new(),
-            },
-            meters: &self.meter_names,
-            regions: self.regions.len(),
-            region_names: &self.regions,
-            home_split: None,
-        };
+        let mut reader = self.reader(item);
         let (id, built) = match &item.value {
             Value::Table(table) => reader.quota(table),
             _ => {

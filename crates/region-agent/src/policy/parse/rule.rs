@@ -25,9 +25,7 @@ pub(super) struct RuleReader<'a> {
     pub(super) places: Places,
     /// The bundle's declared meter names.
     pub(super) meters: &'a std::collections::BTreeSet<String>,
-    /// How many Regions the bundle's `regions` lists (0: unset).
-    pub(super) regions: usize,
-    /// The bundle's `regions`.
+    /// The bundle's `regions` (empty: unset).
     pub(super) region_names: &'a [String],
     /// Set by a home placement with `unreachable = "split"`: its Regions.
     pub(super) home_split: Option<u32>,
@@ -51,6 +49,11 @@ impl RuleReader<'_> {
             self.places.fields.insert(Self::path(prefix, key), line);
         }
         Some(node)
+    }
+
+    /// How many Regions the bundle's `regions` lists (0: unset).
+    fn regions(&self) -> usize {
+        self.region_names.len()
     }
 
     pub(super) fn fail(&mut self, prefix: &str, key: &str, problem: Problem) {
@@ -423,7 +426,7 @@ impl RuleReader<'_> {
             return None;
         }
         let Some(inner) = home else {
-            if self.regions < 2 {
+            if self.regions() < 2 {
                 let reason =
                     "placement = \"split\" needs the bundle's regions = [...] (two or more)";
                 self.fail("", "placement", Problem::NotAllowed(reason));
@@ -432,7 +435,7 @@ impl RuleReader<'_> {
             let written = written?;
             self.split_share(written)?;
             return Some(Some(Placement::Split {
-                regions: self.regions as u32,
+                regions: self.regions() as u32,
                 written,
             }));
         };
@@ -444,7 +447,7 @@ impl RuleReader<'_> {
             self.fail(prefix, "home_region", Problem::Charset { pattern });
             return None;
         }
-        if self.regions > 0 && !self.region_names.iter().any(|r| r == region) {
+        if self.regions() > 0 && !self.region_names.iter().any(|r| r == region) {
             let reason = "home_region must be one of the bundle's regions";
             self.fail(prefix, "home_region", Problem::NotAllowed(reason));
             return None;
@@ -453,7 +456,7 @@ impl RuleReader<'_> {
             None if inner.contains_key("unreachable") => return None,
             None | Some("closed") => Unreachable::Closed,
             Some("split") => {
-                if self.regions < 2 {
+                if self.regions() < 2 {
                     let reason =
                         "unreachable = \"split\" needs the bundle's regions = [...] (two or more)";
                     self.fail(prefix, "unreachable", Problem::NotAllowed(reason));
@@ -462,7 +465,7 @@ impl RuleReader<'_> {
                 self.split_share(written?)?;
                 // Made Split with its local rule once the rule is built
                 // ([`with_home_fallback`]).
-                self.home_split = Some(self.regions as u32);
+                self.home_split = Some(self.regions() as u32);
                 Unreachable::Closed
             }
             Some(_) => {
@@ -480,11 +483,11 @@ impl RuleReader<'_> {
     /// ⌊L/n⌋ of `written` over the bundle's Regions, refused when it leaves
     /// a Region no token.
     fn split_share(&mut self, written: Rate) -> Option<Rate> {
-        let per_region = split_rate(written, self.regions as u32);
+        let per_region = split_rate(written, self.regions() as u32);
         if per_region.capacity_tokens == 0 || per_region.refill_tokens == 0 {
             let problem = Problem::SplitTooSmall {
                 written: written.capacity_tokens.min(written.refill_tokens),
-                regions: self.regions,
+                regions: self.regions(),
                 per_region: per_region.capacity_tokens.min(per_region.refill_tokens),
             };
             self.fail("", "placement", problem);
