@@ -107,7 +107,9 @@ async fn homed(placement: &str) -> Vec<(RedisServer, RunningAgent, AgentClient<C
             region: name.into(),
             forwarding: Some(ForwardingSpec {
                 agents: [("eu".to_string(), eu_addr.clone())].into(),
-                timeout: std::time::Duration::from_millis(500),
+                // Generous: a forward must not time out on a busy machine (the
+                // unreachable case stops the home: refused at once).
+                timeout: std::time::Duration::from_secs(10),
                 tls: None,
             }),
             ..spec_on(store, &text)
