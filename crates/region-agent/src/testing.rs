@@ -6,6 +6,7 @@
 //! `leasehold bench`. Bounded: start waits at most [`START_TIMEOUT`].
 
 pub mod cluster;
+pub mod rlqs_envoy;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener};

@@ -19,7 +19,7 @@
 //! On the allocator a call this table allows is then checked against the
 //! replicated deny list (`leasehold identity revoke`): a revoked identity
 //! is refused PERMISSION_DENIED whatever the table says.
-//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, RecordUsage, Charge, Health, HTTP `/health` — on r's agent |
+//! | gateway/r | the agent's Check, CheckBatch, LeaseBlock, ReturnBlock, concurrency, ShouldRateLimit, StreamRateLimitQuotas, RecordUsage, Charge, Health, HTTP `/health` — on r's agent |
 //!
 //! The agent's HTTPS listener: `/health` and `/healthcheck` (HttpHealth)
 //! for the prober (it runs on the leader node, so `node/id` and `prober`),
@@ -82,6 +82,9 @@ pub enum Method {
     AcquireConcurrency,
     ReleaseConcurrency,
     ShouldRateLimit,
+    /// Envoy's RLQS stream (issue 31): a gateway's usage reports and the
+    /// agent's quota assignments.
+    StreamRateLimitQuotas,
     Health,
     Status,
     ReloadPolicy,
@@ -103,7 +106,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, for exhaustive table tests.
-    pub const ALL: [Method; 41] = [
+    pub const ALL: [Method; 42] = [
         Method::Register,
         Method::Rebalance,
         Method::AckShare,
@@ -135,6 +138,7 @@ impl Method {
         Method::AcquireConcurrency,
         Method::ReleaseConcurrency,
         Method::ShouldRateLimit,
+        Method::StreamRateLimitQuotas,
         Method::Health,
         Method::Status,
         Method::ReloadPolicy,
@@ -180,6 +184,7 @@ impl Method {
             Method::AcquireConcurrency => "AcquireConcurrency",
             Method::ReleaseConcurrency => "ReleaseConcurrency",
             Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::StreamRateLimitQuotas => "StreamRateLimitQuotas",
             Method::Health => "Health",
             Method::Status => "Status",
             Method::ReloadPolicy => "ReloadPolicy",
@@ -324,8 +329,18 @@ pub fn authorize(identity: &Identity, call: &Call<'_>) -> Result<(), Denied> {
         ) => Ok(()),
         (
             Identity::Gateway(own),
-            Check | CheckBatch | LeaseBlock | ReturnBlock | AcquireConcurrency | ReleaseConcurrency
-            | ShouldRateLimit | RecordUsage | Charge | Health | HttpHealth,
+            Check
+            | CheckBatch
+            | LeaseBlock
+            | ReturnBlock
+            | AcquireConcurrency
+            | ReleaseConcurrency
+            | ShouldRateLimit
+            | StreamRateLimitQuotas
+            | RecordUsage
+            | Charge
+            | Health
+            | HttpHealth,
         ) => match call.region {
             Some(region) if region == own.as_str() => Ok(()),
             _ => deny("a gateway calls only its own Region's agent"),
@@ -423,7 +438,7 @@ mod tests {
         Method::RestoreIdentity,
         Method::ReloadPolicy,
     ];
-    const GATEWAY_CALLS: [Method; 11] = [
+    const GATEWAY_CALLS: [Method; 12] = [
         Method::Check,
         Method::CheckBatch,
         Method::LeaseBlock,
@@ -431,6 +446,7 @@ mod tests {
         Method::AcquireConcurrency,
         Method::ReleaseConcurrency,
         Method::ShouldRateLimit,
+        Method::StreamRateLimitQuotas,
         Method::RecordUsage,
         Method::Charge,
         Method::Health,

@@ -18,6 +18,7 @@ pub mod extension_counters;
 pub mod json;
 pub mod policy_stats;
 pub mod ratelimit;
+pub mod rlqs;
 pub mod service;
 pub mod status;
 pub mod target;

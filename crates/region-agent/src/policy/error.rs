@@ -227,6 +227,11 @@ impl Collector {
         }
     }
 
+    /// How many were pushed (kept or omitted).
+    pub(crate) fn len(&self) -> usize {
+        self.errors.len() + self.omitted
+    }
+
     /// Ok when nothing was pushed.
     pub(crate) fn finish(self) -> Result<(), PolicyErrors> {
         debug_assert!(self.omitted == 0 || self.errors.len() == MAX_ERRORS);

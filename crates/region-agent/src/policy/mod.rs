@@ -124,6 +124,7 @@ pub mod holder;
 pub mod model;
 pub mod parse;
 pub mod resolve;
+pub mod rlqs;
 pub mod validate;
 pub mod watch;
 

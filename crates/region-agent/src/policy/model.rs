@@ -75,6 +75,8 @@ pub struct Domain {
     pub quotas: Vec<Quota>,
     /// How Envoy's descriptors name this domain's targets (`[domain.envoy]`).
     pub envoy: EnvoyMapping,
+    /// Envoy RLQS settings and bucket rules (`[domain.rlqs]`, issue 31).
+    pub rlqs: Option<crate::policy::rlqs::RlqsDomain>,
 }
 
 /// Which descriptor entries of an Envoy RLS request fill a native target

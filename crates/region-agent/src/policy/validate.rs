@@ -707,6 +707,7 @@ mod tests {
             name: "api".into(),
             rules: vec![read, export],
             envoy: Default::default(),
+            rlqs: None,
         };
         assert!(domain_findings(&domain, &|_| None).is_empty());
     }
@@ -721,6 +722,7 @@ mod tests {
             name: "api".into(),
             rules: vec![bucket("t", Scope::Tenant), global],
             envoy: Default::default(),
+            rlqs: None,
         };
         assert!(domain_findings(&domain, &|_| None).is_empty());
     }

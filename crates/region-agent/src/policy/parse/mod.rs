@@ -24,6 +24,7 @@ use crate::key::{RuleId, Tenant};
 use crate::meter::period::PeriodKind;
 
 mod quota;
+mod rlqs;
 mod rule;
 
 use rule::*;
@@ -44,7 +45,7 @@ const PERIODS: &str = "\"day\", \"week\", \"month\"";
 pub use crate::meter::definition::{valid_meter_name, METER_NAME_PATTERN};
 /// Most meters in a bundle.
 pub const MAX_METERS: usize = 64;
-const DOMAIN_FIELDS: &[&str] = &["name", "rule", "quota", "envoy"];
+const DOMAIN_FIELDS: &[&str] = &["name", "rule", "quota", "envoy", "rlqs"];
 const ENVOY_FIELDS: &[&str] = &[
     "tenant_key",
     "default_tenant",
@@ -518,11 +519,13 @@ impl<'a> Parser<'a> {
             Some(node) => self.envoy(&label, node),
             None => EnvoyMapping::default(),
         };
+        let rlqs = table.get("rlqs").and_then(|node| self.rlqs(&label, node));
         let domain = Domain {
             name: label.clone(),
             rules,
             quotas,
             envoy,
+            rlqs,
         };
         let rule_line = |index: usize| read[index].places.rule_line;
         for finding in domain_findings(&domain, &rule_line) {
