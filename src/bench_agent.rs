@@ -112,6 +112,7 @@ pub(crate) fn spec_with(
         limits: Default::default(),
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     })
 }
 

@@ -82,6 +82,7 @@ async fn start_agent(store: Arc<dyn BucketStore>, limits: ListenerLimits) -> Run
         limits,
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     })
     .await
     .expect("agent starts")

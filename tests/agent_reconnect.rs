@@ -289,6 +289,7 @@ async fn a_region_cut_off_from_every_node_syncs_within_one_interval_and_a_second
         limits: Default::default(),
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     })
     .await
     .expect("agent starts");

@@ -229,6 +229,7 @@ impl World {
             limits: Default::default(),
             ratelimit: None,
             forwarding: None,
+            rlqs: Default::default(),
         })
         .await
         .expect("agent starts");

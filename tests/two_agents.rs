@@ -126,6 +126,7 @@ async fn start_agent(
         limits: Default::default(),
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     })
     .await
     .expect("agent starts")

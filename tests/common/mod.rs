@@ -187,6 +187,7 @@ pub fn spec_on(store: Arc<dyn BucketStore>, policy_toml: &str) -> AgentSpec {
         limits: Default::default(),
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     }
 }
 

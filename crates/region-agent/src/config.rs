@@ -89,6 +89,12 @@ pub const AGENT_BOUNDS: &[Bound] = &[
     Bound::new("metering.silent_after_ms", 1_000, 86_400_000),
     Bound::new("metering.quota_refresh_ms", 100, 60_000),
     Bound::new("forwarding.timeout_ms", 10, 10_000),
+    Bound::new("rlqs.quiet_after_ms", 5_000, 3_600_000),
+    Bound::new("rlqs.max_streams", 1, 1_000_000),
+    Bound::new("rlqs.max_buckets_per_stream", 1, 100_000),
+    Bound::new("rlqs.max_subscriptions", 1, 10_000_000),
+    Bound::new("rlqs.tick_ms", 100, 60_000),
+    Bound::new("rlqs.region_agents", 1, 1_000),
     Bound::new("metering.quota_max_keys", 1, 1_000_000),
     Bound::new("agent_leasing.idle_ms", 100, 60_000),
     Bound::new("agent_leasing.sweep_ms", 10, 10_000),
@@ -190,6 +196,10 @@ pub struct AgentConfig {
     /// `unreachable` says.
     #[serde(default)]
     pub forwarding: Option<ForwardingConfig>,
+    /// `[rlqs]`: Envoy's Rate Limit Quota Service (issue 31): bounds and
+    /// timing; the rules are in the policy or the ratelimit YAML.
+    #[serde(default)]
+    pub rlqs: RlqsConfig,
     /// Limits of the gRPC listener (`listen`).
     #[serde(default)]
     pub limits: GrpcLimits,
@@ -372,6 +382,51 @@ impl AgentLeasingConfig {
             idle_ms: self.idle_ms,
             sweep_ms: self.sweep_ms,
             sim_seed: None,
+        }
+    }
+}
+
+/// `[rlqs]`: the RLQS server's bounds ([`crate::envoy::rlqs`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RlqsConfig {
+    /// A bucket unreported this long is abandoned (Envoy reports every 5 s).
+    pub quiet_after_ms: u64,
+    pub max_streams: u64,
+    pub max_buckets_per_stream: u64,
+    pub max_subscriptions: u64,
+    /// How often reservations lapse and quiet buckets are abandoned.
+    pub tick_ms: u64,
+    /// Agents serving this Region's Envoys; each divides 1/n of a room.
+    pub region_agents: u64,
+}
+
+impl Default for RlqsConfig {
+    fn default() -> Self {
+        let d = crate::envoy::rlqs::service::RlqsSettings::default();
+        Self {
+            quiet_after_ms: d.ledger.quiet_after_ms,
+            max_streams: d.max_streams as u64,
+            max_buckets_per_stream: d.ledger.max_buckets_per_stream as u64,
+            max_subscriptions: d.ledger.max_subscriptions as u64,
+            tick_ms: d.tick_ms,
+            region_agents: d.region_agents,
+        }
+    }
+}
+
+impl RlqsConfig {
+    pub fn settings(&self) -> crate::envoy::rlqs::service::RlqsSettings {
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        crate::envoy::rlqs::service::RlqsSettings {
+            ledger: crate::envoy::rlqs::ledger::LedgerConfig {
+                quiet_after_ms: self.quiet_after_ms,
+                max_buckets_per_stream: size(self.max_buckets_per_stream),
+                max_subscriptions: size(self.max_subscriptions),
+            },
+            max_streams: size(self.max_streams),
+            tick_ms: self.tick_ms,
+            region_agents: self.region_agents.max(1),
         }
     }
 }

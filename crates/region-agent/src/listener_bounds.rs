@@ -28,7 +28,7 @@ const AGENT_METHODS: &[Method] = &[
     Method::ForwardCheck,
 ];
 
-const GUARDED: [GuardedService; 2] = [
+const GUARDED: [GuardedService; 3] = [
     GuardedService {
         name: agent_server::SERVICE_NAME,
         methods: AGENT_METHODS,
@@ -36,6 +36,10 @@ const GUARDED: [GuardedService; 2] = [
     GuardedService {
         name: rate_limit_service_server::SERVICE_NAME,
         methods: &[Method::ShouldRateLimit],
+    },
+    GuardedService {
+        name: envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::SERVICE_NAME,
+        methods: &[Method::StreamRateLimitQuotas],
     },
 ];
 

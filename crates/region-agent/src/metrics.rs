@@ -129,6 +129,17 @@ pub struct AgentMetrics {
     /// within_limit | near_limit | over_limit |
     /// over_limit_with_local_cache | shadow_mode.
     pub rls_hits: IntCounterVec,
+    /// Envoy RLQS (issue 31): requests Envoys reported, by domain (of the
+    /// policy or YAML, else `_unknown`), rule (a rule id, or `_unmatched`)
+    /// and outcome (allowed | denied).
+    pub rlqs_reported: IntCounterVec,
+    /// Actions sent, by kind: token_bucket | allow_all | deny_all | abandon | undelivered.
+    pub rlqs_actions: IntCounterVec,
+    pub rlqs_streams: IntGauge,
+    pub rlqs_subscriptions: IntGauge,
+    /// Streams ended by the agent, by reason: invalid | unknown_domain |
+    /// permission | too_many_buckets | too_many_streams | slow_reader.
+    pub rlqs_refused: IntCounterVec,
     /// The counters of each (domain, key) pair admitted under
     /// [`MAX_RLS_METRIC_KEYS`], by domain then key: a request finds its
     /// handles under a read lock without building a String or hashing the
@@ -209,6 +220,11 @@ pub const METRIC_NAMES: &[&str] = &[
     "leasehold_usage_senders",
     "leasehold_usage_lag_seconds",
     "leasehold_forwarded_checks_total",
+    "leasehold_rlqs_reported_requests_total",
+    "leasehold_rlqs_actions_total",
+    "leasehold_rlqs_streams",
+    "leasehold_rlqs_subscriptions",
+    "leasehold_rlqs_refused_streams_total",
 ];
 
 /// RPC and sync latency buckets, seconds.
@@ -382,6 +398,29 @@ impl AgentMetrics {
             ),
             &["domain", "key", "kind"],
         )?;
+        let rlqs_reported = IntCounterVec::new(
+            Opts::new(
+                "rlqs_reported_requests_total",
+                "Requests Envoys reported on RLQS streams, by domain, rule and outcome",
+            ),
+            &["domain", "rule", "outcome"],
+        )?;
+        let rlqs_actions = IntCounterVec::new(
+            Opts::new("rlqs_actions_total", "RLQS bucket actions sent, by kind"),
+            &["kind"],
+        )?;
+        let rlqs_streams = IntGauge::new("rlqs_streams", "Open RLQS streams")?;
+        let rlqs_subscriptions = IntGauge::new(
+            "rlqs_subscriptions",
+            "RLQS (stream, bucket) subscriptions held, reservations included",
+        )?;
+        let rlqs_refused = IntCounterVec::new(
+            Opts::new(
+                "rlqs_refused_streams_total",
+                "RLQS streams ended by the agent, by reason",
+            ),
+            &["reason"],
+        )?;
         let rpc_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rpc_duration_seconds",
@@ -432,6 +471,11 @@ impl AgentMetrics {
         registry.register(Box::new(given_back_tokens.clone()))?;
         registry.register(Box::new(concurrency.clone()))?;
         registry.register(Box::new(rls_hits.clone()))?;
+        registry.register(Box::new(rlqs_reported.clone()))?;
+        registry.register(Box::new(rlqs_actions.clone()))?;
+        registry.register(Box::new(rlqs_streams.clone()))?;
+        registry.register(Box::new(rlqs_subscriptions.clone()))?;
+        registry.register(Box::new(rlqs_refused.clone()))?;
         registry.register(Box::new(global_room.clone()))?;
         registry.register(Box::new(global_mode.clone()))?;
         registry.register(Box::new(allocator_reachable.clone()))?;
@@ -493,6 +537,11 @@ impl AgentMetrics {
             syncer,
             syncer_takeovers,
             rls_hits,
+            rlqs_reported,
+            rlqs_actions,
+            rlqs_streams,
+            rlqs_subscriptions,
+            rlqs_refused,
             rls_keys: Default::default(),
             rpc_duration,
             rpc_in_flight,

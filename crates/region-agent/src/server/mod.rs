@@ -93,6 +93,8 @@ pub struct AgentSpec {
     /// `[forwarding]`: the home Regions' agents for home-placed security
     /// rules (issue 30); None: none.
     pub forwarding: Option<ForwardingSpec>,
+    /// `[rlqs]`: Envoy RLQS bounds and timing (issue 31).
+    pub rlqs: crate::envoy::rlqs::service::RlqsSettings,
 }
 
 /// Where the home Regions' agents answer, and how.
@@ -268,6 +270,7 @@ impl AgentSpec {
                 timeout: Duration::from_millis(f.timeout_ms),
                 tls: config.tls.clone(),
             }),
+            rlqs: config.rlqs.settings(),
         })
     }
 }
@@ -283,6 +286,8 @@ pub struct RunningAgent {
     /// several agents, for status and tests.
     pub sync: Option<Arc<GlobalSync>>,
     engine: Arc<RlsEngine>,
+    /// Envoy RLQS streams (issue 31).
+    pub rlqs: Arc<crate::envoy::rlqs::service::RlqsHub>,
     shutdown: watch::Sender<bool>,
     /// The listeners' tasks: they finish once their requests in flight do.
     servers: Vec<JoinHandle<()>>,
@@ -321,6 +326,8 @@ impl RunningAgent {
     /// process would: nothing is released or handed over (the syncer lease
     /// of a Region of several agents runs out instead). Tests.
     pub async fn kill(self) {
+        // Its RLQS streams end as a dead process's connections would.
+        self.rlqs.cut();
         for task in self.servers.into_iter().chain(self.background) {
             task.abort();
             let _ = task.await;
@@ -339,6 +346,9 @@ impl RunningAgent {
     pub async fn stop_gracefully(self) -> StopReport {
         let started = tokio::time::Instant::now();
         let _ = self.shutdown.send(true);
+        // RLQS streams live as long as their Envoys: each bucket is
+        // abandoned and each stream ended, so the drain does not wait on them.
+        self.rlqs.shutdown();
         let mut servers = self.servers;
         let drained = tokio::time::timeout(self.drain, async {
             for task in servers.iter_mut() {
@@ -501,6 +511,8 @@ pub struct Built {
     /// Watched for YAML changes when set: the directory, the poll and
     /// `merge_domains`.
     pub ratelimit_watch: Option<(PathBuf, Duration, bool)>,
+    /// Envoy RLQS streams and their assignments (issue 31).
+    pub rlqs: Arc<crate::envoy::rlqs::service::RlqsHub>,
 }
 
 impl Built {
@@ -513,6 +525,7 @@ impl Built {
             tasks.push(spawn_agent_block_sweep(self.decider.clone(), stop.clone()));
         }
         tasks.push(spawn_usage_flush(self.decider.clone(), stop.clone()));
+        tasks.push(self.rlqs.spawn_ticker(stop.clone()));
         tasks.push(spawn_quota_refresh(
             self.decider.clone(),
             self.sync.clone(),
@@ -657,14 +670,17 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         }
         None => (RlsEngine::default(), None),
     };
+    let engine = Arc::new(engine);
+    let rlqs = crate::envoy::rlqs::service::RlqsHub::new(decider.clone(), engine.clone(), spec.rlqs);
     Ok(Built {
         decider,
         sync,
         policy_file: spec.policy_file,
         policy_poll: spec.policy_poll,
         limits: spec.limits,
-        engine: Arc::new(engine),
+        engine,
         ratelimit_watch,
+        rlqs,
     })
 }
 
@@ -724,7 +740,8 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     } else {
         Gate::Open
     };
-    let grpc_service = limited_grpc_router(&built.decider, &built.engine, &built.limits, gate)
+    let grpc_service =
+        limited_grpc_router(&built.decider, &built.engine, &built.rlqs, &built.limits, gate)
         .add_service(health_service().await);
     let mut grpc_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
@@ -766,7 +783,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
             rls_listen = %rls_listen,
             "Envoy RLS served plaintext on loopback (rls_listen): any local process may ask"
         );
-        let router = rls_only_router(&built.decider, &built.engine, &built.limits)
+        let router = rls_only_router(&built.decider, &built.engine, &built.rlqs, &built.limits)
             .add_service(health_service().await);
         let mut rls_signal = signal.clone();
         tasks.push(tokio::spawn(async move {
@@ -824,6 +841,7 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
         decider: built.decider,
         sync: built.sync.clone(),
         engine: built.engine,
+        rlqs: built.rlqs,
         shutdown,
         servers: tasks,
         background,

@@ -10,6 +10,7 @@ use leasehold_proto::agent::v1::agent_server::AgentServer;
 
 use crate::config::{HttpLimits, ListenerLimits};
 use crate::decide::Decider;
+use crate::envoy::rlqs::service::{RateLimitQuotaServiceServer, RlqsHub, RlqsService};
 use crate::envoy::service::{EnvoyRateLimitService, RateLimitServiceServer};
 use crate::envoy::yaml_engine::RlsEngine;
 use crate::metrics::{breaker_gauge, AGENT_RPC_METHODS};
@@ -53,6 +54,7 @@ pub(super) fn timed<S>(decider: &Arc<Decider>, service: S) -> Timed<S> {
 pub fn limited_grpc_router(
     decider: &Arc<Decider>,
     engine: &Arc<RlsEngine>,
+    rlqs: &Arc<RlqsHub>,
     limits: &ListenerLimits,
     gate: Gate,
 ) -> tonic::transport::server::Router<PreAuthStack> {
@@ -81,26 +83,41 @@ pub fn limited_grpc_router(
             .max_decoding_message_size(bytes)
             .max_encoding_message_size(bytes),
         ))
+        // A stream, not timed per call: it lives as long as its Envoy.
+        .add_service(
+            RateLimitQuotaServiceServer::new(RlqsService::new(rlqs.clone(), gate))
+                .max_decoding_message_size(bytes)
+                .max_encoding_message_size(bytes),
+        )
 }
 
-/// Envoy's RLS alone behind `limits`, open (the plaintext loopback
-/// listener `rls_listen`).
+/// Envoy's RLS and RLQS alone behind `limits`, open (the plaintext
+/// loopback listener `rls_listen`).
 pub(super) fn rls_only_router(
     decider: &Arc<Decider>,
     engine: &Arc<RlsEngine>,
+    rlqs: &Arc<RlqsHub>,
     limits: &ListenerLimits,
 ) -> tonic::transport::server::Router {
     let bytes = limits.grpc_message_bytes();
-    limits.grpc.server().add_service(timed(
-        decider,
-        RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
-            decider.clone(),
-            Gate::Open,
-            engine.clone(),
+    limits
+        .grpc
+        .server()
+        .add_service(timed(
+            decider,
+            RateLimitServiceServer::new(EnvoyRateLimitService::with_engine(
+                decider.clone(),
+                Gate::Open,
+                engine.clone(),
+            ))
+            .max_decoding_message_size(bytes)
+            .max_encoding_message_size(bytes),
         ))
-        .max_decoding_message_size(bytes)
-        .max_encoding_message_size(bytes),
-    ))
+        .add_service(
+            RateLimitQuotaServiceServer::new(RlqsService::new(rlqs.clone(), Gate::Open))
+                .max_decoding_message_size(bytes)
+                .max_encoding_message_size(bytes),
+        )
 }
 
 /// The agent's HTTP endpoints: `/metrics` (Prometheus text) and `/health`

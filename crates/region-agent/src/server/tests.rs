@@ -161,6 +161,7 @@ async fn built_agent_syncs_through_its_connector_and_tells_its_observer() {
         limits: ListenerLimits::default(),
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     })
     .expect("agent builds");
     let events = Arc::new(Events::default());

@@ -265,3 +265,170 @@ fn take_token(state: &mut Bucket, assignment: Assignment, now_ms: u64) -> bool {
         false
     }
 }
+
+/// One simulated Envoy on a real RLQS stream: the [`EnvoyFilter`] model,
+/// its reports sent on the stream and the agent's actions applied to it
+/// as they arrive. Time is milliseconds from a shared origin, read when a
+/// response arrives (the caller passes it for requests and reports).
+pub struct StreamingEnvoy {
+    filter: std::sync::Arc<std::sync::Mutex<EnvoyFilter>>,
+    outbound: tokio::sync::mpsc::Sender<envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports>,
+    responses: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ended: std::sync::Arc<std::sync::Mutex<Option<tonic::Status>>>,
+    domain: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StreamingEnvoy {
+    /// Opens a stream to the agent at `channel`; `clock` gives the time
+    /// responses are applied at.
+    pub async fn open(
+        channel: tonic::transport::Channel,
+        domain: &str,
+        settings: FilterSettings,
+        clock: std::sync::Arc<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Result<Self, tonic::Status> {
+        use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
+        use rlqs::rate_limit_quota_response::bucket_action::BucketAction as Kind;
+        let (outbound, rx) = tokio::sync::mpsc::channel::<rlqs::RateLimitQuotaUsageReports>(64);
+        let reports = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let mut client = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(channel);
+        let mut inbound = client.stream_rate_limit_quotas(reports).await?.into_inner();
+        let filter = std::sync::Arc::new(std::sync::Mutex::new(EnvoyFilter::new(settings)));
+        let responses = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ended = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let task = {
+            let (filter, responses, ended) = (filter.clone(), responses.clone(), ended.clone());
+            tokio::spawn(async move {
+                loop {
+                    match inbound.message().await {
+                        Ok(Some(response)) => {
+                            let now = clock();
+                            let mut model = filter.lock().unwrap_or_else(|e| e.into_inner());
+                            for action in response.bucket_action {
+                                let bucket: BucketId = action
+                                    .bucket_id
+                                    .map(|b| b.bucket.into_iter().collect())
+                                    .unwrap_or_default();
+                                match action.bucket_action {
+                                    Some(Kind::AbandonAction(_)) => model.abandon(&bucket),
+                                    Some(Kind::QuotaAssignmentAction(a)) => {
+                                        let ttl_s = a.assignment_time_to_live.map_or(0, |d| d.seconds.max(0) as u64);
+                                        if let Some(assignment) = a.rate_limit_strategy.and_then(strategy) {
+                                            model.assign(&bucket, assignment, ttl_s, now);
+                                        }
+                                    }
+                                    None => {}
+                                }
+                            }
+                            responses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Ok(None) => {
+                            *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tonic::Status::ok("closed"));
+                            break;
+                        }
+                        Err(status) => {
+                            *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+                            break;
+                        }
+                    }
+                }
+            })
+        };
+        Ok(Self {
+            filter,
+            outbound,
+            responses,
+            ended,
+            domain: domain.to_string(),
+            task,
+        })
+    }
+
+    /// One request at `now_ms`; its immediate report (a new bucket) is sent.
+    pub async fn request(&self, bucket: &BucketId, now_ms: u64) -> bool {
+        let (allowed, immediate) = {
+            let mut model = self.filter.lock().unwrap_or_else(|e| e.into_inner());
+            (model.request(bucket, now_ms), model.take_immediate())
+        };
+        if !immediate.is_empty() {
+            self.send(immediate).await;
+        }
+        allowed
+    }
+
+    /// The periodic report of every bucket.
+    pub async fn report(&self, now_ms: u64) {
+        let usages = self.filter.lock().unwrap_or_else(|e| e.into_inner()).report(now_ms);
+        self.send(usages).await;
+    }
+
+    /// Sends a raw message (hostile-stream tests).
+    pub async fn send_raw(
+        &self,
+        message: envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
+    ) -> bool {
+        self.outbound.send(message).await.is_ok()
+    }
+
+    async fn send(&self, usages: Vec<BucketUsage>) {
+        use envoy_types::pb::envoy::service::rate_limit_quota::v3 as rlqs;
+        let message = rlqs::RateLimitQuotaUsageReports {
+            domain: self.domain.clone(),
+            bucket_quota_usages: usages
+                .into_iter()
+                .map(|u| rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+                    bucket_id: Some(rlqs::BucketId {
+                        bucket: u.bucket.into_iter().collect(),
+                    }),
+                    time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                        seconds: u.elapsed_s as i64,
+                        nanos: 0,
+                    }),
+                    num_requests_allowed: u.allowed,
+                    num_requests_denied: u.denied,
+                })
+                .collect(),
+        };
+        let _ = self.outbound.send(message).await;
+    }
+
+    /// Responses received so far.
+    pub fn responses(&self) -> u64 {
+        self.responses.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How the stream ended, once it has.
+    pub fn ended(&self) -> Option<tonic::Status> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The model, to read its log and assignments.
+    pub fn filter(&self) -> std::sync::MutexGuard<'_, EnvoyFilter> {
+        self.filter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Closes the Envoy's side of the stream.
+    pub fn close(self) {
+        self.task.abort();
+    }
+}
+
+/// A strategy as the model's assignment (`requests_per_time_unit`, which
+/// Envoy skips, is None).
+fn strategy(s: envoy_types::pb::envoy::r#type::v3::RateLimitStrategy) -> Option<Assignment> {
+    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+    match s.strategy? {
+        Strategy::BlanketRule(r) if r == BlanketRule::DenyAll as i32 => Some(Assignment::DenyAll),
+        Strategy::BlanketRule(_) => Some(Assignment::AllowAll),
+        Strategy::TokenBucket(t) => Some(Assignment::TokenBucket {
+            max_tokens: t.max_tokens,
+            // Envoy reads an unset tokens_per_fill as 0.
+            tokens_per_fill: t.tokens_per_fill.map_or(0, |v| v.value),
+            fill_interval_s: t.fill_interval.map_or(0, |d| d.seconds.max(0) as u64),
+        }),
+        Strategy::RequestsPerTimeUnit(_) => None,
+    }
+}

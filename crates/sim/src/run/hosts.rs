@@ -245,6 +245,7 @@ pub(super) async fn run_agent(
         limits: Default::default(),
         ratelimit: None,
         forwarding: None,
+        rlqs: Default::default(),
     };
     let built = server::build(spec)?;
     let recorder = Arc::new(Recorder {

@@ -40,7 +40,7 @@ pub const MAX_TEXT_BYTES: usize = 1_024;
 
 /// Every key upstream accepts, at any level (`validKeys`): a known key in
 /// another place than its own is ignored there, as upstream does.
-const VALID_KEYS: [&str; 17] = [
+const VALID_KEYS: [&str; 18] = [
     "domain",
     "key",
     "value",
@@ -59,6 +59,8 @@ const VALID_KEYS: [&str; 17] = [
     "metadata",
     // Leasehold's extension of a rate_limit (see [`Extension`]).
     "leasehold",
+    // Envoy RLQS rules of the file's domain (top level only).
+    "rlqs",
 ];
 
 /// The keys of a `leasehold:` map.
@@ -81,6 +83,8 @@ pub struct RlsConfigError {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RlsConfig {
     pub domains: BTreeMap<String, Domain>,
+    /// Envoy RLQS rules of a file's top-level `rlqs:` (issue 31), by domain.
+    pub rlqs: BTreeMap<String, crate::policy::rlqs::RlqsDomain>,
 }
 
 /// One domain's descriptor tree.
@@ -270,7 +274,14 @@ pub fn parse_files_with<'a>(
     let mut budget = MAX_DESCRIPTORS;
     for (file, text) in files {
         let reader = Reader { file };
-        let (name, descriptors, calendar) = reader.header(text)?;
+        let (name, descriptors, calendar, rlqs) = reader.header(text)?;
+        if let Some(node) = rlqs {
+            if config.rlqs.contains_key(&name) {
+                return Err(reader.error(node.line, format!("domain '{name}': rlqs is given in two files")));
+            }
+            let read = crate::envoy::rlqs::yaml::read(file, &node)?;
+            config.rlqs.insert(name.clone(), read);
+        }
         if let Some(domain) = config.domains.get_mut(&name) {
             if !merge_domains {
                 return Err(reader.error(1, format!("duplicate domain '{name}' in config file")));
@@ -306,7 +317,7 @@ pub fn parse_files_with<'a>(
 /// Parses one file; `budget` is the descriptors still allowed.
 pub fn parse_file(file: &str, text: &str, budget: &mut usize) -> Result<Domain, RlsConfigError> {
     let reader = Reader { file };
-    let (name, descriptors, calendar) = reader.header(text)?;
+    let (name, descriptors, calendar, _rlqs) = reader.header(text)?;
     let mut domain = reader.domain(name, descriptors.as_ref(), budget)?;
     domain.calendar_time_zone = calendar;
     Ok(domain)
@@ -317,9 +328,13 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// Reads the file's top map: its domain's name and its `descriptors`
-    /// list, if any.
-    fn header(&self, text: &str) -> Result<(String, Option<Node>, Option<String>), RlsConfigError> {
+    /// Reads the file's top map: its domain's name, its `descriptors`
+    /// list, its calendar zone and its `rlqs:` map, if any.
+    #[allow(clippy::type_complexity)]
+    fn header(
+        &self,
+        text: &str,
+    ) -> Result<(String, Option<Node>, Option<String>, Option<Node>), RlsConfigError> {
         let root = yaml::parse(text).map_err(|e| self.error(e.line, e.message))?;
         let Some(root) = root else {
             return Err(self.error(1, "config file cannot have empty domain"));
@@ -327,18 +342,20 @@ impl Reader<'_> {
         let mut name = String::new();
         let mut descriptors = None;
         let mut calendar = None;
+        let mut rlqs = None;
         for (key, value) in self.map(&root)? {
             match self.key(key)? {
                 "domain" => name = self.text(value, "domain")?.to_string(),
                 "descriptors" => descriptors = Some(value.clone()),
                 "leasehold" => calendar = Some(self.domain_extension(value)?),
+                "rlqs" => rlqs = Some(value.clone()),
                 _ => {}
             }
         }
         if name.is_empty() {
             return Err(self.error(root.line, "config file cannot have empty domain"));
         }
-        Ok((name, descriptors, calendar))
+        Ok((name, descriptors, calendar, rlqs))
     }
 
     /// A file's top-level `leasehold:` map: `calendar_time_zone`, an IANA

@@ -14,3 +14,5 @@
 pub mod assignment;
 pub mod divide;
 pub mod ledger;
+pub mod service;
+pub mod yaml;
