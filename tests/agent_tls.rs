@@ -45,6 +45,25 @@ capacity = 20
 refill = 1
 period_ms = 1000000
 fail_mode = "open"
+
+[[domain]]
+name = "edge"
+
+[domain.rlqs]
+
+[[domain.rlqs.bucket]]
+id = "all"
+rate = 10
+
+[[domain]]
+name = "private"
+
+[domain.rlqs]
+gateways = ["us"]
+
+[[domain.rlqs.bucket]]
+id = "all"
+rate = 10
 "#
     )
 }
@@ -60,16 +79,19 @@ impl Secured {
     }
 
     async fn client(&self, stem: &str) -> AgentClient<Channel> {
+        AgentClient::new(self.channel(stem).await)
+    }
+
+    async fn channel(&self, stem: &str) -> Channel {
         let tls = self.settings(stem);
         let connector = TlsConnector::new(tls.files(), TRUST_DOMAIN).unwrap();
-        let channel = leasehold_tls::channel(
+        leasehold_tls::channel(
             &self.agent.grpc_addr.to_string(),
             connector,
             ExpectedPeer::Identity(Identity::Region("eu".into())),
         )
         .await
-        .expect("mTLS channel to the agent");
-        AgentClient::new(channel)
+        .expect("mTLS channel to the agent")
     }
 }
 
@@ -632,4 +654,83 @@ async fn only_another_regions_agent_may_forward_a_check() {
     assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
     assert!(status.message().contains("pepper"), "{status}");
     s.agent.stop().await;
+}
+
+/// Envoy RLQS over mTLS: only this Region's gateways open streams, and a
+/// domain's `gateways` list narrows which Regions' gateways may use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlqs_streams_are_for_the_regions_gateways_and_the_domains_they_may_use() {
+    use leasehold_region_agent::testing::rlqs_envoy::{FilterSettings, StreamingEnvoy};
+    let s = secured_agent().await;
+    let clock: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(|| 0);
+    let bucket: std::collections::BTreeMap<String, String> =
+        [("k".to_string(), "v".to_string())].into();
+    // Other identities are refused at the gate.
+    for (stem, identity) in [
+        ("gateway-us", "/gateway/us"),
+        ("sre", "/sre"),
+        ("region-eu", "/region/eu"),
+    ] {
+        let opened = StreamingEnvoy::open(
+            s.channel(stem).await,
+            "edge",
+            FilterSettings::default(),
+            clock.clone(),
+        )
+        .await;
+        let status = match opened {
+            Err(status) => status,
+            Ok(envoy) => {
+                envoy.request(&bucket, 0).await;
+                ended(&envoy).await
+            }
+        };
+        assert_eq!(status.code(), Code::PermissionDenied, "{stem}: {status}");
+        assert!(status.message().contains(identity), "{status}");
+    }
+    // This Region's gateway: answered on "edge", refused on "private".
+    let edge = StreamingEnvoy::open(
+        s.channel("gateway-eu").await,
+        "edge",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    edge.request(&bucket, 0).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while edge.responses() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no assignment");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let private = StreamingEnvoy::open(
+        s.channel("gateway-eu").await,
+        "private",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    private.request(&bucket, 0).await;
+    let status = ended(&private).await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status}");
+    assert!(status.message().contains("private"), "{status}");
+    assert!(edge.ended().is_none(), "the allowed stream is unaffected");
+    s.agent.stop().await;
+}
+
+async fn ended(
+    envoy: &leasehold_region_agent::testing::rlqs_envoy::StreamingEnvoy,
+) -> tonic::Status {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(status) = envoy.ended() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream was not ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -86,6 +86,18 @@ algorithm = "fixed_window"
 pool = "held"
 match = { route_group = "held" }
 fail_mode = "closed"
+
+# Envoy RLQS on the Region's share of the pool "quota" (issue 31).
+[[domain]]
+name = "edge"
+
+[domain.rlqs]
+assignment_ttl_seconds = 3
+
+[[domain.rlqs.bucket]]
+id = "all"
+pool = "quota"
+floor = 1
 "#;
 
 /// A free port, held by the returned listener until the agent that will
@@ -1196,4 +1208,115 @@ async fn a_hung_leader_costs_no_window_admission_and_grants_resume_after_the_ele
          window pool: {window_admitted} admitted in all",
         leader.leader_id, new_leader.leader_id
     );
+}
+
+/// Three Regions' agents on one global rate pool, Envoys (the filter
+/// model on real RLQS streams) behind each with skewed demand: every
+/// Region divides only its share, so once each agent's lowering tick has
+/// run, the live assignments of all Regions together stay within L, and
+/// the busiest Region's Envoys end up holding the most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rlqs_envoys_of_three_regions_share_one_global_pool_within_its_limit() {
+    use leasehold_region_agent::testing::rlqs_envoy::{FilterSettings, StreamingEnvoy};
+    use tonic::transport::Channel;
+    const LQ: u64 = 300_000;
+    let _one = serial().await;
+    let mut quota = RatePoolConfig::with_defaults(LQ);
+    quota.interval_ms = INTERVAL_MS;
+    let world = World::start(&[("quota", PoolConfig::Rate(quota), None)]).await;
+    let origin = Instant::now();
+    let clock: Arc<dyn Fn() -> u64 + Send + Sync> =
+        Arc::new(move || origin.elapsed().as_millis() as u64);
+    let bucket: BTreeMap<String, String> = [("route".to_string(), "/any".to_string())].into();
+    // Offered 3 × L in all, 3 : 2 : 1 across the Regions, two Envoys each.
+    let offered_tps = [450.0, 300.0, 150.0];
+    let mut envoys: Vec<(usize, StreamingEnvoy)> = Vec::new();
+    for (i, region) in world.regions.iter().enumerate() {
+        let addr = region.agent.as_ref().unwrap().grpc_addr;
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let envoy = StreamingEnvoy::open(
+                channel.clone(),
+                "edge",
+                FilterSettings::default(),
+                clock.clone(),
+            )
+            .await
+            .unwrap();
+            envoys.push((i, envoy));
+        }
+    }
+    let reserved_sum = |world: &World| -> u64 {
+        world
+            .regions
+            .iter()
+            .map(|r| r.agent.as_ref().unwrap().rlqs.reserved_mtps("edge", "all"))
+            .sum()
+    };
+    let mut owed = vec![0f64; envoys.len()];
+    let mut admitted = [0u64; 3];
+    let mut last = clock();
+    for _round in 0..12 {
+        let round_end = clock() + 1_000;
+        while clock() < round_end {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = clock();
+            let dt = (now - last) as f64 / 1_000.0;
+            last = now;
+            for (k, (region, envoy)) in envoys.iter().enumerate() {
+                owed[k] += offered_tps[*region] / 2.0 * dt;
+                while owed[k] >= 1.0 {
+                    owed[k] -= 1.0;
+                    admitted[*region] += envoy.request(&bucket, now).await as u64;
+                }
+            }
+        }
+        for (_, envoy) in &envoys {
+            let before = envoy.responses();
+            envoy.report(clock()).await;
+            let deadline = Instant::now() + SETTLE;
+            while envoy.responses() <= before {
+                assert!(Instant::now() < deadline, "no answer to a report");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        // Each agent lowers what its shrunk share no longer covers at its
+        // next tick: the Regions' reservations then fit in L together.
+        let deadline = Instant::now() + SETTLE;
+        while reserved_sum(&world) > LQ {
+            assert!(
+                Instant::now() < deadline,
+                "Σ reservations {} stayed above L = {LQ}",
+                reserved_sum(&world)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let now = clock();
+    let per_region: Vec<u64> = (0..3)
+        .map(|i| {
+            envoys
+                .iter()
+                .filter(|(r, _)| *r == i)
+                .map(|(_, e)| {
+                    e.filter()
+                        .assigned(&bucket, now)
+                        .map_or(0, |a| a.rate_mtps())
+                })
+                .sum()
+        })
+        .collect();
+    assert!(per_region.iter().sum::<u64>() <= LQ, "{per_region:?}");
+    assert!(
+        per_region[0] > per_region[2],
+        "the busiest Region holds the most: {per_region:?}"
+    );
+    for (i, n) in admitted.iter().enumerate() {
+        assert!(*n > 0, "Region {i} admitted nothing");
+    }
+    eprintln!("assigned per Region {per_region:?} mtps of L = {LQ}; admitted {admitted:?}");
 }

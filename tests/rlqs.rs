@@ -129,15 +129,20 @@ async fn envoys_under_three_times_the_limit_are_assigned_shares_by_demand_within
     let mut envoys = Vec::new();
     for _ in 0..10 {
         envoys.push(
-            StreamingEnvoy::open(a.channel.clone(), "edge", FilterSettings::default(), clock.clone())
-                .await
-                .unwrap(),
+            StreamingEnvoy::open(
+                a.channel.clone(),
+                "edge",
+                FilterSettings::default(),
+                clock.clone(),
+            )
+            .await
+            .unwrap(),
         );
     }
     // Skewed demand: Envoy i is offered 3R × w_i, w ∝ 1/(i+1).
     let weights: Vec<f64> = (0..10).map(|i| 1.0 / (i as f64 + 1.0)).collect();
     let total: f64 = weights.iter().sum();
-    let mut owed = vec![0f64; 10];
+    let mut owed = [0f64; 10];
     let started = clock();
     let mut last = started;
     let mut admitted: Vec<(u64, u64)> = Vec::new();
@@ -166,10 +171,19 @@ async fn envoys_under_three_times_the_limit_are_assigned_shares_by_demand_within
     let now = clock();
     let rates: Vec<u64> = envoys.iter().map(|e| rate_of(e, now)).collect();
     let sum: u64 = rates.iter().sum();
-    assert!(sum <= R_TPS * 1_000, "Σ assigned {sum} mtps above R: {rates:?}");
-    assert!(sum >= R_TPS * 1_000 * 8 / 10, "the room is mostly assigned: {rates:?}");
+    assert!(
+        sum <= R_TPS * 1_000,
+        "Σ assigned {sum} mtps above R: {rates:?}"
+    );
+    assert!(
+        sum >= R_TPS * 1_000 * 8 / 10,
+        "the room is mostly assigned: {rates:?}"
+    );
     let busiest = rates.iter().max().copied().unwrap();
-    assert_eq!(rates[0], busiest, "the busiest Envoy holds the most: {rates:?}");
+    assert_eq!(
+        rates[0], busiest,
+        "the busiest Envoy holds the most: {rates:?}"
+    );
     assert!(rates[0] > rates[9], "{rates:?}");
     // The stated bound over every 1 s window: R·t + each Envoy's bucket at
     // the start + the max_tokens of each changed assignment within + what
@@ -187,9 +201,23 @@ async fn envoys_under_three_times_the_limit_are_assigned_shares_by_demand_within
         for envoy in &envoys {
             let model = envoy.filter();
             let log = &model.log;
-            bound += log.fills.iter().rev().find(|(t, _)| *t < window.start).map_or(0, |f| f.1);
-            bound += log.fills.iter().filter(|(t, _)| window.contains(t)).map(|f| f.1).sum::<u64>();
-            bound += log.admitted_unassigned.iter().filter(|t| window.contains(*t)).count() as u64;
+            bound += log
+                .fills
+                .iter()
+                .rev()
+                .find(|(t, _)| *t < window.start)
+                .map_or(0, |f| f.1);
+            bound += log
+                .fills
+                .iter()
+                .filter(|(t, _)| window.contains(t))
+                .map(|f| f.1)
+                .sum::<u64>();
+            bound += log
+                .admitted_unassigned
+                .iter()
+                .filter(|t| window.contains(*t))
+                .count() as u64;
         }
         assert!(got <= bound, "{got} admitted in {window:?}, bound {bound}");
         start += 100;
@@ -200,12 +228,22 @@ async fn envoys_under_three_times_the_limit_are_assigned_shares_by_demand_within
 async fn a_quiet_envoy_is_abandoned_and_its_room_goes_to_the_others() {
     let a = agent(5_000).await;
     let clock = clock();
-    let busy = StreamingEnvoy::open(a.channel.clone(), "edge", FilterSettings::default(), clock.clone())
-        .await
-        .unwrap();
-    let quiet = StreamingEnvoy::open(a.channel.clone(), "edge", FilterSettings::default(), clock.clone())
-        .await
-        .unwrap();
+    let busy = StreamingEnvoy::open(
+        a.channel.clone(),
+        "edge",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let quiet = StreamingEnvoy::open(
+        a.channel.clone(),
+        "edge",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
     for envoy in [&busy, &quiet] {
         for _ in 0..50 {
             envoy.request(&search(), clock()).await;
@@ -221,7 +259,10 @@ async fn a_quiet_envoy_is_abandoned_and_its_room_goes_to_the_others() {
     // until the quiet one is abandoned and the busy one holds the room.
     let deadline = Instant::now() + WAIT;
     loop {
-        assert!(Instant::now() < deadline, "the quiet Envoy's room never moved");
+        assert!(
+            Instant::now() < deadline,
+            "the quiet Envoy's room never moved"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let before = busy.responses();
         busy.report(clock()).await;
@@ -282,7 +323,10 @@ async fn a_killed_agent_leaves_envoys_on_their_fallback_within_its_bound() {
         .iter()
         .map(|(rate, max)| rate * ttl_ms / 1_000_000 + max + 2 + 2 * span_ms / 1_000)
         .sum();
-    assert!(admitted <= bound, "{admitted} admitted after the kill, bound {bound}");
+    assert!(
+        admitted <= bound,
+        "{admitted} admitted after the kill, bound {bound}"
+    );
     // And the fallback did admit: the Envoys are not stuck closed.
     assert!(admitted > 0);
     for envoy in &envoys {
@@ -293,7 +337,10 @@ async fn a_killed_agent_leaves_envoys_on_their_fallback_within_its_bound() {
 fn usage(bucket: &[(&str, &str)]) -> rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
     rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
         bucket_id: Some(rlqs::BucketId {
-            bucket: bucket.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            bucket: bucket
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }),
         time_elapsed: None,
         num_requests_allowed: 1,
@@ -315,43 +362,62 @@ async fn refused(channel: &Channel, message: rlqs::RateLimitQuotaUsageReports) -
 async fn hostile_streams_are_refused_with_a_clear_status_and_others_carry_on() {
     let a = agent(60_000).await;
     let clock = clock();
-    let good = StreamingEnvoy::open(a.channel.clone(), "edge", FilterSettings::default(), clock.clone())
-        .await
-        .unwrap();
+    let good = StreamingEnvoy::open(
+        a.channel.clone(),
+        "edge",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
     good.request(&search(), clock()).await;
     wait_for("the good stream's first answer", || good.responses() > 0).await;
 
-    let no_domain = refused(&a.channel, rlqs::RateLimitQuotaUsageReports {
-        domain: String::new(),
-        bucket_quota_usages: vec![usage(&[("route", "/search")])],
-    })
+    let no_domain = refused(
+        &a.channel,
+        rlqs::RateLimitQuotaUsageReports {
+            domain: String::new(),
+            bucket_quota_usages: vec![usage(&[("route", "/search")])],
+        },
+    )
     .await;
     assert_eq!(no_domain.code(), tonic::Code::InvalidArgument);
     assert!(no_domain.message().contains("domain"), "{no_domain:?}");
 
-    let unknown = refused(&a.channel, rlqs::RateLimitQuotaUsageReports {
-        domain: "nope".into(),
-        bucket_quota_usages: vec![usage(&[("route", "/search")])],
-    })
+    let unknown = refused(
+        &a.channel,
+        rlqs::RateLimitQuotaUsageReports {
+            domain: "nope".into(),
+            bucket_quota_usages: vec![usage(&[("route", "/search")])],
+        },
+    )
     .await;
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 
     let ten_thousand: Vec<_> = (0..10_000)
         .map(|i| usage(&[("route", &format!("/search/{i}"))]))
         .collect();
-    let flood = refused(&a.channel, rlqs::RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: ten_thousand,
-    })
+    let flood = refused(
+        &a.channel,
+        rlqs::RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: ten_thousand,
+        },
+    )
     .await;
     assert_eq!(flood.code(), tonic::Code::InvalidArgument);
     assert!(flood.message().contains("bucket_quota_usages"), "{flood:?}");
 
     // Past the agent's cap on buckets a stream holds (100 here), across
     // messages of fewer usages each.
-    let many = StreamingEnvoy::open(a.channel.clone(), "", FilterSettings::default(), clock.clone())
-        .await
-        .unwrap();
+    let many = StreamingEnvoy::open(
+        a.channel.clone(),
+        "",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
     for part in 0..3 {
         let usages = (0..60)
             .map(|i| usage(&[("route", &format!("/search/{part}-{i}"))]))
@@ -366,27 +432,36 @@ async fn hostile_streams_are_refused_with_a_clear_status_and_others_carry_on() {
     assert_eq!(many.ended().unwrap().code(), tonic::Code::ResourceExhausted);
 
     let entries: Vec<(String, String)> = (0..40).map(|i| (format!("k{i}"), "v".into())).collect();
-    let huge_map = refused(&a.channel, rlqs::RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: vec![rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
-            bucket_id: Some(rlqs::BucketId { bucket: entries.into_iter().collect() }),
-            ..usage(&[])
-        }],
-    })
+    let huge_map = refused(
+        &a.channel,
+        rlqs::RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: vec![rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+                bucket_id: Some(rlqs::BucketId {
+                    bucket: entries.into_iter().collect(),
+                }),
+                ..usage(&[])
+            }],
+        },
+    )
     .await;
     assert_eq!(huge_map.code(), tonic::Code::InvalidArgument);
     assert!(huge_map.message().contains("bucket_id"), "{huge_map:?}");
 
     let long_value = "x".repeat(100_000);
-    let huge_value = refused(&a.channel, rlqs::RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: vec![usage(&[("route", &long_value)])],
-    })
+    let huge_value = refused(
+        &a.channel,
+        rlqs::RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: vec![usage(&[("route", &long_value)])],
+        },
+    )
     .await;
     assert_eq!(huge_value.code(), tonic::Code::InvalidArgument);
 
     // A blanket rule and an unmatched bucket are answered, not refused.
-    good.request(&BTreeMap::from([("tenant".into(), "evil".into())]), clock()).await;
+    good.request(&BTreeMap::from([("tenant".into(), "evil".into())]), clock())
+        .await;
     wait_for("the deny_all answer", || {
         good.filter()
             .assigned(&BTreeMap::from([("tenant".into(), "evil".into())]), clock())

@@ -671,7 +671,8 @@ pub fn build(spec: AgentSpec) -> Result<Built, StartError> {
         None => (RlsEngine::default(), None),
     };
     let engine = Arc::new(engine);
-    let rlqs = crate::envoy::rlqs::service::RlqsHub::new(decider.clone(), engine.clone(), spec.rlqs);
+    let rlqs =
+        crate::envoy::rlqs::service::RlqsHub::new(decider.clone(), engine.clone(), spec.rlqs);
     Ok(Built {
         decider,
         sync,
@@ -740,9 +741,14 @@ pub async fn start(spec: AgentSpec) -> Result<RunningAgent, StartError> {
     } else {
         Gate::Open
     };
-    let grpc_service =
-        limited_grpc_router(&built.decider, &built.engine, &built.rlqs, &built.limits, gate)
-        .add_service(health_service().await);
+    let grpc_service = limited_grpc_router(
+        &built.decider,
+        &built.engine,
+        &built.rlqs,
+        &built.limits,
+        gate,
+    )
+    .add_service(health_service().await);
     let mut grpc_signal = signal.clone();
     tasks.push(tokio::spawn(async move {
         let stop = async move {

@@ -27,7 +27,7 @@ use crate::envoy::rlqs::ledger::{BucketId, BucketUsage};
 pub const ENVOY_REPORT_INTERVAL_MS: u64 = 5_000;
 
 /// The Envoy-side settings of the filter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FilterSettings {
     /// `no_assignment_behavior`: DENY_ALL when true, else ALLOW_ALL.
     pub no_assignment_deny: bool,
@@ -35,15 +35,6 @@ pub struct FilterSettings {
     /// (max_tokens, tokens_per_fill, fill_interval_s), and the
     /// `expired_assignment_behavior_timeout` in seconds.
     pub expired_fallback: Option<((u32, u32, u64), u64)>,
-}
-
-impl Default for FilterSettings {
-    fn default() -> Self {
-        Self {
-            no_assignment_deny: false,
-            expired_fallback: None,
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -272,7 +263,9 @@ fn take_token(state: &mut Bucket, assignment: Assignment, now_ms: u64) -> bool {
 /// response arrives (the caller passes it for requests and reports).
 pub struct StreamingEnvoy {
     filter: std::sync::Arc<std::sync::Mutex<EnvoyFilter>>,
-    outbound: tokio::sync::mpsc::Sender<envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports>,
+    outbound: tokio::sync::mpsc::Sender<
+        envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
+    >,
     responses: std::sync::Arc<std::sync::atomic::AtomicU64>,
     ended: std::sync::Arc<std::sync::Mutex<Option<tonic::Status>>>,
     domain: String,
@@ -294,7 +287,8 @@ impl StreamingEnvoy {
         let reports = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
-        let mut client = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(channel);
+        let mut client =
+            rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(channel);
         let mut inbound = client.stream_rate_limit_quotas(reports).await?.into_inner();
         let filter = std::sync::Arc::new(std::sync::Mutex::new(EnvoyFilter::new(settings)));
         let responses = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -315,8 +309,12 @@ impl StreamingEnvoy {
                                 match action.bucket_action {
                                     Some(Kind::AbandonAction(_)) => model.abandon(&bucket),
                                     Some(Kind::QuotaAssignmentAction(a)) => {
-                                        let ttl_s = a.assignment_time_to_live.map_or(0, |d| d.seconds.max(0) as u64);
-                                        if let Some(assignment) = a.rate_limit_strategy.and_then(strategy) {
+                                        let ttl_s = a
+                                            .assignment_time_to_live
+                                            .map_or(0, |d| d.seconds.max(0) as u64);
+                                        if let Some(assignment) =
+                                            a.rate_limit_strategy.and_then(strategy)
+                                        {
                                             model.assign(&bucket, assignment, ttl_s, now);
                                         }
                                     }
@@ -326,7 +324,8 @@ impl StreamingEnvoy {
                             responses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         }
                         Ok(None) => {
-                            *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tonic::Status::ok("closed"));
+                            *ended.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(tonic::Status::ok("closed"));
                             break;
                         }
                         Err(status) => {
@@ -361,7 +360,11 @@ impl StreamingEnvoy {
 
     /// The periodic report of every bucket.
     pub async fn report(&self, now_ms: u64) {
-        let usages = self.filter.lock().unwrap_or_else(|e| e.into_inner()).report(now_ms);
+        let usages = self
+            .filter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .report(now_ms);
         self.send(usages).await;
     }
 

@@ -277,7 +277,10 @@ pub fn parse_files_with<'a>(
         let (name, descriptors, calendar, rlqs) = reader.header(text)?;
         if let Some(node) = rlqs {
             if config.rlqs.contains_key(&name) {
-                return Err(reader.error(node.line, format!("domain '{name}': rlqs is given in two files")));
+                return Err(reader.error(
+                    node.line,
+                    format!("domain '{name}': rlqs is given in two files"),
+                ));
             }
             let read = crate::envoy::rlqs::yaml::read(file, &node)?;
             config.rlqs.insert(name.clone(), read);

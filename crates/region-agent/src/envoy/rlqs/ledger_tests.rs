@@ -486,7 +486,7 @@ fn run_scenario() -> Scenario {
             }
             let immediate = s.envoys[i].take_immediate();
             let phase = i as u64 * 500;
-            let due = now >= phase && (now - phase) % ENVOY_REPORT_INTERVAL_MS == 0;
+            let due = now >= phase && (now - phase).is_multiple_of(ENVOY_REPORT_INTERVAL_MS);
             let reports = if due {
                 s.envoys[i].report(now)
             } else {
@@ -498,7 +498,7 @@ fn run_scenario() -> Scenario {
                 apply(&mut s.envoys, &actions, now);
             }
         }
-        if now % 1_000 == 0 {
+        if now.is_multiple_of(1_000) {
             let actions = tick(&mut s.ledger, now, &local_rate);
             apply(&mut s.envoys, &actions, now);
             for i in 0..n {

@@ -171,23 +171,27 @@ impl RlqsHub {
         let room = |source: &RoomSource| self.room_mtps(source, now);
         let mut state = self.lock();
         let HubState { ledger, streams } = &mut *state;
-        let mut batches: BTreeMap<StreamId, (mpsc::OwnedPermit<_>, Vec<BucketAction>)> = BTreeMap::new();
+        let mut batches: BTreeMap<StreamId, (mpsc::OwnedPermit<_>, Vec<BucketAction>)> =
+            BTreeMap::new();
         let mut stuck: Vec<StreamId> = Vec::new();
         let metrics = &self.decider.metrics;
         let out = step(ledger, now, &room, &mut |action: &Action| {
-            if !batches.contains_key(&action.stream) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = batches.entry(action.stream) {
                 let permit = streams
                     .get(&action.stream)
                     .and_then(|tx| tx.clone().try_reserve_owned().ok());
                 match permit {
                     Some(permit) => {
-                        batches.insert(action.stream, (permit, Vec::new()));
+                        slot.insert((permit, Vec::new()));
                     }
                     None => {
                         if streams.contains_key(&action.stream) && !stuck.contains(&action.stream) {
                             stuck.push(action.stream);
                         }
-                        metrics.rlqs_actions.with_label_values(&["undelivered"]).inc();
+                        metrics
+                            .rlqs_actions
+                            .with_label_values(&["undelivered"])
+                            .inc();
                         return false;
                     }
                 }
@@ -202,18 +206,25 @@ impl RlqsHub {
             true
         });
         for (_, (permit, list)) in batches {
-            permit.send(Ok(rlqs::RateLimitQuotaResponse { bucket_action: list }));
+            permit.send(Ok(rlqs::RateLimitQuotaResponse {
+                bucket_action: list,
+            }));
         }
         // A stream whose queue is full does not read: it is ended (its
         // assignments stay reserved until their TTL).
         for stream in stuck {
             streams.remove(&stream);
             ledger.stream_closed(stream);
-            metrics.rlqs_refused.with_label_values(&["slow_reader"]).inc();
+            metrics
+                .rlqs_refused
+                .with_label_values(&["slow_reader"])
+                .inc();
             tracing::warn!(stream, "RLQS stream not reading its assignments: ended");
         }
         metrics.rlqs_streams.set(streams.len() as i64);
-        metrics.rlqs_subscriptions.set(ledger.subscriptions() as i64);
+        metrics
+            .rlqs_subscriptions
+            .set(ledger.subscriptions() as i64);
         out
     }
 
@@ -284,9 +295,9 @@ impl RlqsHub {
             })
             .map_err(|error| {
                 let status = match error {
-                    LedgerError::TooManyBuckets { .. } => Status::resource_exhausted(format!(
-                        "bucket_quota_usages: {error}"
-                    )),
+                    LedgerError::TooManyBuckets { .. } => {
+                        Status::resource_exhausted(format!("bucket_quota_usages: {error}"))
+                    }
                     LedgerError::AgentFull { .. } => Status::resource_exhausted(error.to_string()),
                 };
                 refusal("too_many_buckets", status)
@@ -312,7 +323,9 @@ impl RlqsHub {
                 slot.counters
                     .demand_requests
                     .fetch_add(c.allowed.saturating_add(c.denied), Ordering::Relaxed);
-                slot.counters.admitted.fetch_add(c.allowed, Ordering::Relaxed);
+                slot.counters
+                    .admitted
+                    .fetch_add(c.allowed, Ordering::Relaxed);
                 slot.counters.refused.fetch_add(c.denied, Ordering::Relaxed);
             }
             let metered = c
@@ -342,7 +355,15 @@ impl RlqsHub {
     }
 
     /// Registers a stream; RESOURCE_EXHAUSTED past `max_streams`.
-    fn open(&self) -> Result<(StreamId, mpsc::Receiver<Result<rlqs::RateLimitQuotaResponse, Status>>), Status> {
+    fn open(
+        &self,
+    ) -> Result<
+        (
+            StreamId,
+            mpsc::Receiver<Result<rlqs::RateLimitQuotaResponse, Status>>,
+        ),
+        Status,
+    > {
         let mut state = self.lock();
         if state.streams.len() >= self.settings.max_streams {
             self.decider
@@ -358,7 +379,10 @@ impl RlqsHub {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         state.streams.insert(id, tx);
-        self.decider.metrics.rlqs_streams.set(state.streams.len() as i64);
+        self.decider
+            .metrics
+            .rlqs_streams
+            .set(state.streams.len() as i64);
         Ok((id, rx))
     }
 
@@ -367,12 +391,19 @@ impl RlqsHub {
         let mut state = self.lock();
         if let Some(tx) = state.streams.remove(&stream) {
             if let Some((reason, status)) = status {
-                self.decider.metrics.rlqs_refused.with_label_values(&[reason]).inc();
+                self.decider
+                    .metrics
+                    .rlqs_refused
+                    .with_label_values(&[reason])
+                    .inc();
                 let _ = tx.try_send(Err(status));
             }
         }
         state.ledger.stream_closed(stream);
-        self.decider.metrics.rlqs_streams.set(state.streams.len() as i64);
+        self.decider
+            .metrics
+            .rlqs_streams
+            .set(state.streams.len() as i64);
     }
 
     /// Lapses reservations, abandons quiet buckets, lowers assignments
@@ -400,7 +431,10 @@ impl RlqsHub {
     }
 
     /// The ticker, until `stop` turns true.
-    pub fn spawn_ticker(self: &Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) -> JoinHandle<()> {
+    pub fn spawn_ticker(
+        self: &Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> JoinHandle<()> {
         let hub = self.clone();
         let every = Duration::from_millis(self.settings.tick_ms.max(1));
         tokio::spawn(async move {
@@ -434,7 +468,11 @@ fn action_label(kind: &ActionKind) -> &'static str {
 /// An action as Envoy's message.
 pub fn bucket_action(action: &Action) -> BucketAction {
     let bucket_id = Some(rlqs::BucketId {
-        bucket: action.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        bucket: action
+            .bucket
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     });
     let kind = match action.kind {
         ActionKind::Abandon => Kind::AbandonAction(AbandonAction {}),
@@ -501,10 +539,9 @@ fn usages(message: &rlqs::RateLimitQuotaUsageReports) -> Result<Vec<BucketUsage>
                 ),
             ));
         }
-        let too_long = id
-            .bucket
-            .iter()
-            .any(|(k, v)| k.is_empty() || k.len() > MAX_BUCKET_TEXT_BYTES || v.len() > MAX_BUCKET_TEXT_BYTES);
+        let too_long = id.bucket.iter().any(|(k, v)| {
+            k.is_empty() || k.len() > MAX_BUCKET_TEXT_BYTES || v.len() > MAX_BUCKET_TEXT_BYTES
+        });
         if too_long {
             return Err(InvalidField::new(
                 field("bucket_id"),
@@ -522,7 +559,11 @@ fn usages(message: &rlqs::RateLimitQuotaUsageReports) -> Result<Vec<BucketUsage>
             }
         };
         out.push(BucketUsage {
-            bucket: id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            bucket: id
+                .bucket
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             allowed: usage.num_requests_allowed,
             denied: usage.num_requests_denied,
             elapsed_s,
@@ -556,9 +597,10 @@ impl rlqs::rate_limit_quota_service_server::RateLimitQuotaService for RlqsServic
         request: Request<Streaming<rlqs::RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let region = self.hub.decider.region.clone();
-        let identity = self
-            .gate
-            .check(&request, Call::for_region(Method::StreamRateLimitQuotas, &region))?;
+        let identity = self.gate.check(
+            &request,
+            Call::for_region(Method::StreamRateLimitQuotas, &region),
+        )?;
         let gateway = match identity {
             Some(Identity::Gateway(r)) => Some(r),
             _ => None,
@@ -571,7 +613,9 @@ impl rlqs::rate_limit_quota_service_server::RateLimitQuotaService for RlqsServic
             let ended = loop {
                 match inbound.message().await {
                     Ok(Some(message)) => {
-                        if let Err(refused) = hub.on_message(stream, &mut bound, gateway.as_deref(), message) {
+                        if let Err(refused) =
+                            hub.on_message(stream, &mut bound, gateway.as_deref(), message)
+                        {
                             break Some(refused);
                         }
                     }

@@ -82,7 +82,12 @@ impl Reader<'_> {
         node.scalar()
             .and_then(|t| t.parse::<u64>().ok())
             .filter(|v| (min..=max).contains(v))
-            .ok_or_else(|| self.error(node.line, format!("{what}: expected an integer in {min}..={max}")))
+            .ok_or_else(|| {
+                self.error(
+                    node.line,
+                    format!("{what}: expected an integer in {min}..={max}"),
+                )
+            })
     }
 
     fn domain(&self, node: &Node) -> Result<RlqsDomain, RlsConfigError> {
@@ -94,7 +99,9 @@ impl Reader<'_> {
             match k.scalar().unwrap_or_default() {
                 "gateways" => {
                     let Kind::Seq(items) = &v.kind else {
-                        return Err(self.error(v.line, "rlqs.gateways: expected a list of Region names"));
+                        return Err(
+                            self.error(v.line, "rlqs.gateways: expected a list of Region names")
+                        );
                     };
                     for item in items.iter() {
                         let name = self.text(item, "rlqs.gateways")?;
@@ -105,20 +112,33 @@ impl Reader<'_> {
                     }
                 }
                 "assignment_ttl_seconds" => {
-                    domain.ttl_seconds =
-                        self.int(v, "rlqs.assignment_ttl_seconds", TTL_SECONDS_MIN, TTL_SECONDS_MAX)?
+                    domain.ttl_seconds = self.int(
+                        v,
+                        "rlqs.assignment_ttl_seconds",
+                        TTL_SECONDS_MIN,
+                        TTL_SECONDS_MAX,
+                    )?
                 }
                 "buckets" => {
                     let Kind::Seq(items) = &v.kind else {
                         return Err(self.error(v.line, "rlqs.buckets: expected a list"));
                     };
                     if items.len() > MAX_RLQS_RULES {
-                        return Err(self.error(v.line, format!("rlqs.buckets: {} rules, the cap is {MAX_RLQS_RULES}", items.len())));
+                        return Err(self.error(
+                            v.line,
+                            format!(
+                                "rlqs.buckets: {} rules, the cap is {MAX_RLQS_RULES}",
+                                items.len()
+                            ),
+                        ));
                     }
                     for item in items {
                         let rule = self.rule(item)?;
                         if domain.rules.iter().any(|r| r.id == rule.id) {
-                            return Err(self.error(item.line, format!("rlqs.buckets: duplicate id '{}'", rule.id)));
+                            return Err(self.error(
+                                item.line,
+                                format!("rlqs.buckets: duplicate id '{}'", rule.id),
+                            ));
                         }
                         domain.rules.push(rule);
                     }
@@ -126,7 +146,10 @@ impl Reader<'_> {
                 other => {
                     return Err(self.error(
                         k.line,
-                        format!("rlqs: unknown key '{}' (known: {TOP_KEYS})", leasehold_logging::cap_message(other, 64)),
+                        format!(
+                            "rlqs: unknown key '{}' (known: {TOP_KEYS})",
+                            leasehold_logging::cap_message(other, 64)
+                        ),
                     ))
                 }
             }
@@ -136,14 +159,27 @@ impl Reader<'_> {
 
     fn rule(&self, node: &Node) -> Result<RlqsRule, RlsConfigError> {
         let entries = self.map(node, "rlqs.buckets[]")?;
-        let get = |key: &str| entries.iter().find(|(k, _)| k.scalar() == Some(key)).map(|(_, v)| v);
+        let get = |key: &str| {
+            entries
+                .iter()
+                .find(|(k, _)| k.scalar() == Some(key))
+                .map(|(_, v)| v)
+        };
         for (k, _) in entries {
             let key = k.scalar().unwrap_or_default();
             if !BUCKET_KEYS.contains(&key) {
-                return Err(self.error(k.line, format!("rlqs.buckets[]: unknown key '{}' (known: {})", leasehold_logging::cap_message(key, 64), BUCKET_KEYS.join(", "))));
+                return Err(self.error(
+                    k.line,
+                    format!(
+                        "rlqs.buckets[]: unknown key '{}' (known: {})",
+                        leasehold_logging::cap_message(key, 64),
+                        BUCKET_KEYS.join(", ")
+                    ),
+                ));
             }
         }
-        let id_node = get("id").ok_or_else(|| self.error(node.line, "rlqs.buckets[].id is missing"))?;
+        let id_node =
+            get("id").ok_or_else(|| self.error(node.line, "rlqs.buckets[].id is missing"))?;
         let id = self.text(id_node, "rlqs.buckets[].id")?;
         crate::policy::validate::rule_id(id)
             .map_err(|p| self.error(id_node.line, format!("rlqs.buckets[].id: {p}")))?;
@@ -151,7 +187,13 @@ impl Reader<'_> {
         if let Some(m) = get("match") {
             let pairs = self.map(m, "rlqs.buckets[].match")?;
             if pairs.len() > MAX_MATCH_KEYS {
-                return Err(self.error(m.line, format!("rlqs.buckets[].match: {} keys, the cap is {MAX_MATCH_KEYS}", pairs.len())));
+                return Err(self.error(
+                    m.line,
+                    format!(
+                        "rlqs.buckets[].match: {} keys, the cap is {MAX_MATCH_KEYS}",
+                        pairs.len()
+                    ),
+                ));
             }
             for (k, v) in pairs {
                 let key = self.text(k, "rlqs.buckets[].match key")?;
@@ -163,12 +205,29 @@ impl Reader<'_> {
             None => self.limit(node, &get)?,
             Some((_, Ok("limit"))) => self.limit(node, &get)?,
             Some((a, Ok(blanket @ ("allow_all" | "deny_all")))) => {
-                if let Some(key) = ["rate", "pool", "sharing", "burst_seconds", "floor"].iter().find(|k| get(k).is_some()) {
-                    return Err(self.error(a.line, format!("rlqs.buckets[].{key}: not for a blanket action (it assigns no rate)")));
+                if let Some(key) = ["rate", "pool", "sharing", "burst_seconds", "floor"]
+                    .iter()
+                    .find(|k| get(k).is_some())
+                {
+                    return Err(self.error(
+                        a.line,
+                        format!(
+                            "rlqs.buckets[].{key}: not for a blanket action (it assigns no rate)"
+                        ),
+                    ));
                 }
-                if blanket == "allow_all" { RuleAction::AllowAll } else { RuleAction::DenyAll }
+                if blanket == "allow_all" {
+                    RuleAction::AllowAll
+                } else {
+                    RuleAction::DenyAll
+                }
             }
-            Some((a, Ok(_))) => return Err(self.error(a.line, "rlqs.buckets[].action: one of limit, allow_all, deny_all")),
+            Some((a, Ok(_))) => {
+                return Err(self.error(
+                    a.line,
+                    "rlqs.buckets[].action: one of limit, allow_all, deny_all",
+                ))
+            }
             Some((_, Err(e))) => return Err(e),
         };
         let metered = match (get("meter"), get("tenant_key")) {
@@ -177,7 +236,12 @@ impl Reader<'_> {
                 meter: self.text(m, "rlqs.buckets[].meter")?.to_string(),
                 tenant_key: self.text(t, "rlqs.buckets[].tenant_key")?.to_string(),
             }),
-            _ => return Err(self.error(node.line, "rlqs.buckets[]: meter and tenant_key go together")),
+            _ => {
+                return Err(self.error(
+                    node.line,
+                    "rlqs.buckets[]: meter and tenant_key go together",
+                ))
+            }
         };
         Ok(RlqsRule {
             id: id.to_string(),
@@ -198,19 +262,32 @@ impl Reader<'_> {
             },
             (None, Some(p)) => {
                 let pool = self.text(p, "rlqs.buckets[].pool")?;
-                leasehold_allocator_client::id::PoolId::parse(pool)
-                    .map_err(|_| self.error(p.line, "rlqs.buckets[].pool: not a pool id ([a-z0-9-]{1,64})"))?;
+                leasehold_allocator_client::id::PoolId::parse(pool).map_err(|_| {
+                    self.error(
+                        p.line,
+                        "rlqs.buckets[].pool: not a pool id ([a-z0-9-]{1,64})",
+                    )
+                })?;
                 RoomSource::Pool(pool.to_string())
             }
-            (Some(_), Some(p)) => return Err(self.error(p.line, "rlqs.buckets[]: rate or pool, not both")),
-            (None, None) => return Err(self.error(node.line, "rlqs.buckets[]: a limit needs rate or pool")),
+            (Some(_), Some(p)) => {
+                return Err(self.error(p.line, "rlqs.buckets[]: rate or pool, not both"))
+            }
+            (None, None) => {
+                return Err(self.error(node.line, "rlqs.buckets[]: a limit needs rate or pool"))
+            }
         };
         let sharing = match get("sharing") {
             None => Sharing::PerBucket,
             Some(s) => match self.text(s, "rlqs.buckets[].sharing")? {
                 "per_bucket" => Sharing::PerBucket,
                 "across_buckets" => Sharing::AcrossBuckets,
-                _ => return Err(self.error(s.line, "rlqs.buckets[].sharing: per_bucket or across_buckets")),
+                _ => {
+                    return Err(self.error(
+                        s.line,
+                        "rlqs.buckets[].sharing: per_bucket or across_buckets",
+                    ))
+                }
             },
         };
         let burst_seconds = match get("burst_seconds") {
@@ -237,8 +314,14 @@ mod tests {
 
     fn read_text(text: &str) -> Result<RlqsDomain, RlsConfigError> {
         let root = parse(text).unwrap().unwrap();
-        let Kind::Map(entries) = &root.kind else { panic!() };
-        let node = &entries.iter().find(|(k, _)| k.scalar() == Some("rlqs")).unwrap().1;
+        let Kind::Map(entries) = &root.kind else {
+            panic!()
+        };
+        let node = &entries
+            .iter()
+            .find(|(k, _)| k.scalar() == Some("rlqs"))
+            .unwrap()
+            .1;
         read("edge.yaml", node)
     }
 
@@ -265,12 +348,25 @@ mod tests {
 
     #[test]
     fn a_bad_field_names_the_file_and_line() {
-        let error = read_text("domain: edge\nrlqs:\n  buckets:\n    - id: search\n      rate: -3\n").unwrap_err();
+        let error =
+            read_text("domain: edge\nrlqs:\n  buckets:\n    - id: search\n      rate: -3\n")
+                .unwrap_err();
         assert_eq!((error.file.as_str(), error.line), ("edge.yaml", 5));
-        assert!(error.message.contains("rlqs.buckets[].rate"), "{}", error.message);
-        let error = read_text("domain: edge\nrlqs:\n  buckets:\n    - id: x\n      rate: 1\n      action: deny_all\n").unwrap_err();
+        assert!(
+            error.message.contains("rlqs.buckets[].rate"),
+            "{}",
+            error.message
+        );
+        let error = read_text(
+            "domain: edge\nrlqs:\n  buckets:\n    - id: x\n      rate: 1\n      action: deny_all\n",
+        )
+        .unwrap_err();
         assert_eq!(error.line, 6);
         let error = read_text("domain: edge\nrlqs:\n  ttl: 3\n").unwrap_err();
-        assert!(error.message.contains("unknown key 'ttl'"), "{}", error.message);
+        assert!(
+            error.message.contains("unknown key 'ttl'"),
+            "{}",
+            error.message
+        );
     }
 }
