@@ -2,7 +2,7 @@
 //! measured in the same run (never timed tests). One module per target:
 //! [`crate::bench_store`], [`crate::bench_agent`], [`crate::bench_envoy`],
 //! [`crate::bench_allocator`], [`crate::bench_denials`], [`crate::bench_mix`],
-//! [`crate::bench_usage`];
+//! [`crate::bench_usage`], [`crate::bench_rlqs`];
 //! shared measurement in
 //! [`crate::bench_measure`].
 
@@ -37,6 +37,10 @@ pub enum BenchTarget {
     /// applied straight to the store, and ReportUsage commits/s on a 3-node
     /// allocator vs raw sled: the roll-up's load per Region per flush.
     Usage(crate::bench_usage::UsageBench),
+    /// Envoy RLQS: M simulated Envoys enforcing assignments locally vs the
+    /// same skewed workload through RLS: decisions per agent CPU-second and
+    /// Redis calls per 1,000 admitted requests.
+    Rlqs(crate::bench_rlqs::RlqsBench),
 }
 
 #[derive(Args)]
@@ -123,5 +127,6 @@ pub async fn run(target: BenchTarget) -> anyhow::Result<()> {
         BenchTarget::Denials(args) => crate::bench_denials::run(args).await,
         BenchTarget::Mix(args) => crate::bench_mix::run(args).await,
         BenchTarget::Usage(args) => crate::bench_usage::run(args).await,
+        BenchTarget::Rlqs(args) => crate::bench_rlqs::run(args).await,
     }
 }

@@ -203,6 +203,30 @@ pub(crate) fn process_cpu_seconds() -> Option<f64> {
     parse_proc_stat_seconds(&stat, 100.0)
 }
 
+/// The CPU seconds of this process's threads whose name starts with
+/// `prefix` (a runtime's workers, named by its builder).
+pub(crate) fn threads_cpu_seconds(prefix: &str) -> Option<f64> {
+    let mut total = 0.0;
+    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let path = entry.path();
+        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        // comm holds at most 15 bytes of the name.
+        let shown = &prefix[..prefix.len().min(15)];
+        if !name.trim_end().starts_with(shown) {
+            continue;
+        }
+        if let Some(seconds) = std::fs::read_to_string(path.join("stat"))
+            .ok()
+            .and_then(|stat| parse_proc_stat_seconds(&stat, 100.0))
+        {
+            total += seconds;
+        }
+    }
+    Some(total)
+}
+
 /// utime + stime (fields 14 and 15, after the parenthesised name) over
 /// `ticks_per_s`.
 pub(crate) fn parse_proc_stat_seconds(stat: &str, ticks_per_s: f64) -> Option<f64> {

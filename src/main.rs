@@ -12,6 +12,7 @@ mod bench_denials;
 mod bench_envoy;
 mod bench_measure;
 mod bench_mix;
+mod bench_rlqs;
 mod bench_store;
 mod bench_usage;
 mod dev;

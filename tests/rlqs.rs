@@ -22,6 +22,22 @@ use tonic::transport::Channel;
 const POLICY: &str = r#"
 version = 1
 
+[[meter]]
+name = "api-calls"
+period = "month"
+
+[[domain]]
+name = "metered"
+
+[domain.rlqs]
+
+[[domain.rlqs.bucket]]
+id = "per-tenant"
+match = { tenant = "*" }
+rate = 1000
+meter = "api-calls"
+tenant_key = "tenant"
+
 [[domain]]
 name = "edge"
 
@@ -482,4 +498,43 @@ async fn hostile_streams_are_refused_with_a_clear_status_and_others_carry_on() {
         hub.reserved_mtps("edge", "search") <= R_TPS * 1_000
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_allowed_requests_are_metered_for_the_tenant_the_bucket_names() {
+    use leasehold_proto::agent::v1 as pb;
+    let a = agent(60_000).await;
+    let clock = clock();
+    let envoy = StreamingEnvoy::open(
+        a.channel.clone(),
+        "metered",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let acme: BucketId = BTreeMap::from([("tenant".to_string(), "acme".to_string())]);
+    // The first request (immediate report: allowed 1), then 9 more in
+    // the periodic report: 10 allowed in all.
+    envoy.request(&acme, clock()).await;
+    wait_for("the first assignment", || envoy.responses() > 0).await;
+    for _ in 0..9 {
+        assert!(envoy.request(&acme, clock()).await);
+    }
+    let before = envoy.responses();
+    envoy.report(clock()).await;
+    wait_for("an answer", || envoy.responses() > before).await;
+    let agent = a.agent.as_ref().unwrap();
+    agent.decider.flush_usage(false).await;
+    let mut client = leasehold_proto::agent::v1::agent_client::AgentClient::new(a.channel.clone());
+    let reply = client
+        .read_usage(pb::ReadUsageRequest {
+            tenant: "acme".into(),
+            meter: "api-calls".into(),
+            period: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.meters[0].requests, 10, "{reply:?}");
 }

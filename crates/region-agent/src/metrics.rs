@@ -764,6 +764,11 @@ mod names_tests {
         m.usage_records.with_label_values(&["raised"]).inc();
         m.usage_senders.with_label_values(&["silent"]).set(1);
         m.forwarded.with_label_values(&["allowed"]).inc();
+        m.rlqs_reported
+            .with_label_values(&["d", "r", "allowed"])
+            .inc();
+        m.rlqs_actions.with_label_values(&["abandon"]).inc();
+        m.rlqs_refused.with_label_values(&["invalid"]).inc();
         let mut names = m.registered_names();
         names.sort();
         let mut listed: Vec<String> = METRIC_NAMES.iter().map(|n| n.to_string()).collect();

@@ -102,9 +102,23 @@ impl PoolView {
 pub struct PoolSlot {
     pub counters: PoolCounters,
     view: RwLock<PoolView>,
+    /// How long the allocator waits before it may reclaim this Region's
+    /// room when it falls silent (its policy's; 0: never or not known
+    /// yet): an RLQS assignment on the pool lives no longer.
+    reclaim_wait_ms: AtomicU64,
 }
 
 impl PoolSlot {
+    pub fn set_reclaim_wait_ms(&self, wait_ms: Option<u64>) {
+        self.reclaim_wait_ms
+            .store(wait_ms.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// None: the allocator never reclaims (or the policy is not known yet).
+    pub fn reclaim_wait_ms(&self) -> Option<u64> {
+        Some(self.reclaim_wait_ms.load(Ordering::Relaxed)).filter(|&w| w > 0)
+    }
+
     /// Reads the view in place (the per-request path: no copy of it).
     pub fn with_view<R>(&self, read: impl FnOnce(&PoolView) -> R) -> R {
         // A poisoned lock only means a writer panicked mid-replace; the

@@ -166,6 +166,13 @@ pub struct Ledger {
 /// The live rate of a room source, millitokens per second.
 pub trait RoomRate {
     fn room_mtps(&self, source: &RoomSource) -> u64;
+
+    /// The longest an assignment on `source` may live, whole seconds: a
+    /// global pool's room may be reclaimed after the Region falls silent
+    /// for its policy's wait, and no assignment outlives that.
+    fn ttl_cap_s(&self, _source: &RoomSource) -> Option<u64> {
+        None
+    }
 }
 
 impl<F: Fn(&RoomSource) -> u64> RoomRate for F {
@@ -288,9 +295,12 @@ impl Ledger {
                 ttl_s,
                 subs: BTreeMap::new(),
             });
+            debug_assert!(ttl_s >= 1, "a TTL under 1 s expires at once in Envoy");
             // The policy in force decides (a reload may have changed it).
+            book.ttl_s = rate
+                .ttl_cap_s(&limit.room)
+                .map_or(ttl_s, |cap| ttl_s.min(cap.max(1)));
             book.limit = limit;
-            book.ttl_s = ttl_s;
             let sub_key = (stream, usage.bucket.clone());
             let fresh = !book.subs.contains_key(&sub_key);
             let sub = book.subs.entry(sub_key).or_insert(Sub {

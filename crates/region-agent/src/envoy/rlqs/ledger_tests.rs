@@ -637,3 +637,23 @@ fn an_undelivered_lowering_keeps_the_old_reservation() {
     assert_eq!(assigned_rate(&sent, 2), Some(0));
     assert_eq!(ledger.reserved_mtps("edge", "api", 100), 100_000);
 }
+
+#[test]
+fn an_assignment_never_outlives_the_pool_reclaim_wait() {
+    struct Capped;
+    impl RoomRate for Capped {
+        fn room_mtps(&self, _: &RoomSource) -> u64 {
+            100_000
+        }
+        fn ttl_cap_s(&self, _: &RoomSource) -> Option<u64> {
+            Some(4)
+        }
+    }
+    let mut ledger = Ledger::new(LedgerConfig::default());
+    let d = domain(Sharing::PerBucket);
+    let (actions, _) = report(&mut ledger, 1, &d, &[usage("/api/a", 5, 0, 5)], 0, &Capped).unwrap();
+    assert!(
+        matches!(actions[0].kind, ActionKind::Assign { ttl_s: 4, .. }),
+        "{actions:?}"
+    );
+}

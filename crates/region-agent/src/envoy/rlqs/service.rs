@@ -168,7 +168,10 @@ impl RlqsHub {
         step: impl FnOnce(&mut Ledger, u64, &dyn RoomRate, &mut dyn FnMut(&Action) -> bool) -> R,
     ) -> R {
         let now = self.now_ms();
-        let room = |source: &RoomSource| self.room_mtps(source, now);
+        let room = HubRoom {
+            hub: self,
+            now_ms: now,
+        };
         let mut state = self.lock();
         let HubState { ledger, streams } = &mut *state;
         let mut batches: BTreeMap<StreamId, (mpsc::OwnedPermit<_>, Vec<BucketAction>)> =
@@ -447,6 +450,31 @@ impl RlqsHub {
                 }
             }
         })
+    }
+}
+
+/// The rooms and TTL caps of the agent's sources at one instant.
+struct HubRoom<'h> {
+    hub: &'h RlqsHub,
+    now_ms: u64,
+}
+
+impl RoomRate for HubRoom<'_> {
+    fn room_mtps(&self, source: &RoomSource) -> u64 {
+        self.hub.room_mtps(source, self.now_ms)
+    }
+
+    fn ttl_cap_s(&self, source: &RoomSource) -> Option<u64> {
+        match source {
+            RoomSource::Local { .. } => None,
+            RoomSource::Pool(pool) => self
+                .hub
+                .decider
+                .global
+                .slot(pool)
+                .and_then(|slot| slot.reclaim_wait_ms())
+                .map(|wait_ms| wait_ms / 1_000),
+        }
     }
 }
 

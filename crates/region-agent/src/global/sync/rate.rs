@@ -29,14 +29,14 @@ impl GlobalSync {
         mut stop: watch::Receiver<bool>,
     ) {
         let interval_ms = config.interval_ms.max(1);
-        let record_ttl_ms = shared::record_ttl_ms(
-            self.settings.takeover_bound_ms(),
-            reclaim_wait_ms(
-                config.reclaim.as_ref().and_then(|r| r.policy.as_ref()),
-                interval_ms,
-            ),
-            self.tick(),
+        let reclaim_wait = reclaim_wait_ms(
+            config.reclaim.as_ref().and_then(|r| r.policy.as_ref()),
+            interval_ms,
         );
+        // What an RLQS assignment on this pool may outlive (issue 31).
+        slot.set_reclaim_wait_ms(reclaim_wait);
+        let record_ttl_ms =
+            shared::record_ttl_ms(self.settings.takeover_bound_ms(), reclaim_wait, self.tick());
         let reclaim = agent_reclaim(
             config.reclaim.and_then(|r| r.policy),
             self.settings.sim_unclamped_lease,
