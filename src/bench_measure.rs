@@ -217,12 +217,18 @@ pub(crate) fn threads_cpu_seconds(prefix: &str) -> Option<f64> {
         if !name.trim_end().starts_with(shown) {
             continue;
         }
-        if let Some(seconds) = std::fs::read_to_string(path.join("stat"))
+        // schedstat's first field: nanoseconds on a CPU (stat's ticks
+        // are 10 ms, too coarse for a mostly idle agent).
+        let nanos = std::fs::read_to_string(path.join("schedstat"))
             .ok()
-            .and_then(|stat| parse_proc_stat_seconds(&stat, 100.0))
-        {
-            total += seconds;
-        }
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        let seconds = match nanos {
+            Some(ns) => Some(ns as f64 / 1e9),
+            None => std::fs::read_to_string(path.join("stat"))
+                .ok()
+                .and_then(|stat| parse_proc_stat_seconds(&stat, 100.0)),
+        };
+        total += seconds.unwrap_or(0.0);
     }
     Some(total)
 }

@@ -282,7 +282,8 @@ pub fn parse_files_with<'a>(
                     format!("domain '{name}': rlqs is given in two files"),
                 ));
             }
-            let read = crate::envoy::rlqs::yaml::read(file, &node)?;
+            let read = crate::envoy::rlqs::yaml::read(&node)
+                .map_err(|e| reader.error(e.line, e.message))?;
             config.rlqs.insert(name.clone(), read);
         }
         if let Some(domain) = config.domains.get_mut(&name) {

@@ -11,12 +11,14 @@
 //! (after a room that shrank, once the lowered assignments are sent).
 //!
 //! - A report updates demand, re-divides the limit ([`super::divide`]) and
-//!   answers the reporting bucket; other subscriptions held above their new
-//!   share are pushed their lowered assignment at once, and a raise only
-//!   takes room no live reservation holds — so Σ never passes the room.
-//! - An assignment within [`HYSTERESIS_PERCENT`] of the new share is re-sent
-//!   unchanged (Envoy keeps its tokens and restarts the TTL); a changed one
-//!   starts Envoy's bucket full, which the bound counts.
+//!   answers the reporting bucket. A raise only takes room no live
+//!   reservation holds — so Σ never passes the room; when the reporter is
+//!   short of its share, the others held above theirs by more than
+//!   [`HYSTERESIS_PERCENT`] are pushed their lowered assignment at once.
+//! - An assignment within [`HYSTERESIS_PERCENT`] of the new share (either
+//!   way, if it fits) is re-sent unchanged (Envoy keeps its tokens and
+//!   restarts the TTL); a changed one starts Envoy's bucket full, which
+//!   the bound counts, so changes are kept few.
 //! - [`Ledger::tick`] lapses expired reservations, abandons buckets that
 //!   stopped reporting, and lowers assignments when the room shrank.
 
@@ -340,17 +342,26 @@ impl Ledger {
         };
         let room = rate.room_mtps(&book.limit.room);
         let shares = book.shares(room);
-        lower_above_share(book, &shares, now_ms, Some((stream, bucket)), deliver);
         let own = shares
             .iter()
             .find(|(k, _)| k.0 == stream && &k.1 == bucket)
             .map_or(0, |(_, s)| *s);
-        let others = book
-            .subs
-            .iter()
-            .filter(|(k, _)| !(k.0 == stream && &k.1 == bucket))
-            .map(|(_, s)| s.reserved_mtps(now_ms))
-            .fold(0, u64::saturating_add);
+        let others_reserved = |book: &Book| {
+            book.subs
+                .iter()
+                .filter(|(k, _)| !(k.0 == stream && &k.1 == bucket))
+                .map(|(_, s)| s.reserved_mtps(now_ms))
+                .fold(0, u64::saturating_add)
+        };
+        let mut others = others_reserved(book);
+        // Short of its share: the others held clearly above theirs are
+        // lowered now (each a changed assignment, so only past the
+        // hysteresis: churn would refill Envoys' buckets for nothing).
+        if own > room.saturating_sub(others) {
+            let skip = Some((stream, bucket));
+            lower_above_share(book, &shares, now_ms, skip, HYSTERESIS_PERCENT, deliver);
+            others = others_reserved(book);
+        }
         let available = room.saturating_sub(others);
         let want = own.min(available);
         let (burst, ttl_s) = (book.limit.burst_seconds, book.ttl_s);
@@ -408,7 +419,8 @@ impl Ledger {
             let room = rate.room_mtps(&book.limit.room);
             if book.reserved_mtps(now_ms) > room {
                 let shares = book.shares(room);
-                lower_above_share(book, &shares, now_ms, None, deliver);
+                // The room shrank below what is held: every share counts.
+                lower_above_share(book, &shares, now_ms, None, 0, deliver);
             }
         }
         for (key, stream, bucket) in removed {
@@ -467,20 +479,25 @@ impl Ledger {
     }
 }
 
-/// Whether a live rate may stay for a new share: within the hysteresis,
-/// never above the share by more than that.
+/// Whether a live rate may stay for a new share: within the hysteresis
+/// either way (the caller checks it fits the room).
 fn within_hysteresis(live_mtps: u64, share_mtps: u64) -> bool {
-    let band = share_mtps / 100 * HYSTERESIS_PERCENT;
-    live_mtps <= share_mtps && share_mtps - live_mtps <= band
+    live_mtps.abs_diff(share_mtps) <= band(share_mtps, HYSTERESIS_PERCENT)
+}
+
+fn band(share_mtps: u64, percent: u64) -> u64 {
+    (share_mtps as u128 * percent as u128 / 100) as u64
 }
 
 /// Lowers each active subscription (but `skip`) whose live assignment is
-/// above its share, renewing its TTL, when the push was delivered.
+/// above its share by more than `slack_percent`, renewing its TTL, when
+/// the push was delivered.
 fn lower_above_share(
     book: &mut Book,
     shares: &[((StreamId, BucketId), u64)],
     now_ms: u64,
     skip: Option<(StreamId, &BucketId)>,
+    slack_percent: u64,
     deliver: &mut dyn FnMut(&Action) -> bool,
 ) {
     let (burst, ttl_s) = (book.limit.burst_seconds, book.ttl_s);
@@ -494,7 +511,7 @@ fn lower_above_share(
         let Some((live, expires_ms)) = sub.current.filter(|(_, e)| *e > now_ms) else {
             continue;
         };
-        if live.rate_mtps() <= *share {
+        if live.rate_mtps() <= share.saturating_add(band(*share, slack_percent)) {
             continue;
         }
         let lowered = token_bucket(*share, burst);

@@ -20,7 +20,6 @@
 //!       action: deny_all
 //! ```
 
-use crate::envoy::ratelimit::config::RlsConfigError;
 use crate::envoy::ratelimit::yaml::{Kind, Node};
 use crate::policy::rlqs::{
     Limit, Metered, RlqsDomain, RlqsRule, RoomSource, RuleAction, Sharing, ValueMatch,
@@ -43,32 +42,37 @@ const BUCKET_KEYS: [&str; 10] = [
 ];
 const MAX_TEXT: usize = 256;
 
-struct Reader<'a> {
-    file: &'a str,
+/// Why an `rlqs:` map was refused: its line and the reason (the caller
+/// names the file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RlqsYamlError {
+    pub line: usize,
+    pub message: String,
 }
+
+struct Reader;
 
 /// Reads a file's `rlqs:` map.
-pub fn read(file: &str, node: &Node) -> Result<RlqsDomain, RlsConfigError> {
-    Reader { file }.domain(node)
+pub fn read(node: &Node) -> Result<RlqsDomain, RlqsYamlError> {
+    Reader.domain(node)
 }
 
-impl Reader<'_> {
-    fn error(&self, line: usize, message: impl Into<String>) -> RlsConfigError {
-        RlsConfigError {
-            file: self.file.to_string(),
+impl Reader {
+    fn error(&self, line: usize, message: impl Into<String>) -> RlqsYamlError {
+        RlqsYamlError {
             line,
             message: message.into(),
         }
     }
 
-    fn map<'n>(&self, node: &'n Node, what: &str) -> Result<&'n [(Node, Node)], RlsConfigError> {
+    fn map<'n>(&self, node: &'n Node, what: &str) -> Result<&'n [(Node, Node)], RlqsYamlError> {
         match &node.kind {
             Kind::Map(entries) => Ok(entries),
             _ => Err(self.error(node.line, format!("{what}: expected a map"))),
         }
     }
 
-    fn text<'n>(&self, node: &'n Node, what: &str) -> Result<&'n str, RlsConfigError> {
+    fn text<'n>(&self, node: &'n Node, what: &str) -> Result<&'n str, RlqsYamlError> {
         match node.scalar() {
             Some(text) if !node.is_null() && text.len() <= MAX_TEXT => Ok(text),
             Some(text) if text.len() > MAX_TEXT => {
@@ -78,7 +82,7 @@ impl Reader<'_> {
         }
     }
 
-    fn int(&self, node: &Node, what: &str, min: u64, max: u64) -> Result<u64, RlsConfigError> {
+    fn int(&self, node: &Node, what: &str, min: u64, max: u64) -> Result<u64, RlqsYamlError> {
         node.scalar()
             .and_then(|t| t.parse::<u64>().ok())
             .filter(|v| (min..=max).contains(v))
@@ -90,7 +94,7 @@ impl Reader<'_> {
             })
     }
 
-    fn domain(&self, node: &Node) -> Result<RlqsDomain, RlsConfigError> {
+    fn domain(&self, node: &Node) -> Result<RlqsDomain, RlqsYamlError> {
         let mut domain = RlqsDomain {
             ttl_seconds: DEFAULT_TTL_SECONDS,
             ..RlqsDomain::default()
@@ -157,7 +161,7 @@ impl Reader<'_> {
         Ok(domain)
     }
 
-    fn rule(&self, node: &Node) -> Result<RlqsRule, RlsConfigError> {
+    fn rule(&self, node: &Node) -> Result<RlqsRule, RlqsYamlError> {
         let entries = self.map(node, "rlqs.buckets[]")?;
         let get = |key: &str| {
             entries
@@ -255,7 +259,7 @@ impl Reader<'_> {
         &self,
         node: &Node,
         get: &dyn Fn(&str) -> Option<&'n Node>,
-    ) -> Result<RuleAction, RlsConfigError> {
+    ) -> Result<RuleAction, RlqsYamlError> {
         let room = match (get("rate"), get("pool")) {
             (Some(r), None) => RoomSource::Local {
                 tokens_per_s: self.int(r, "rlqs.buckets[].rate", 1, RATE_TOKENS_PER_S_MAX)?,
@@ -312,7 +316,7 @@ mod tests {
     use super::*;
     use crate::envoy::ratelimit::yaml::parse;
 
-    fn read_text(text: &str) -> Result<RlqsDomain, RlsConfigError> {
+    fn read_text(text: &str) -> Result<RlqsDomain, RlqsYamlError> {
         let root = parse(text).unwrap().unwrap();
         let Kind::Map(entries) = &root.kind else {
             panic!()
@@ -322,7 +326,7 @@ mod tests {
             .find(|(k, _)| k.scalar() == Some("rlqs"))
             .unwrap()
             .1;
-        read("edge.yaml", node)
+        read(node)
     }
 
     #[test]
@@ -351,7 +355,7 @@ mod tests {
         let error =
             read_text("domain: edge\nrlqs:\n  buckets:\n    - id: search\n      rate: -3\n")
                 .unwrap_err();
-        assert_eq!((error.file.as_str(), error.line), ("edge.yaml", 5));
+        assert_eq!(error.line, 5);
         assert!(
             error.message.contains("rlqs.buckets[].rate"),
             "{}",
