@@ -538,3 +538,45 @@ async fn reported_allowed_requests_are_metered_for_the_tenant_the_bucket_names()
         .into_inner();
     assert_eq!(reply.meters[0].requests, 10, "{reply:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yaml_rlqs_domain_beside_the_ratelimit_config_is_served() {
+    let redis = RedisServer::start().expect("redis-server");
+    let store = Arc::new(common::redis_store(&redis));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("yaml-edge.yaml"),
+        "domain: yaml-edge\nrlqs:\n  assignment_ttl_seconds: 5\n  buckets:\n    - id: all\n      rate: 40\n",
+    )
+    .unwrap();
+    let agent = server::start(AgentSpec {
+        ratelimit: Some(leasehold_region_agent::server::RatelimitSpec {
+            config_dir: dir.path().to_path_buf(),
+            poll: Duration::from_secs(60),
+            options: Default::default(),
+        }),
+        ..common::spec_on(store, POLICY)
+    })
+    .await
+    .expect("agent starts");
+    let channel = Channel::from_shared(format!("http://{}", agent.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let clock = clock();
+    let envoy = StreamingEnvoy::open(
+        channel,
+        "yaml-edge",
+        FilterSettings::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let bucket: BucketId = BTreeMap::from([("any".to_string(), "thing".to_string())]);
+    envoy.request(&bucket, clock()).await;
+    wait_for("the YAML domain's assignment", || envoy.responses() > 0).await;
+    let assigned = envoy.filter().assigned(&bucket, clock()).unwrap();
+    assert_eq!(assigned.rate_mtps(), 40_000, "{assigned:?}");
+    agent.stop().await;
+}

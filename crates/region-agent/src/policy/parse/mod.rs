@@ -121,6 +121,7 @@ pub fn parse(
         quota_meters: BTreeMap::new(),
     };
     let (version, domains, mut meters) = parser.document(&root);
+    parser.rlqs_pools_apart(&root, &domains);
     // Quotas written with their own period: a meter each, named after the
     // quota (one name, one meter: two domains' quotas of one id must agree).
     for (name, (meter, _)) in std::mem::take(&mut parser.quota_meters) {
@@ -570,6 +571,69 @@ impl<'a> Parser<'a> {
             quotas.push(quota.clone());
         }
         quotas
+    }
+
+    /// A pool an RLQS rule divides is the RLQS's alone: the division takes
+    /// the Region's whole share, so a Check rule spending it too would
+    /// admit past the pool's limit. Each such `pool` is refused at its line.
+    fn rlqs_pools_apart(&mut self, root: &Node, domains: &BTreeMap<String, Domain>) {
+        let spent: std::collections::BTreeSet<&str> = domains
+            .values()
+            .flat_map(|d| d.rules.iter().filter_map(|r| r.pool.as_deref()))
+            .collect();
+        let Value::Table(top) = &root.value else {
+            return;
+        };
+        let Some(Node {
+            value: Value::Array(items),
+            ..
+        }) = top.get("domain")
+        else {
+            return;
+        };
+        for item in items {
+            let Value::Table(domain) = &item.value else {
+                continue;
+            };
+            let name = match domain.get("name").map(|n| &n.value) {
+                Some(Value::String(name)) => name.clone(),
+                _ => continue,
+            };
+            let Some(Node {
+                value: Value::Table(rlqs),
+                ..
+            }) = domain.get("rlqs")
+            else {
+                continue;
+            };
+            let Some(Node {
+                value: Value::Array(buckets),
+                ..
+            }) = rlqs.get("bucket")
+            else {
+                continue;
+            };
+            for bucket in buckets {
+                let Value::Table(fields) = &bucket.value else {
+                    continue;
+                };
+                let Some(pool) = fields.get("pool") else {
+                    continue;
+                };
+                if let Value::String(id) = &pool.value {
+                    if spent.contains(id.as_str()) {
+                        let reason =
+                            "a pool an RLQS rule divides may not be spent by a Check rule too";
+                        self.push_domain(
+                            &name,
+                            Some(pool),
+                            "rlqs.bucket.pool",
+                            Problem::NotAllowed(reason),
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// `[domain.envoy]`: each field read on its own; a bad one is reported

@@ -321,3 +321,72 @@ fn metered(reader: &mut RuleReader<'_>, table: &Table) -> Option<Option<Metered>
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::parse;
+    use crate::policy::rlqs::{RoomSource, RuleAction, Sharing};
+
+    const GOOD: &str = r#"
+version = 1
+
+[[domain]]
+name = "edge"
+
+[domain.rlqs]
+gateways = ["eu"]
+assignment_ttl_seconds = 20
+
+[[domain.rlqs.bucket]]
+id = "search"
+match = { route = "/search*", tenant = "*" }
+pool = "search-global"
+sharing = "across_buckets"
+
+[[domain.rlqs.bucket]]
+id = "blocked"
+match = { tenant = "evil" }
+action = "deny_all"
+"#;
+
+    #[test]
+    fn a_domain_rlqs_block_reads_into_its_rules() {
+        let bundle = parse("p.toml", GOOD, None).unwrap();
+        let rlqs = bundle.domains["edge"].rlqs.as_ref().unwrap();
+        assert_eq!(rlqs.gateways, vec!["eu".to_string()]);
+        assert_eq!(rlqs.ttl_seconds, 20);
+        let RuleAction::Limit(limit) = &rlqs.rules[0].action else {
+            panic!("{:?}", rlqs.rules[0].action)
+        };
+        assert_eq!(limit.room, RoomSource::Pool("search-global".into()));
+        assert_eq!(limit.sharing, Sharing::AcrossBuckets);
+        assert_eq!(rlqs.rules[1].action, RuleAction::DenyAll);
+    }
+
+    #[test]
+    fn bad_fields_are_refused_naming_the_line_and_field() {
+        let text = GOOD.replace("assignment_ttl_seconds = 20", "assignment_ttl_seconds = 1");
+        let errors = parse("p.toml", &text, None).unwrap_err().to_string();
+        assert!(errors.contains("p.toml:9"), "{errors}");
+        assert!(errors.contains("rlqs.assignment_ttl_seconds"), "{errors}");
+        let text = GOOD.replace("action = \"deny_all\"", "action = \"deny_all\"\nrate = 5");
+        let errors = parse("p.toml", &text, None).unwrap_err().to_string();
+        assert!(errors.contains("rlqs.bucket.rate"), "{errors}");
+        let text = GOOD.replace("pool = \"search-global\"", "pool = \"x\"\nrate = 3");
+        let errors = parse("p.toml", &text, None).unwrap_err().to_string();
+        assert!(errors.contains("rlqs.bucket.pool"), "{errors}");
+    }
+
+    #[test]
+    fn a_pool_an_rlqs_rule_divides_may_not_be_spent_by_a_check_rule() {
+        let text = format!(
+            "{GOOD}\n[[domain.rule]]\nid = \"r\"\nscope = \"global\"\nalgorithm = \"token_bucket\"\npool = \"search-global\"\nfail_mode = \"closed\"\n"
+        );
+        let errors = parse("p.toml", &text, None).unwrap_err().to_string();
+        assert!(
+            errors.contains("may not be spent by a Check rule"),
+            "{errors}"
+        );
+        assert!(errors.contains("p.toml:14"), "{errors}");
+    }
+}
