@@ -195,12 +195,15 @@ async fn envoys_under_three_times_the_limit_are_assigned_shares_by_demand_within
         sum >= R_TPS * 1_000 * 8 / 10,
         "the room is mostly assigned: {rates:?}"
     );
-    let busiest = rates.iter().max().copied().unwrap();
-    assert_eq!(
-        rates[0], busiest,
-        "the busiest Envoy holds the most: {rates:?}"
-    );
-    assert!(rates[0] > rates[9], "{rates:?}");
+    // Envoy 0 is offered 3× Envoy 2's demand and more over the rest: it
+    // holds more than each of them (a margin no whole-second truncation
+    // of `time_elapsed` nor the 10 % hysteresis can close).
+    for (i, rate) in rates.iter().enumerate().skip(2) {
+        assert!(
+            rates[0] > *rate,
+            "Envoy 0 holds less than Envoy {i}: {rates:?}"
+        );
+    }
     // The stated bound over every 1 s window: R·t + each Envoy's bucket at
     // the start + the max_tokens of each changed assignment within + what
     // was admitted with no assignment in force.
