@@ -22,6 +22,19 @@ pub const DEFAULT_TTL_SECONDS: u64 = 12;
 pub const DEFAULT_FLOOR_TOKENS_PER_S: u64 = 1;
 /// Highest rate a rule may state, tokens per second.
 pub const RATE_TOKENS_PER_S_MAX: u64 = 1_000_000_000;
+/// The fields of one bucket rule, in the TOML and the YAML form alike.
+pub const BUCKET_FIELDS: &[&str] = &[
+    "id",
+    "match",
+    "rate",
+    "pool",
+    "sharing",
+    "burst_seconds",
+    "floor",
+    "action",
+    "meter",
+    "tenant_key",
+];
 /// Longest burst a rule may state.
 pub const BURST_SECONDS_MAX: u64 = 3_600;
 

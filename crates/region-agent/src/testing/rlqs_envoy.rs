@@ -49,6 +49,8 @@ struct Bucket {
     allowed: u64,
     denied: u64,
     reported_at_ms: u64,
+    /// The rate of the last assignment received.
+    last_rate_mtps: Option<u64>,
 }
 
 /// What the model has seen, for checking a bound.
@@ -98,6 +100,7 @@ impl EnvoyFilter {
                     allowed: 0,
                     denied: 0,
                     reported_at_ms: now_ms,
+                    last_rate_mtps: None,
                 },
             );
             self.immediate.push(BucketUsage {
@@ -188,6 +191,7 @@ impl EnvoyFilter {
             }
         }
         state.assignment = Some((assignment, expires_ms));
+        state.last_rate_mtps = Some(assignment.rate_mtps());
         state.fallback_until_ms = 0;
     }
 
@@ -196,6 +200,15 @@ impl EnvoyFilter {
         if self.buckets.remove(bucket).is_some() {
             self.log.abandons += 1;
         }
+    }
+
+    /// The rate of the last assignment `bucket` was sent, lapsed or not
+    /// (0 without one).
+    pub fn last_assigned_rate(&self, bucket: &BucketId) -> u64 {
+        self.buckets
+            .get(bucket)
+            .and_then(|b| b.last_rate_mtps)
+            .unwrap_or(0)
     }
 
     /// Whether `bucket` has an assignment in force at `now_ms`.
@@ -396,6 +409,11 @@ impl StreamingEnvoy {
                 .collect(),
         };
         let _ = self.outbound.send(message).await;
+    }
+
+    /// The rate of the last assignment `bucket` received, lapsed or not.
+    pub fn answered_rate(&self, bucket: &BucketId) -> u64 {
+        self.filter().last_assigned_rate(bucket)
     }
 
     /// Responses received so far.

@@ -23,23 +23,11 @@
 use crate::envoy::ratelimit::yaml::{Kind, Node};
 use crate::policy::rlqs::{
     Limit, Metered, RlqsDomain, RlqsRule, RoomSource, RuleAction, Sharing, ValueMatch,
-    BURST_SECONDS_MAX, DEFAULT_FLOOR_TOKENS_PER_S, DEFAULT_TTL_SECONDS, MAX_MATCH_KEYS,
-    MAX_RLQS_RULES, RATE_TOKENS_PER_S_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN,
+    BUCKET_FIELDS, BURST_SECONDS_MAX, DEFAULT_FLOOR_TOKENS_PER_S, DEFAULT_TTL_SECONDS,
+    MAX_MATCH_KEYS, MAX_RLQS_RULES, RATE_TOKENS_PER_S_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN,
 };
 
 const TOP_KEYS: &str = "gateways, assignment_ttl_seconds, buckets";
-const BUCKET_KEYS: [&str; 10] = [
-    "id",
-    "match",
-    "rate",
-    "pool",
-    "sharing",
-    "burst_seconds",
-    "floor",
-    "action",
-    "meter",
-    "tenant_key",
-];
 const MAX_TEXT: usize = 256;
 
 /// Why an `rlqs:` map was refused: its line and the reason (the caller
@@ -171,13 +159,13 @@ impl Reader {
         };
         for (k, _) in entries {
             let key = k.scalar().unwrap_or_default();
-            if !BUCKET_KEYS.contains(&key) {
+            if !BUCKET_FIELDS.contains(&key) {
                 return Err(self.error(
                     k.line,
                     format!(
                         "rlqs.buckets[]: unknown key '{}' (known: {})",
                         leasehold_logging::cap_message(key, 64),
-                        BUCKET_KEYS.join(", ")
+                        BUCKET_FIELDS.join(", ")
                     ),
                 ));
             }

@@ -28,8 +28,8 @@ use leasehold_config_text::{Node, Value};
 use crate::policy::error::Problem;
 use crate::policy::rlqs::{
     Limit, Metered, RlqsDomain, RlqsRule, RoomSource, RuleAction, Sharing, ValueMatch,
-    BURST_SECONDS_MAX, DEFAULT_FLOOR_TOKENS_PER_S, DEFAULT_TTL_SECONDS, MAX_MATCH_KEYS,
-    MAX_RLQS_RULES, RATE_TOKENS_PER_S_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN,
+    BUCKET_FIELDS, BURST_SECONDS_MAX, DEFAULT_FLOOR_TOKENS_PER_S, DEFAULT_TTL_SECONDS,
+    MAX_MATCH_KEYS, MAX_RLQS_RULES, RATE_TOKENS_PER_S_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN,
 };
 use crate::policy::validate::rule_id;
 
@@ -37,18 +37,6 @@ use super::rule::RuleReader;
 use super::*;
 
 const RLQS_FIELDS: &[&str] = &["gateways", "assignment_ttl_seconds", "bucket"];
-const BUCKET_FIELDS: &[&str] = &[
-    "id",
-    "match",
-    "rate",
-    "pool",
-    "sharing",
-    "burst_seconds",
-    "floor",
-    "action",
-    "meter",
-    "tenant_key",
-];
 const ACTIONS: &str = "\"limit\", \"allow_all\", \"deny_all\"";
 const SHARINGS: &str = "\"per_bucket\", \"across_buckets\"";
 /// Longest bucket-id key or value a rule matches.
